@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Shared helpers of the project's scripts (make run, make test, make bench):
+# installing what is missing, building into a project-local PostgreSQL tree,
+# and running server programs as an unprivileged user.
+#
+# Source it; do not run it.
+
+set -euo pipefail
+
+PROJECT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PG_MAJOR=${PG_MAJOR:-15}
+PACKAGES="postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-$PG_MAJOR-cron libipc-run-perl"
+SYS_PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
+
+say() { printf '==> %s\n' "$*"; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+is_root() { [ "$(id -u)" = 0 ]; }
+
+# The user that owns the throwaway clusters: initdb refuses to run as root.
+if is_root; then PGOS_USER=postgres; else PGOS_USER=$(id -un); fi
+
+# Run a command as the cluster owner, keeping the environment it needs.
+as_pg() {
+    if is_root; then
+        runuser -u "$PGOS_USER" -- env PATH="$PATH" PERL5LIB="${PERL5LIB:-}" "$@"
+    else
+        "$@"
+    fi
+}
+
+# Install the Debian packages the project needs, if any is missing.
+ensure_deps() {
+    local missing=() p
+    for p in $PACKAGES; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    local cmd="apt-get update && apt-get install -y ${missing[*]}"
+    if is_root; then
+        say "installing ${missing[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        say "installing ${missing[*]} (sudo)"
+        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        die "missing packages: ${missing[*]}. Install them with: sudo sh -c '$cmd'"
+    fi
+    is_root || command -v runuser >/dev/null || true
+}
+
+# Where build products and cluster folders go.  The cluster owner must be
+# able to reach them, which a clone under a private home folder may prevent;
+# then they go below /tmp.
+choose_build_dir() {
+    BUILD_DIR=$PROJECT_DIR/build
+    if is_root && ! runuser -u "$PGOS_USER" -- test -x "$PROJECT_DIR" 2>/dev/null; then
+        BUILD_DIR=/tmp/idempotency-build-$(printf '%s' "$PROJECT_DIR" | md5sum | cut -c1-8)
+    fi
+    mkdir -p "$BUILD_DIR"
+    is_root && chown "$PGOS_USER": "$BUILD_DIR"
+    return 0
+}
+
+# Build the extension (warnings are errors) and install it into a private
+# copy of the PostgreSQL installation in $BUILD_DIR/pginstall, the way
+# PostgreSQL's own "make check" uses tmp_install: the clusters of the tests
+# then run exactly this build, whatever is installed system-wide.
+build_local_install() {
+    choose_build_dir
+    say "building the extension"
+    make -C "$PROJECT_DIR" -s PG_CONFIG="$SYS_PG_CONFIG" WERROR=1 >/dev/null
+    local root=$BUILD_DIR/pginstall
+    local libdir sharedir
+    libdir=$("$SYS_PG_CONFIG" --pkglibdir)
+    sharedir=$("$SYS_PG_CONFIG" --sharedir)
+    if [ ! -f "$root/.copied" ]; then
+        rm -rf "$root"
+        mkdir -p "$root$(dirname "$libdir")" "$root$(dirname "$sharedir")"
+        local bindir_parent
+        bindir_parent=$(dirname "$("$SYS_PG_CONFIG" --bindir)")
+        mkdir -p "$root$bindir_parent"
+        cp -al "$bindir_parent/." "$root$bindir_parent/" 2>/dev/null || cp -a "$bindir_parent/." "$root$bindir_parent/"
+        cp -al "$sharedir" "$root$(dirname "$sharedir")/" 2>/dev/null || cp -a "$sharedir" "$root$(dirname "$sharedir")/"
+        touch "$root/.copied"
+    fi
+    # never write through a hard link into the system's own files
+    rm -f "$root$libdir"/idempotency.so "$root$sharedir"/extension/idempotency*
+    make -C "$PROJECT_DIR" -s PG_CONFIG="$SYS_PG_CONFIG" DESTDIR="$root" install >/dev/null
+    PGBIN=$root$("$SYS_PG_CONFIG" --bindir)
+    PGLIB=$root$libdir
+    export PATH="$PGBIN:$PATH"
+    export PERL5LIB="$PGLIB/pgxs/src/test/perl${PERL5LIB:+:$PERL5LIB}"
+}
+
+# Copy the test inputs where the cluster owner can read them.
+stage_tests() {
+    STAGE=$BUILD_DIR/stage
+    rm -rf "$STAGE"
+    mkdir -p "$STAGE"
+    cp -rL "$PROJECT_DIR/test" "$STAGE/test"
+    cp -rL "$PROJECT_DIR/examples" "$STAGE/examples"
+    cp -r "$PROJECT_DIR/expected" "$STAGE/expected"
+    rm -rf "$STAGE/test/expected"
+    ln -s ../expected "$STAGE/test/expected"
+    own_dir "$STAGE"
+}
+
+# Make a folder the cluster owner's (never the pginstall tree, whose files
+# are hard links to the system's).
+own_dir() {
+    mkdir -p "$1"
+    if is_root; then chown -R "$PGOS_USER": "$1"; fi
+    return 0
+}
+
+# A TCP port nothing listens on.
+free_port() {
+    local p
+    for p in $(seq $((54320 + RANDOM % 500)) 55999); do
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && [ ! -e "/tmp/.s.PGSQL.$p" ]; then
+            echo "$p"; return 0
+        fi
+    done
+    die "no free TCP port found"
+}

@@ -1,0 +1,77 @@
+-- idempotency install script: schema ownership and storage.
+--
+-- The install script is assembled from the files of sql/parts, in name
+-- order, by the Makefile; edit the parts, not the assembled script.
+
+-- complain if the script is sourced in psql rather than run by CREATE EXTENSION
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+-- The schema is created here, not named in the control file, so that it is a
+-- member of the extension and DROP EXTENSION removes it with everything else.
+CREATE SCHEMA idempotency;
+REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
+
+/*
+ * Per-endpoint policy.  Claims take their defaults from here, then from the
+ * idempotency.* settings.  Its rows are the operator's, so pg_dump keeps them.
+ */
+CREATE TABLE idempotency.endpoints (
+    endpoint            text PRIMARY KEY
+                        CHECK (length(endpoint) BETWEEN 1 AND 255),
+    ttl                 interval CHECK (ttl > interval '0'),
+    lease               interval CHECK (lease > interval '0'),
+    on_lease_expiry     text NOT NULL DEFAULT 'unknown'
+                        CHECK (on_lease_expiry IN ('unknown', 'resolve')),
+    resolver            regprocedure,
+    max_response_bytes  integer CHECK (max_response_bytes >= 0),
+    store_response      boolean NOT NULL DEFAULT true,
+    CHECK (on_lease_expiry = 'unknown' OR resolver IS NOT NULL)
+);
+SELECT pg_catalog.pg_extension_config_dump('idempotency.endpoints', '');
+
+/*
+ * One row per (tenant, endpoint, key) and logical operation, partitioned by
+ * expiry time so that expired keys leave by whole partitions.  Only the
+ * extension's functions write it.  A row whose expires_at has passed is dead
+ * to every function even before its partition is dropped.
+ *
+ * Uniqueness of the live row per (tenant, endpoint, key) is guaranteed by the
+ * claim, which serialises on the scope (see src/claim.c); each partition
+ * carries a unique index on (tenant, endpoint, key) as a safety net and for
+ * lookups.
+ */
+CREATE TABLE idempotency.keys (
+    tenant          text NOT NULL,
+    endpoint        text NOT NULL,
+    key             text NOT NULL,
+    fingerprint     bytea NOT NULL,
+    state           text NOT NULL
+                    CHECK (state IN ('in_progress', 'completed', 'failed', 'unknown')),
+    lease_token     bigint,
+    locked_until    timestamptz,
+    response_status integer,
+    response_headers jsonb,
+    body_kind       text
+                    CHECK (body_kind IN ('json', 'bytes', 'ref', 'omitted')),
+    body_encrypted  boolean NOT NULL DEFAULT false,
+    response_body   bytea,
+    body_ref        text,
+    fail_reason     text,
+    created_at      timestamptz NOT NULL,
+    completed_at    timestamptz,
+    expires_at      timestamptz NOT NULL
+) PARTITION BY RANGE (expires_at);
+
+/*
+ * Rows whose expiry no dated partition covers land here, so that a claim
+ * never fails because maintenance fell behind; maintenance moves them into
+ * dated partitions.  Dated partitions are made by maintenance, outside this
+ * script, so they are ordinary tables that pg_dump saves with their rows.
+ */
+CREATE TABLE idempotency.keys_default PARTITION OF idempotency.keys DEFAULT;
+CREATE UNIQUE INDEX keys_default_scope_idx
+    ON idempotency.keys_default (tenant, endpoint, key);
+SELECT pg_catalog.pg_extension_config_dump('idempotency.keys_default', '');
+
+REVOKE ALL ON idempotency.keys, idempotency.keys_default, idempotency.endpoints
+    FROM PUBLIC;

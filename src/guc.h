@@ -1,0 +1,31 @@
+/*-------------------------------------------------------------------------
+ *
+ * guc.h
+ *	  Configuration settings (idempotency.*) of the idempotency extension.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_GUC_H
+#define IDEM_GUC_H
+
+/* core: claims and key lifetime (seconds / milliseconds) */
+extern int	idem_default_ttl;
+extern int	idem_max_ttl;
+extern int	idem_claim_wait;
+extern int	idem_partition_interval;
+
+/* maintenance */
+extern bool idem_enable_worker;
+extern int	idem_maintenance_interval;
+
+/* observability and response storage */
+extern int	idem_stats_max_endpoints;
+extern bool idem_log_transitions;
+extern bool idem_audit;
+extern int	idem_max_response_bytes;
+extern char *idem_extra_sensitive_headers;
+extern char *idem_encryption_key;
+
+extern void IdemGucInit(void);
+
+#endif							/* IDEM_GUC_H */

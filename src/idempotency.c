@@ -1,0 +1,47 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.c
+ *	  Entry point of the idempotency extension: module magic and _PG_init,
+ *	  which only hands over to each module's initialisation function.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "miscadmin.h"
+
+#include "idempotency.h"
+#include "guc.h"
+#include "stats.h"
+
+PG_MODULE_MAGIC;
+
+bool		IdemPreloaded = false;
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	IdemPreloaded = process_shared_preload_libraries_in_progress;
+
+	IdemGucInit();
+	IdemStatsInit();
+}
+
+/*
+ * Raise an error naming shared_preload_libraries when a feature that needs
+ * shared memory or the background worker is used in a server that did not
+ * preload the library.
+ */
+void
+IdemRequirePreload(const char *feature)
+{
+	if (!IdemPreloaded)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s requires idempotency to be loaded via shared_preload_libraries",
+						feature),
+				 errhint("Add idempotency to shared_preload_libraries in postgresql.conf and restart the server.")));
+}
