@@ -8,6 +8,30 @@
 #ifndef IDEM_STATS_H
 #define IDEM_STATS_H
 
+/* What is counted, per endpoint and in total. */
+typedef enum IdemCounter
+{
+	IDEM_COUNT_CLAIMS,			/* every idem_claim that got past validation */
+	IDEM_COUNT_EXECUTES,		/* action execute */
+	IDEM_COUNT_REPLAYS,			/* action replay */
+	IDEM_COUNT_IN_PROGRESS,		/* action in_progress (409) */
+	IDEM_COUNT_MISMATCHES,		/* action mismatch (422) */
+	IDEM_COUNT_PENDING,			/* action pending (409) */
+	IDEM_COUNT_FINISHES,		/* idem_finish */
+	IDEM_COUNT_RELEASES,		/* idem_release */
+	IDEM_COUNT_FAILS,			/* idem_fail */
+	IDEM_COUNT_INVALID_KEYS,	/* a claim refused for a malformed key (400) */
+	IDEM_COUNT_LEASES_EXPIRED,	/* stale lease seen by maintenance */
+	IDEM_COUNT_RESOLVED,		/* idem_resolve, or a resolver's answer */
+	IDEM_COUNT_NUM
+} IdemCounter;
+
 extern void IdemStatsInit(void);
+
+/*
+ * Count one event.  endpoint may be NULL (then only the total moves).  A
+ * no-op when the library is not preloaded.  Never raises an error.
+ */
+extern void IdemStatsCount(const char *endpoint, IdemCounter counter);
 
 #endif							/* IDEM_STATS_H */

@@ -1,0 +1,165 @@
+/*-------------------------------------------------------------------------
+ *
+ * endpoint.c
+ *	  Per-endpoint policy from idempotency.endpoints, cached per backend.
+ *
+ *	  A statement trigger on the table sends a relcache invalidation for it,
+ *	  so every backend drops its cache when a policy changes (at commit).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/namespace.h"
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "endpoint.h"
+#include "keys.h"
+
+typedef struct EndpointCacheEntry
+{
+	char		endpoint[IDEM_SCOPE_MAX_LEN + 1];	/* hash key */
+	IdemEndpointPolicy policy;
+} EndpointCacheEntry;
+
+static HTAB *endpoint_cache = NULL;
+static bool endpoint_callback_registered = false;
+static SPIPlanPtr endpoint_plan = NULL;
+
+static void
+IdemEndpointCacheReset(Datum arg, Oid relid)
+{
+	/* any relation will do: invalidations are rare, lookups are cheap */
+	if (endpoint_cache != NULL)
+	{
+		hash_destroy(endpoint_cache);
+		endpoint_cache = NULL;
+	}
+}
+
+static void
+IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
+{
+	Datum		arg;
+	int			rc;
+
+	memset(policy, 0, sizeof(*policy));
+	policy->max_response_bytes = -1;
+	policy->store_response = true;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (endpoint_plan == NULL)
+	{
+		Oid			argtypes[1] = {TEXTOID};
+		SPIPlanPtr	plan;
+
+		plan = SPI_prepare("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::oid,"
+						   " max_response_bytes, store_response"
+						   " FROM idempotency.endpoints WHERE endpoint = $1",
+						   1, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		endpoint_plan = plan;
+	}
+	arg = CStringGetTextDatum(endpoint);
+	rc = SPI_execute_plan(endpoint_plan, &arg, NULL, true, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "reading idempotency.endpoints failed: %s", SPI_result_code_string(rc));
+	if (SPI_processed == 1)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[0];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		Datum		d;
+
+		policy->found = true;
+		d = SPI_getbinval(tup, desc, 1, &isnull);
+		if (!isnull)
+		{
+			policy->has_ttl = true;
+			policy->ttl = *DatumGetIntervalP(d);
+		}
+		d = SPI_getbinval(tup, desc, 2, &isnull);
+		if (!isnull)
+		{
+			policy->has_lease = true;
+			policy->lease = *DatumGetIntervalP(d);
+		}
+		d = SPI_getbinval(tup, desc, 3, &isnull);
+		policy->resolve_on_expiry = !isnull && DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 4, &isnull);
+		policy->resolver = isnull ? InvalidOid : DatumGetObjectId(d);
+		d = SPI_getbinval(tup, desc, 5, &isnull);
+		policy->max_response_bytes = isnull ? -1 : DatumGetInt32(d);
+		d = SPI_getbinval(tup, desc, 6, &isnull);
+		policy->store_response = isnull || DatumGetBool(d);
+	}
+	SPI_finish();
+}
+
+const IdemEndpointPolicy *
+IdemGetEndpointPolicy(const char *endpoint)
+{
+	EndpointCacheEntry *entry;
+	bool		found;
+	char		keybuf[IDEM_SCOPE_MAX_LEN + 1];
+
+	if (!endpoint_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(IdemEndpointCacheReset, (Datum) 0);
+		endpoint_callback_registered = true;
+	}
+	if (endpoint_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(keybuf);
+		ctl.entrysize = sizeof(EndpointCacheEntry);
+		ctl.hcxt = CacheMemoryContext;
+		endpoint_cache = hash_create("idempotency endpoint policies", 64, &ctl,
+									 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+
+	memset(keybuf, 0, sizeof(keybuf));
+	strlcpy(keybuf, endpoint, sizeof(keybuf));
+	entry = hash_search(endpoint_cache, keybuf, HASH_FIND, NULL);
+	if (entry == NULL)
+	{
+		IdemEndpointPolicy policy;
+
+		/* load first: an error must not leave a half-made entry behind */
+		IdemEndpointLoad(keybuf, &policy);
+		if (endpoint_cache == NULL)
+			return IdemGetEndpointPolicy(endpoint);	/* reset meanwhile */
+		entry = hash_search(endpoint_cache, keybuf, HASH_ENTER, &found);
+		entry->policy = policy;
+	}
+	return &entry->policy;
+}
+
+PG_FUNCTION_INFO_V1(idem_endpoints_changed);
+
+/*
+ * Statement trigger on idempotency.endpoints: tell every backend to drop its
+ * cached policies once this transaction commits.
+ */
+Datum
+idem_endpoints_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		elog(ERROR, "idem_endpoints_changed: not called as a trigger");
+	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	return PointerGetDatum(NULL);
+}

@@ -1,0 +1,32 @@
+/*-------------------------------------------------------------------------
+ *
+ * endpoint.h
+ *	  Per-endpoint policy (idempotency.endpoints), cached per backend.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_ENDPOINT_H
+#define IDEM_ENDPOINT_H
+
+#include "datatype/timestamp.h"
+
+typedef struct IdemEndpointPolicy
+{
+	bool		found;			/* a row exists for the endpoint */
+	bool		has_ttl;
+	Interval	ttl;
+	bool		has_lease;
+	Interval	lease;
+	bool		resolve_on_expiry;	/* on_lease_expiry = 'resolve' */
+	Oid			resolver;		/* InvalidOid when none */
+	int			max_response_bytes; /* -1: the setting applies */
+	bool		store_response;
+} IdemEndpointPolicy;
+
+/*
+ * The policy of an endpoint; the defaults (found = false) when it has no
+ * row.  The result points into a cache and stays valid until the next call.
+ */
+extern const IdemEndpointPolicy *IdemGetEndpointPolicy(const char *endpoint);
+
+#endif							/* IDEM_ENDPOINT_H */
