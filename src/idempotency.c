@@ -14,6 +14,7 @@
 #include "idempotency.h"
 #include "guc.h"
 #include "stats.h"
+#include "worker.h"
 
 PG_MODULE_MAGIC;
 
@@ -28,6 +29,7 @@ _PG_init(void)
 
 	IdemGucInit();
 	IdemStatsInit();
+	IdemWorkerInit();
 }
 
 /*

@@ -1,0 +1,1132 @@
+/*-------------------------------------------------------------------------
+ *
+ * maintenance.c
+ *	  One maintenance pass over idempotency.keys, and the SQL function
+ *	  idem_maintenance() that runs it.
+ *
+ *	  A pass, in this order:
+ *	  1. stale leases: in_progress rows past locked_until (and not expired)
+ *	     become 'unknown', or are settled by the endpoint's resolver;
+ *	  2. purge: expired rows leave the default partition;
+ *	  3. premake: dated partitions cover from as_of to as_of + max_ttl + one
+ *	     partition_interval; rows of a new partition's range are first moved
+ *	     out of the default partition;
+ *	  4. retention: partitions whose range has ended are dropped whole.
+ *
+ *	  DDL runs with a short lock_timeout in a subtransaction; a step that
+ *	  cannot get its lock is skipped with a LOG line and the next pass
+ *	  retries, so claims never wait on maintenance for more than that.  Two
+ *	  passes of one database never overlap: each takes an advisory lock of
+ *	  the extension's own lock space without waiting.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_inherits.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "common/cryptohash.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "partitioning/partbounds.h"
+#include "storage/lock.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/guc.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/regproc.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+#include "audit.h"
+#include "endpoint.h"
+#include "guc.h"
+#include "maintenance.h"
+#include "response.h"
+#include "stats.h"
+
+/* DDL waits at most this long for its lock, then the step is skipped */
+#define IDEM_MAINT_LOCK_TIMEOUT_MS	"100"
+
+#define IDEM_SCHEMA		"idempotency"
+
+typedef struct MaintPass
+{
+	TimestampTz as_of;
+	bool		own_xacts;
+	IdemMaintEmit emit;
+	void	   *arg;
+	int			guc_nest;
+	MemoryContext cxt;			/* lives as long as the pass */
+} MaintPass;
+
+/* One range [lo, hi) of expires_at; a partition's or one to make. */
+typedef struct MaintRange
+{
+	TimestampTz lo;
+	TimestampTz hi;
+	bool		lo_inf;			/* MINVALUE */
+	bool		hi_inf;			/* MAXVALUE */
+	Oid			relid;			/* InvalidOid for a range to make */
+} MaintRange;
+
+/* One stale lease. */
+typedef struct StaleLease
+{
+	char	   *tenant;
+	char	   *endpoint;
+	char	   *key;
+	bytea	   *fingerprint;
+	TimestampTz created_at;
+} StaleLease;
+
+typedef enum LeaseOutcome
+{
+	LEASE_UNKNOWN,
+	LEASE_COMPLETED,
+	LEASE_FAILED,
+	LEASE_RESOLVER_ERROR,
+	LEASE_GONE					/* changed meanwhile: nothing done */
+} LeaseOutcome;
+
+static const char *const lease_outcome_kinds[] = {
+	[LEASE_UNKNOWN] = "lease_unknown",
+	[LEASE_COMPLETED] = "lease_completed",
+	[LEASE_FAILED] = "lease_failed",
+	[LEASE_RESOLVER_ERROR] = "resolver_error",
+	[LEASE_GONE] = NULL,
+};
+
+/* ---------------------------------------------------------------------
+ * Transactions, settings and locks
+ * ---------------------------------------------------------------------
+ */
+
+/*
+ * Begin one step: a transaction of its own for the worker, SPI, and the
+ * settings every step runs with.
+ */
+static void
+StepBegin(MaintPass *p)
+{
+	if (p->own_xacts)
+	{
+		SetCurrentStatementStartTimestamp();
+		StartTransactionCommand();
+		PushActiveSnapshot(GetTransactionSnapshot());
+	}
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	p->guc_nest = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	(void) set_config_option("lock_timeout", IDEM_MAINT_LOCK_TIMEOUT_MS,
+							 PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+}
+
+static void
+StepEnd(MaintPass *p)
+{
+	AtEOXact_GUC(true, p->guc_nest);
+	SPI_finish();
+	if (p->own_xacts)
+	{
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+	}
+}
+
+static void
+Emit(MaintPass *p, const char *kind, const char *object, int64 rows)
+{
+	p->emit(p->arg, kind, object, rows);
+}
+
+/*
+ * Run fn in a subtransaction.  When it fails for want of a lock
+ * (lock_timeout), roll it back, log, report a "skipped" action and return
+ * false; any other error is raised again.
+ */
+static bool
+RunWithLockTimeout(MaintPass *p, const char *what, const char *object,
+				   void (*fn) (MaintPass *p, void *arg), void *arg)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	volatile bool ok = true;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+
+	PG_TRY();
+	{
+		fn(p, arg);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+
+		ereport(LOG,
+				(errmsg("idempotency maintenance skipped %s of \"%s\": %s",
+						what, object, edata->message),
+				 errdetail("The next maintenance pass tries again.")));
+		FreeErrorData(edata);
+		ok = false;
+	}
+	PG_END_TRY();
+
+	if (!ok)
+		Emit(p, "skipped", object, -1);
+	return ok;
+}
+
+static void
+ExecDDL(const char *sql)
+{
+	int			rc = SPI_execute(sql, false, 0);
+
+	if (rc < 0)
+		elog(ERROR, "idempotency maintenance: \"%s\" failed: %s",
+			 sql, SPI_result_code_string(rc));
+}
+
+/*
+ * The lock that keeps two passes of this database apart: session-level for
+ * the worker (which commits between steps), transaction-level otherwise.
+ */
+static void
+PassLockTag(LOCKTAG *tag)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, 0, 0, IDEM_LOCKTAG_MAINTENANCE);
+}
+
+/* ---------------------------------------------------------------------
+ * Names and times
+ * ---------------------------------------------------------------------
+ */
+
+/* Microseconds from the Unix epoch to PostgreSQL's (2000-01-01). */
+#define UNIX_TO_PG_USECS \
+	((int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY)
+
+/* Start of the partition_interval slot that holds ts (UTC, from the epoch). */
+static TimestampTz
+SlotStart(TimestampTz ts, int64 width)
+{
+	int64		unix_us = ts + UNIX_TO_PG_USECS;
+	int64		q = unix_us / width;
+
+	if (unix_us % width < 0)
+		q--;
+	return q * width - UNIX_TO_PG_USECS;
+}
+
+static void
+TimestampToUtcTm(TimestampTz ts, struct pg_tm *tm)
+{
+	fsec_t		fsec;
+
+	if (timestamp2tm(ts, NULL, tm, &fsec, NULL, NULL) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("timestamp out of range")));
+}
+
+/* A timestamptz literal in UTC, whatever the session's TimeZone. */
+static char *
+UtcLiteral(TimestampTz ts)
+{
+	struct pg_tm tm;
+	int64		usec = ts % USECS_PER_SEC;
+
+	if (usec < 0)
+		usec += USECS_PER_SEC;
+	TimestampToUtcTm(ts, &tm);
+	return psprintf("'%04d-%02d-%02d %02d:%02d:%02d.%06d+00'",
+					tm.tm_year, tm.tm_mon, tm.tm_mday,
+					tm.tm_hour, tm.tm_min, tm.tm_sec, (int) usec);
+}
+
+/* keys_pYYYYMMDDtHHMM, with seconds when the start has any. */
+static char *
+PartitionName(TimestampTz lo)
+{
+	struct pg_tm tm;
+
+	TimestampToUtcTm(lo, &tm);
+	if (tm.tm_sec != 0 || lo % USECS_PER_SEC != 0)
+		return psprintf("keys_p%04d%02d%02dt%02d%02d%02d",
+						tm.tm_year, tm.tm_mon, tm.tm_mday,
+						tm.tm_hour, tm.tm_min, tm.tm_sec);
+	return psprintf("keys_p%04d%02d%02dt%02d%02d",
+					tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min);
+}
+
+/* First 16 hex digits of SHA-256 of the key: what logs show of a key. */
+static char *
+KeyHash(const char *key)
+{
+	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
+	uint8		digest[32];
+	char	   *hex = palloc(17);
+	int			i;
+
+	if (ctx == NULL ||
+		pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) key, strlen(key)) < 0 ||
+		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
+		elog(ERROR, "could not compute SHA-256 of a key");
+	pg_cryptohash_free(ctx);
+	for (i = 0; i < 8; i++)
+		snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+	return hex;
+}
+
+static Oid
+KeysRelid(void)
+{
+	Oid			nsp = get_namespace_oid(IDEM_SCHEMA, false);
+	Oid			relid = get_relname_relid("keys", nsp);
+
+	if (!OidIsValid(relid))
+		elog(ERROR, "table idempotency.keys does not exist");
+	return relid;
+}
+
+/* ---------------------------------------------------------------------
+ * Partitions
+ * ---------------------------------------------------------------------
+ */
+
+static int
+RangeCmp(const ListCell *a, const ListCell *b)
+{
+	MaintRange *ra = lfirst(a);
+	MaintRange *rb = lfirst(b);
+
+	if (ra->lo_inf != rb->lo_inf)
+		return ra->lo_inf ? -1 : 1;
+	if (ra->lo < rb->lo)
+		return -1;
+	return ra->lo > rb->lo ? 1 : 0;
+}
+
+/* The dated partitions of idempotency.keys, by lower bound (in p->cxt). */
+static List *
+ListPartitions(MaintPass *p)
+{
+	List	   *children = find_inheritance_children(KeysRelid(), NoLock);
+	List	   *result = NIL;
+	ListCell   *lc;
+
+	foreach(lc, children)
+	{
+		Oid			relid = lfirst_oid(lc);
+		HeapTuple	tup;
+		Datum		d;
+		bool		isnull;
+		PartitionBoundSpec *spec;
+		PartitionRangeDatum *lo;
+		PartitionRangeDatum *hi;
+		MaintRange *r;
+		MemoryContext old;
+
+		tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+		if (!HeapTupleIsValid(tup))
+			continue;			/* dropped meanwhile */
+		d = SysCacheGetAttr(RELOID, tup, Anum_pg_class_relpartbound, &isnull);
+		if (isnull)
+		{
+			ReleaseSysCache(tup);
+			continue;
+		}
+		spec = castNode(PartitionBoundSpec, stringToNode(TextDatumGetCString(d)));
+		ReleaseSysCache(tup);
+		if (spec->is_default || spec->strategy != PARTITION_STRATEGY_RANGE)
+			continue;
+		lo = linitial_node(PartitionRangeDatum, spec->lowerdatums);
+		hi = linitial_node(PartitionRangeDatum, spec->upperdatums);
+
+		old = MemoryContextSwitchTo(p->cxt);
+		r = palloc0(sizeof(MaintRange));
+		r->relid = relid;
+		r->lo_inf = lo->kind != PARTITION_RANGE_DATUM_VALUE;
+		r->hi_inf = hi->kind != PARTITION_RANGE_DATUM_VALUE;
+		if (!r->lo_inf)
+			r->lo = DatumGetTimestampTz(castNode(Const, lo->value)->constvalue);
+		if (!r->hi_inf)
+			r->hi = DatumGetTimestampTz(castNode(Const, hi->value)->constvalue);
+		result = lappend(result, r);
+		MemoryContextSwitchTo(old);
+	}
+	list_sort(result, RangeCmp);
+	return result;
+}
+
+/*
+ * The ranges to make so that [as_of, as_of + max_ttl + one interval) is
+ * covered: every partition_interval slot, less what existing partitions
+ * already cover (they may have another width when the setting changed).
+ */
+static List *
+PlanPremake(MaintPass *p, List *existing)
+{
+	int64		width = (int64) idem_partition_interval * USECS_PER_SEC;
+	TimestampTz horizon = p->as_of + (int64) idem_max_ttl * USECS_PER_SEC + width;
+	TimestampTz slot;
+	List	   *plan = NIL;
+	MemoryContext old = MemoryContextSwitchTo(p->cxt);
+
+	for (slot = SlotStart(p->as_of, width); slot < horizon; slot += width)
+	{
+		TimestampTz cur = slot;
+		TimestampTz end = slot + width;
+		ListCell   *lc;
+
+		foreach(lc, existing)
+		{
+			MaintRange *r = lfirst(lc);
+
+			if (cur >= end)
+				break;
+			if (!r->hi_inf && r->hi <= cur)
+				continue;		/* wholly before */
+			if (!r->lo_inf && r->lo >= end)
+				break;			/* wholly after, as are the rest */
+			if (!r->lo_inf && r->lo > cur)
+			{
+				MaintRange *m = palloc0(sizeof(MaintRange));
+
+				m->lo = cur;
+				m->hi = r->lo;
+				plan = lappend(plan, m);
+			}
+			cur = r->hi_inf ? end : Max(cur, r->hi);
+		}
+		if (cur < end)
+		{
+			MaintRange *m = palloc0(sizeof(MaintRange));
+
+			m->lo = cur;
+			m->hi = end;
+			plan = lappend(plan, m);
+		}
+	}
+	MemoryContextSwitchTo(old);
+	return plan;
+}
+
+typedef struct CreateArgs
+{
+	MaintRange *range;
+	char	   *name;
+	int64		moved;
+} CreateArgs;
+
+/*
+ * Make one partition: a standalone table with a CHECK constraint matching
+ * its range (so that ATTACH need not scan it), the rows of its range moved
+ * out of the default partition, then ATTACH.  Claims keep running against
+ * the parent (ATTACH takes SHARE UPDATE EXCLUSIVE on it); only the default
+ * partition is locked exclusively, and only for as long as the step lasts.
+ */
+static void
+CreatePartition(MaintPass *p, void *arg)
+{
+	CreateArgs *a = arg;
+	char	   *qname = quote_qualified_identifier(IDEM_SCHEMA, a->name);
+	char	   *lo = UtcLiteral(a->range->lo);
+	char	   *hi = UtcLiteral(a->range->hi);
+	StringInfoData sql;
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "CREATE TABLE %s (LIKE idempotency.keys INCLUDING DEFAULTS"
+					 " INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION,"
+					 " CONSTRAINT %s CHECK (expires_at >= %s AND expires_at < %s),"
+					 " UNIQUE (tenant, endpoint, key))",
+					 qname, quote_identifier(psprintf("%s_range", a->name)), lo, hi);
+	ExecDDL(sql.data);
+
+	/* the order in which ATTACH takes them */
+	ExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
+	ExecDDL("LOCK TABLE ONLY idempotency.keys_default IN ACCESS EXCLUSIVE MODE");
+
+	resetStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
+					 " WHERE expires_at >= %s AND expires_at < %s RETURNING *)"
+					 " INSERT INTO %s SELECT * FROM moved",
+					 lo, hi, qname);
+	ExecDDL(sql.data);
+	a->moved = (int64) SPI_processed;
+
+	resetStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "ALTER TABLE idempotency.keys ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
+					 qname, lo, hi);
+	ExecDDL(sql.data);
+}
+
+static void
+Premake(MaintPass *p)
+{
+	List	   *plan;
+	ListCell   *lc;
+
+	StepBegin(p);
+	plan = PlanPremake(p, ListPartitions(p));
+	StepEnd(p);
+
+	foreach(lc, plan)
+	{
+		CreateArgs	a;
+		MemoryContext old;
+
+		StepBegin(p);
+		a.range = lfirst(lc);
+		old = MemoryContextSwitchTo(p->cxt);
+		a.name = PartitionName(a.range->lo);
+		MemoryContextSwitchTo(old);
+		a.moved = 0;
+		if (RunWithLockTimeout(p, "creating partition", a.name, CreatePartition, &a))
+			Emit(p, "create", a.name, a.moved);
+		StepEnd(p);
+	}
+}
+
+typedef struct DropArgs
+{
+	List	   *ranges;			/* MaintRange of the partitions to drop */
+	List	   *names;			/* their names, then their row estimates */
+	List	   *estimates;
+} DropArgs;
+
+/*
+ * Drop partitions whose range has ended.  Dropping a partition takes ACCESS
+ * EXCLUSIVE on the parent: it is taken once, with the short lock_timeout,
+ * for all of them, in the last step of the pass.
+ */
+static void
+DropPartitions(MaintPass *p, void *arg)
+{
+	DropArgs   *a = arg;
+	ListCell   *lc;
+
+	ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+	foreach(lc, a->ranges)
+	{
+		MaintRange *r = lfirst(lc);
+		char	   *relname = get_rel_name(r->relid);
+		char	   *nspname = get_namespace_name(get_rel_namespace(r->relid));
+		int64		estimate = -1;
+		HeapTuple	tup;
+		MemoryContext old;
+
+		if (relname == NULL || nspname == NULL)
+			continue;			/* dropped meanwhile */
+		tup = SearchSysCache1(RELOID, ObjectIdGetDatum(r->relid));
+		if (HeapTupleIsValid(tup))
+		{
+			float4		reltuples = ((Form_pg_class) GETSTRUCT(tup))->reltuples;
+
+			if (reltuples >= 0)
+				estimate = (int64) reltuples;
+			ReleaseSysCache(tup);
+		}
+		ExecDDL(psprintf("DROP TABLE %s", quote_qualified_identifier(nspname, relname)));
+
+		old = MemoryContextSwitchTo(p->cxt);
+		a->names = lappend(a->names, pstrdup(relname));
+		a->estimates = lappend(a->estimates, palloc(sizeof(int64)));
+		*(int64 *) llast(a->estimates) = estimate;
+		MemoryContextSwitchTo(old);
+	}
+}
+
+static void
+Retention(MaintPass *p)
+{
+	DropArgs	a = {NIL, NIL, NIL};
+	ListCell   *lc;
+
+	StepBegin(p);
+	foreach(lc, ListPartitions(p))
+	{
+		MaintRange *r = lfirst(lc);
+
+		if (!r->hi_inf && r->hi <= p->as_of)
+			a.ranges = lappend(a.ranges, r);
+	}
+	if (a.ranges != NIL &&
+		RunWithLockTimeout(p, "dropping expired partitions", "keys", DropPartitions, &a))
+	{
+		ListCell   *lc2;
+
+		forboth(lc, a.names, lc2, a.estimates)
+			Emit(p, "drop", lfirst(lc), *(int64 *) lfirst(lc2));
+	}
+	StepEnd(p);
+}
+
+/* Expired rows leave the default partition (it should hold few rows). */
+static void
+PurgeDefault(MaintPass *p)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1];
+	int			rc;
+
+	StepBegin(p);
+	args[0] = TimestampTzGetDatum(p->as_of);
+	rc = SPI_execute_with_args("DELETE FROM ONLY idempotency.keys_default"
+							   " WHERE expires_at <= $1",
+							   1, argtypes, args, NULL, false, 0);
+	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "purging idempotency.keys_default failed: %s",
+			 SPI_result_code_string(rc));
+	if (SPI_processed > 0)
+		Emit(p, "purge", "keys_default", (int64) SPI_processed);
+	StepEnd(p);
+}
+
+/* ---------------------------------------------------------------------
+ * Stale leases
+ * ---------------------------------------------------------------------
+ */
+
+/* The WHERE clause that identifies a still-stale lease ($1..$4). */
+#define STALE_ROW_QUAL \
+	" WHERE tenant = $2 AND endpoint = $3 AND key = $4" \
+	" AND state = 'in_progress' AND locked_until < $1 AND expires_at > $1"
+
+static void
+ReportLease(const StaleLease *l, const char *to_state, int status)
+{
+	IdemTransition t;
+
+	memset(&t, 0, sizeof(t));
+	t.tenant = l->tenant;
+	t.endpoint = l->endpoint;
+	t.key = l->key;
+	t.fingerprint = l->fingerprint;
+	t.from_state = "in_progress";
+	t.to_state = to_state;
+	t.replayed = false;
+	t.response_status = status;
+	t.started = l->created_at;
+	IdemReportTransition(&t);
+}
+
+/* Run an UPDATE of one stale lease; returns the number of rows changed. */
+static uint64
+UpdateLease(MaintPass *p, const StaleLease *l, const char *set_clause,
+			int nextra, Oid *extra_types, Datum *extra_values,
+			const char *extra_nulls)
+{
+	Oid			types[16];
+	Datum		values[16];
+	char		nulls[16];
+	int			i;
+	int			rc;
+	char	   *sql;
+
+	Assert(nextra <= 12);
+	types[0] = TIMESTAMPTZOID;
+	values[0] = TimestampTzGetDatum(p->as_of);
+	types[1] = types[2] = types[3] = TEXTOID;
+	values[1] = CStringGetTextDatum(l->tenant);
+	values[2] = CStringGetTextDatum(l->endpoint);
+	values[3] = CStringGetTextDatum(l->key);
+	memset(nulls, ' ', sizeof(nulls));
+	for (i = 0; i < nextra; i++)
+	{
+		types[4 + i] = extra_types[i];
+		values[4 + i] = extra_values[i];
+		nulls[4 + i] = extra_nulls ? extra_nulls[i] : ' ';
+	}
+	sql = psprintf("UPDATE idempotency.keys SET %s" STALE_ROW_QUAL, set_clause);
+	rc = SPI_execute_with_args(sql, 4 + nextra, types, values, nulls, false, 0);
+	if (rc != SPI_OK_UPDATE)
+		elog(ERROR, "updating a stale lease failed: %s", SPI_result_code_string(rc));
+	return SPI_processed;
+}
+
+typedef struct ResolveArgs
+{
+	const StaleLease *lease;
+	const IdemEndpointPolicy *policy;
+	LeaseOutcome outcome;
+	int			status;
+} ResolveArgs;
+
+/* Call the resolver and apply its answer; runs in a subtransaction. */
+static void
+ResolveLease(MaintPass *p, ResolveArgs *a)
+{
+	const StaleLease *l = a->lease;
+	Oid			resolver = a->policy->resolver;
+	HeapTuple	proctup;
+	Form_pg_proc proc;
+	FmgrInfo	flinfo;
+	LOCAL_FCINFO(fcinfo, 3);
+	Datum		answer;
+	Oid			types[2] = {JSONBOID, TEXTOID};
+	Datum		values[2];
+	int			rc;
+	bool		isnull;
+	char	   *status_type;
+	char	   *status_text;
+	IdemResponse resp;
+	Datum		upd_values[7];
+	Oid			upd_types[7] = {INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID, TIMESTAMPTZOID};
+	char		upd_nulls[7];
+
+	proctup = SearchSysCache1(PROCOID, ObjectIdGetDatum(resolver));
+	if (!HeapTupleIsValid(proctup))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("resolver function %u of endpoint \"%s\" does not exist",
+						resolver, l->endpoint)));
+	proc = (Form_pg_proc) GETSTRUCT(proctup);
+	if (proc->pronargs != 3 || proc->proretset ||
+		proc->proargtypes.values[0] != TEXTOID ||
+		proc->proargtypes.values[1] != TEXTOID ||
+		proc->proargtypes.values[2] != TEXTOID ||
+		proc->prorettype != JSONBOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("resolver %s of endpoint \"%s\" must take (text, text, text) and return jsonb",
+						format_procedure(resolver), l->endpoint)));
+	ReleaseSysCache(proctup);
+
+	fmgr_info(resolver, &flinfo);
+	InitFunctionCallInfoData(*fcinfo, &flinfo, 3, DEFAULT_COLLATION_OID, NULL, NULL);
+	fcinfo->args[0].value = CStringGetTextDatum(l->tenant);
+	fcinfo->args[0].isnull = false;
+	fcinfo->args[1].value = CStringGetTextDatum(l->endpoint);
+	fcinfo->args[1].isnull = false;
+	fcinfo->args[2].value = CStringGetTextDatum(l->key);
+	fcinfo->args[2].isnull = false;
+	answer = FunctionCallInvoke(fcinfo);
+
+	if (fcinfo->isnull)
+	{
+		/* no business record: the operation did not happen */
+		Oid			ftypes[1] = {TEXTOID};
+		Datum		fvalues[1] = {CStringGetTextDatum("resolver found no business record")};
+
+		if (UpdateLease(p, l, "state = 'failed', fail_reason = $5",
+						1, ftypes, fvalues, NULL) == 0)
+			a->outcome = LEASE_GONE;
+		else
+			a->outcome = LEASE_FAILED;
+		return;
+	}
+
+	/* pick the answer apart */
+	values[0] = answer;
+	values[1] = CStringGetTextDatum("UTF8");
+	rc = SPI_execute_with_args("SELECT jsonb_typeof($1),"
+							   " jsonb_typeof($1 -> 'status'), $1 ->> 'status',"
+							   " jsonb_typeof($1 -> 'headers'), $1 -> 'headers',"
+							   " convert_to(($1 -> 'body')::text, $2)",
+							   2, types, values, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "reading a resolver's answer failed: %s", SPI_result_code_string(rc));
+
+	status_type = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
+	status_text = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
+	{
+		char	   *top = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		char	   *headers_type = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4);
+		char	   *end = NULL;
+		long		status = 0;
+
+		if (status_text != NULL)
+		{
+			errno = 0;
+			status = strtol(status_text, &end, 10);
+		}
+		if (top == NULL || strcmp(top, "object") != 0 ||
+			status_type == NULL || strcmp(status_type, "number") != 0 ||
+			end == NULL || *end != '\0' || errno != 0 || status < 100 || status > 599 ||
+			(headers_type != NULL && strcmp(headers_type, "null") != 0 &&
+			 strcmp(headers_type, "object") != 0))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("resolver %s of endpoint \"%s\" returned an invalid answer",
+							format_procedure(resolver), l->endpoint),
+					 errdetail("A resolver returns NULL or a JSON object with an integer \"status\" from 100 to 599, an optional \"body\" and an optional object \"headers\".")));
+
+		memset(&resp, 0, sizeof(resp));
+		resp.status = (int32) status;
+		if (headers_type != NULL && strcmp(headers_type, "object") == 0)
+			resp.headers = DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0],
+														SPI_tuptable->tupdesc, 5, &isnull));
+		resp.body = DatumGetByteaP(SPI_getbinval(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 6, &isnull));
+		if (isnull)
+		{
+			resp.body = NULL;
+			resp.body_kind = IDEM_BODY_NONE;
+		}
+		else
+			resp.body_kind = IDEM_BODY_JSON;
+	}
+
+	/* what the endpoint keeps of it (headers, size cap, encryption) */
+	IdemResponseForStorage(a->policy, &resp);
+
+	memset(upd_nulls, ' ', sizeof(upd_nulls));
+	upd_values[0] = Int32GetDatum(resp.status);
+	if (resp.headers)
+		upd_values[1] = JsonbPGetDatum(resp.headers);
+	else
+		upd_nulls[1] = 'n';
+	if (IdemBodyKindName(resp.body_kind))
+		upd_values[2] = CStringGetTextDatum(IdemBodyKindName(resp.body_kind));
+	else
+		upd_nulls[2] = 'n';
+	upd_values[3] = BoolGetDatum(resp.encrypted);
+	if (resp.body)
+		upd_values[4] = PointerGetDatum(resp.body);
+	else
+		upd_nulls[4] = 'n';
+	if (resp.body_ref)
+		upd_values[5] = PointerGetDatum(resp.body_ref);
+	else
+		upd_nulls[5] = 'n';
+	upd_values[6] = TimestampTzGetDatum(p->as_of);
+
+	if (UpdateLease(p, l,
+					"state = 'completed', response_status = $5, response_headers = $6,"
+					" body_kind = $7, body_encrypted = $8, response_body = $9,"
+					" body_ref = $10, completed_at = $11",
+					7, upd_types, upd_values, upd_nulls) == 0)
+		a->outcome = LEASE_GONE;
+	else
+	{
+		a->outcome = LEASE_COMPLETED;
+		a->status = resp.status;
+	}
+}
+
+/*
+ * Settle one stale lease through the endpoint's resolver.  A resolver that
+ * raises leaves the row as it was: the error is logged and the pass goes on.
+ */
+static LeaseOutcome
+ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
+					const IdemEndpointPolicy *policy, int *status)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	ResolveArgs a;
+
+	a.lease = l;
+	a.policy = policy;
+	a.outcome = LEASE_RESOLVER_ERROR;
+	a.status = -1;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		ResolveLease(p, &a);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+
+		/* a cancel or shutdown stops the pass */
+		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED ||
+			edata->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN)
+			ReThrowError(edata);
+
+		ereport(WARNING,
+				(errmsg("idempotency resolver of endpoint \"%s\" failed for tenant \"%s\", key sha256:%s: %s",
+						l->endpoint, l->tenant, KeyHash(l->key), edata->message),
+				 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again.")));
+		FreeErrorData(edata);
+		a.outcome = LEASE_RESOLVER_ERROR;
+	}
+	PG_END_TRY();
+
+	*status = a.status;
+	return a.outcome;
+}
+
+typedef struct LeaseCount
+{
+	char	   *endpoint;
+	int64		n[LEASE_GONE];
+} LeaseCount;
+
+static void
+StaleLeases(MaintPass *p)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1];
+	int			rc;
+	uint64		nrows;
+	uint64		i;
+	StaleLease *leases;
+	List	   *counts = NIL;
+	ListCell   *lc;
+
+	StepBegin(p);
+	args[0] = TimestampTzGetDatum(p->as_of);
+
+	/*
+	 * Lock the stale rows; one whose holder is busy with it right now
+	 * (finishing, heartbeating) is left for the next pass.
+	 */
+	rc = SPI_execute_with_args("SELECT tenant, endpoint, key, fingerprint, created_at"
+							   " FROM idempotency.keys"
+							   " WHERE state = 'in_progress' AND locked_until < $1"
+							   " AND expires_at > $1"
+							   " ORDER BY endpoint, tenant, key"
+							   " FOR UPDATE SKIP LOCKED",
+							   1, argtypes, args, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
+
+	nrows = SPI_processed;
+	leases = palloc0(sizeof(StaleLease) * (nrows + 1));
+	for (i = 0; i < nrows; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		Datum		d;
+
+		leases[i].tenant = SPI_getvalue(tup, desc, 1);
+		leases[i].endpoint = SPI_getvalue(tup, desc, 2);
+		leases[i].key = SPI_getvalue(tup, desc, 3);
+		d = SPI_getbinval(tup, desc, 4, &isnull);
+		leases[i].fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
+		d = SPI_getbinval(tup, desc, 5, &isnull);
+		leases[i].created_at = isnull ? 0 : DatumGetTimestampTz(d);
+	}
+
+	for (i = 0; i < nrows; i++)
+	{
+		StaleLease *l = &leases[i];
+		IdemEndpointPolicy policy = *IdemGetEndpointPolicy(l->endpoint);
+		LeaseOutcome outcome;
+		int			status = -1;
+		LeaseCount *count = NULL;
+
+		CHECK_FOR_INTERRUPTS();
+		IdemStatsCount(l->endpoint, IDEM_COUNT_LEASES_EXPIRED);
+
+		if (policy.resolve_on_expiry && OidIsValid(policy.resolver))
+			outcome = ResolveLeaseGuarded(p, l, &policy, &status);
+		else
+			outcome = UpdateLease(p, l, "state = 'unknown'", 0, NULL, NULL, NULL) > 0 ?
+				LEASE_UNKNOWN : LEASE_GONE;
+
+		switch (outcome)
+		{
+			case LEASE_UNKNOWN:
+				ereport(WARNING,
+						(errmsg("idempotency lease expired: tenant \"%s\", endpoint \"%s\", key sha256:%s is now unknown",
+								l->tenant, l->endpoint, KeyHash(l->key)),
+						 errdetail("Its holder neither finished nor renewed the lease in time; duplicates get outcome_pending until an operator resolves the key."),
+						 errhint("Record the real outcome with idempotency.idem_resolve().")));
+				ReportLease(l, "unknown", -1);
+				break;
+			case LEASE_COMPLETED:
+				IdemStatsCount(l->endpoint, IDEM_COUNT_RESOLVED);
+				ReportLease(l, "completed", status);
+				break;
+			case LEASE_FAILED:
+				IdemStatsCount(l->endpoint, IDEM_COUNT_RESOLVED);
+				ReportLease(l, "failed", -1);
+				break;
+			case LEASE_RESOLVER_ERROR:
+			case LEASE_GONE:
+				break;
+		}
+		if (outcome == LEASE_GONE)
+			continue;
+
+		/* one result row per endpoint and outcome; rows come by endpoint */
+		if (counts != NIL)
+		{
+			count = llast(counts);
+			if (strcmp(count->endpoint, l->endpoint) != 0)
+				count = NULL;
+		}
+		if (count == NULL)
+		{
+			count = palloc0(sizeof(LeaseCount));
+			count->endpoint = l->endpoint;
+			counts = lappend(counts, count);
+		}
+		count->n[outcome]++;
+	}
+
+	foreach(lc, counts)
+	{
+		LeaseCount *count = lfirst(lc);
+		int			o;
+
+		for (o = 0; o < LEASE_GONE; o++)
+			if (count->n[o] > 0)
+				Emit(p, lease_outcome_kinds[o], count->endpoint, count->n[o]);
+	}
+	StepEnd(p);
+}
+
+/* ---------------------------------------------------------------------
+ * The pass
+ * ---------------------------------------------------------------------
+ */
+
+bool
+IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
+					IdemMaintEmit emit, void *arg)
+{
+	MaintPass	p;
+	LOCKTAG		tag;
+
+	memset(&p, 0, sizeof(p));
+	p.as_of = as_of;
+	p.own_xacts = own_xacts;
+	p.emit = emit;
+	p.arg = arg;
+
+	PassLockTag(&tag);
+	if (own_xacts)
+	{
+		/* a session lock, taken in a transaction, kept across the steps */
+		StartTransactionCommand();
+		if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
+		{
+			CommitTransactionCommand();
+			Emit(&p, "busy", NULL, -1);
+			return false;
+		}
+		CommitTransactionCommand();
+		p.cxt = AllocSetContextCreate(TopMemoryContext,
+									  "idempotency maintenance",
+									  ALLOCSET_DEFAULT_SIZES);
+	}
+	else
+	{
+		if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+		{
+			Emit(&p, "busy", NULL, -1);
+			return false;
+		}
+		p.cxt = CurrentMemoryContext;
+	}
+
+	PG_TRY();
+	{
+		StaleLeases(&p);
+		PurgeDefault(&p);
+		Premake(&p);
+		Retention(&p);
+	}
+	PG_FINALLY();
+	{
+		if (own_xacts)
+		{
+			LockRelease(&tag, ExclusiveLock, true);
+			MemoryContextDelete(p.cxt);
+		}
+	}
+	PG_END_TRY();
+	return true;
+}
+
+/* ---------------------------------------------------------------------
+ * SQL interface
+ * ---------------------------------------------------------------------
+ */
+
+static void
+EmitTuple(void *arg, const char *kind, const char *object, int64 rows)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+
+	values[0] = CStringGetTextDatum(kind);
+	if (object)
+		values[1] = CStringGetTextDatum(object);
+	else
+		nulls[1] = true;
+	if (rows >= 0)
+		values[2] = Int64GetDatum(rows);
+	else
+		nulls[2] = true;
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+PG_FUNCTION_INFO_V1(idem_maintenance);
+
+/*
+ * idem_maintenance(as_of timestamptz DEFAULT now())
+ *		RETURNS TABLE (kind text, object text, rows bigint)
+ *
+ * One maintenance pass in the caller's transaction, as if the clock read
+ * as_of; one row per action.
+ */
+Datum
+idem_maintenance(PG_FUNCTION_ARGS)
+{
+	TimestampTz as_of = PG_GETARG_TIMESTAMPTZ(0);
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	if (TIMESTAMP_NOT_FINITE(as_of))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("as_of must be a finite time")));
+
+	InitMaterializedSRF(fcinfo, 0);
+	(void) IdemMaintenancePass(as_of, false, EmitTuple, rsinfo);
+	return (Datum) 0;
+}

@@ -1,0 +1,133 @@
+--
+-- One maintenance pass, with as_of: stale leases, the default partition,
+-- premade partitions, retention.  (The worker of this cluster runs once an
+-- hour: it does not interfere.)
+--
+CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+\set VERBOSITY terse
+SET TimeZone = 'UTC';
+SET idempotency.partition_interval = '1d';
+SET idempotency.max_ttl = '7d';
+
+-- CREATE EXTENSION makes the default partition only
+SELECT inhrelid::regclass AS partition FROM pg_inherits
+WHERE inhparent = 'idempotency.keys'::regclass;
+
+-- admin only
+SELECT has_function_privilege('public', 'idempotency.idem_maintenance(timestamptz)', 'EXECUTE')
+    AS public_may_run;
+
+CREATE FUNCTION pg_temp.put(tenant text, endpoint text, key text, state text,
+                            expires_at timestamptz, locked_until timestamptz DEFAULT NULL)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
+                                  lease_token, locked_until, created_at, expires_at)
+    VALUES (tenant, endpoint, key, decode(repeat('ab', 32), 'hex'), state,
+            CASE WHEN state = 'in_progress' THEN 42 END, locked_until,
+            '2029-12-31 00:00+00', expires_at)
+$$;
+
+-- Claims never fail before maintenance ran: these rows land in the default
+-- partition.
+SELECT pg_temp.put('t1', 'pay', 'soon',      'completed',   '2030-01-03 12:00+00');
+SELECT pg_temp.put('t1', 'pay', 'far',       'completed',   '2030-02-01 00:00+00');
+SELECT pg_temp.put('t1', 'pay', 'dead',      'completed',   '2029-12-31 12:00+00');
+SELECT pg_temp.put('t1', 'pay', 'stale',     'in_progress', '2030-01-05 00:00+00', '2029-12-31 23:00+00');
+SELECT pg_temp.put('t2', 'pay', 'stale',     'in_progress', '2030-01-05 00:00+00', '2029-12-31 23:00+00');
+SELECT pg_temp.put('t1', 'pay', 'leased',    'in_progress', '2030-01-05 00:00+00', '2030-01-01 01:00+00');
+SELECT pg_temp.put('t1', 'pay', 'deadlease', 'in_progress', '2029-12-31 23:30+00', '2029-12-31 23:00+00');
+SELECT key, tableoid::regclass AS partition FROM idempotency.keys ORDER BY tenant, key;
+
+-- The pass: stale leases become unknown (with a WARNING that shows a hash of
+-- the key, never the key), the expired row leaves the default partition,
+-- partitions cover as_of to as_of + max_ttl + one interval, and rows of
+-- their ranges move out of the default partition.
+SELECT * FROM idempotency.idem_maintenance('2030-01-01 00:00+00') ORDER BY kind, object;
+
+SELECT tenant, key, state, lease_token, locked_until, tableoid::regclass AS partition
+FROM idempotency.keys ORDER BY tenant, key;
+
+-- every dated partition: its range, and its unique (tenant, endpoint, key)
+SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) AS bound,
+       (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique) AS unique_indexes
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'idempotency.keys'::regclass ORDER BY 1;
+
+-- a partition is an ordinary table, not a member of the extension
+SELECT count(*) AS partitions_in_extension FROM pg_depend
+WHERE refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+  AND classid = 'pg_class'::regclass AND objid::regclass::text LIKE 'idempotency.keys_p%';
+
+-- a second pass at the same time has nothing to do
+SELECT * FROM idempotency.idem_maintenance('2030-01-01 00:00+00');
+
+-- Three days later: partitions whose range has ended are dropped whole
+-- (rows: the planner's estimate, here after ANALYZE), new ones are made.
+ANALYZE idempotency.keys;
+SELECT * FROM idempotency.idem_maintenance('2030-01-04 00:00+00') ORDER BY kind, object;
+SELECT tenant, key, state, tableoid::regclass AS partition
+FROM idempotency.keys ORDER BY tenant, key;
+
+-- a narrower partition_interval fills only what is not covered yet
+SET idempotency.partition_interval = '12h';
+SELECT * FROM idempotency.idem_maintenance('2030-01-05 00:00+00') ORDER BY kind, object;
+WITH parts AS (
+    SELECT c.oid, tstzrange(m[1]::timestamptz, m[2]::timestamptz) AS r
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid,
+         LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
+                              'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') m
+    WHERE i.inhparent = 'idempotency.keys'::regclass AND m IS NOT NULL)
+SELECT count(*) AS dated_partitions,
+       (SELECT count(*) FROM parts a JOIN parts b ON a.oid < b.oid AND a.r && b.r) AS overlaps,
+       max(upper(r)) AS covered_until
+FROM parts;
+RESET idempotency.partition_interval;
+
+-- The far row moves out of the default partition once premake covers it;
+-- the unknown rows expire with their partition.
+SELECT * FROM idempotency.idem_maintenance('2030-01-28 00:00+00')
+WHERE kind <> 'create' OR rows > 0 ORDER BY kind, object;
+SELECT tenant, key, state, tableoid::regclass AS partition
+FROM idempotency.keys ORDER BY tenant, key;
+
+-- Resolvers settle stale leases of endpoints that ask for it.
+CREATE FUNCTION public.find_payment(tenant text, endpoint text, key text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    IF key LIKE 'ok%' THEN
+        RETURN jsonb_build_object('status', 201,
+                                  'body', jsonb_build_object('payment', key, 'tenant', tenant),
+                                  'headers', jsonb_build_object('Location', '/payments/' || key));
+    ELSIF key LIKE 'scalar%' THEN
+        RETURN '{"status": 200, "body": "done"}';
+    ELSIF key LIKE 'none%' THEN
+        RETURN NULL;
+    ELSIF key LIKE 'bad%' THEN
+        RETURN '{"status": "created"}';
+    ELSE
+        RAISE EXCEPTION 'payments service unavailable';
+    END IF;
+END $$;
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('charge', 'resolve', 'public.find_payment(text,text,text)');
+
+SELECT pg_temp.put('t1', 'charge', k, 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00')
+FROM unnest(ARRAY['ok1', 'scalar1', 'none1', 'bad1', 'boom1']) k;
+SELECT pg_temp.put('t1', 'pay', 'plain', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
+
+SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00')
+WHERE kind NOT IN ('create', 'drop') ORDER BY kind, object;
+SELECT key, state, response_status, response_headers, body_kind,
+       convert_from(response_body, 'UTF8') AS body, fail_reason,
+       completed_at = '2030-01-29 00:00+00' AS completed_at_as_of, lease_token
+FROM idempotency.keys WHERE endpoint IN ('charge', 'pay') AND expires_at > '2030-01-29'
+ORDER BY endpoint, key;
+
+-- the rows the resolver could not settle are tried again by the next pass
+SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00') ORDER BY kind, object;
+
+-- DROP EXTENSION removes the dated partitions with everything else
+DROP EXTENSION idempotency;
+SELECT count(*) AS partitions_left FROM pg_class WHERE relname LIKE 'keys_p%';
+DROP FUNCTION public.find_payment(text, text, text);
+CREATE EXTENSION idempotency CASCADE;
