@@ -3,7 +3,12 @@
 -- premade partitions, retention.  (The worker of this cluster runs once an
 -- hour: it does not interfere.)
 --
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+-- start from an empty store, whatever earlier tests left
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
+RESET client_min_messages;
 \set VERBOSITY terse
 SET TimeZone = 'UTC';
 SET idempotency.partition_interval = '1d';
