@@ -1,0 +1,178 @@
+# The maintenance worker on its own: premake, retention, stale leases and
+# resolvers, databases without the extension, DROP DATABASE while it runs,
+# SIGTERM, and coming back after a crash.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Digest::SHA qw(sha256_hex);
+
+my $node = PostgreSQL::Test::Cluster->new('worker');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'idempotency'
+idempotency.maintenance_interval = 1
+max_worker_processes = 16
+restart_after_crash = on
+});
+$node->start;
+
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
+
+my $launcher_q = q{SELECT pid FROM pg_stat_activity
+                   WHERE backend_type = 'idempotency maintenance launcher'};
+ok($node->poll_query_until('postgres', "SELECT count(*) = 1 FROM ($launcher_q) l"),
+	'the launcher runs');
+
+# premake, by the worker alone: max_ttl (7 days) plus one day is covered
+ok( $node->poll_query_until('postgres', q{
+	SELECT count(*) >= 8 FROM pg_inherits
+	WHERE inhparent = 'idempotency.keys'::regclass
+	  AND inhrelid <> 'idempotency.keys_default'::regclass}),
+	'the worker makes the partitions');
+is( $node->safe_psql('postgres', q{
+	SELECT count(*) FROM generate_series(0, 7) d
+	WHERE NOT EXISTS (SELECT 1 FROM idempotency.keys_default LIMIT 0)
+	  AND to_regclass('idempotency.keys_p'
+	      || to_char((now() AT TIME ZONE 'UTC')::date + d, 'YYYYMMDD') || 't0000') IS NULL}),
+	'0', 'a partition for each of the next eight days');
+
+# retention: a partition whose range has ended goes, with its rows
+$node->safe_psql('postgres', q{
+	CREATE TABLE idempotency.keys_p20200101t0000 (LIKE idempotency.keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+	ALTER TABLE idempotency.keys ATTACH PARTITION idempotency.keys_p20200101t0000
+	    FOR VALUES FROM ('2020-01-01 00:00+00') TO ('2020-01-02 00:00+00');
+	INSERT INTO idempotency.keys_p20200101t0000 (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+	VALUES ('t', 'e', 'old', '\x00', 'completed', '2019-12-31', '2020-01-01 12:00+00');
+});
+ok( $node->poll_query_until('postgres',
+		"SELECT to_regclass('idempotency.keys_p20200101t0000') IS NULL"),
+	'the worker drops a partition whose range has ended');
+
+sub put_lease
+{
+	my ($endpoint, $key) = @_;
+	$node->safe_psql('postgres', qq{
+		INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
+		    lease_token, locked_until, created_at, expires_at)
+		VALUES ('acme', '$endpoint', '$key', decode(repeat('ab', 32), 'hex'), 'in_progress',
+		    7, now() - interval '1 minute', now() - interval '2 minutes', now() + interval '1 hour')});
+}
+
+# a stale lease becomes unknown; the log names a hash of the key, never the key
+my $secret = 'k-7f3a9c-secret';
+put_lease('pay', $secret);
+ok( $node->poll_query_until('postgres',
+		"SELECT state = 'unknown' FROM idempotency.keys WHERE key = '$secret'"),
+	'a stale lease becomes unknown');
+my $hash = substr(sha256_hex($secret), 0, 16);
+my @lines = grep { /lease expired/ } split /\n/, slurp_file($node->logfile);
+ok((grep { /tenant "acme", endpoint "pay", key sha256:$hash/ } @lines),
+	'the warning names tenant, endpoint and the key hash');
+ok(!(grep { /\Q$secret\E/ } @lines), 'the warning does not show the key');
+
+# resolvers: an answer completes the key, NULL fails it, an error leaves it
+$node->safe_psql('postgres', q{
+	CREATE TABLE payments (idem_key text PRIMARY KEY, amount int);
+	INSERT INTO payments VALUES ('pay-found', 1200);
+	CREATE FUNCTION find_payment(tenant text, endpoint text, key text)
+	RETURNS jsonb LANGUAGE plpgsql SET search_path = public AS $$
+	DECLARE p payments;
+	BEGIN
+	    IF key = 'pay-broken' THEN
+	        RAISE EXCEPTION 'ledger offline';
+	    END IF;
+	    SELECT * INTO p FROM payments WHERE idem_key = key;
+	    IF NOT FOUND THEN
+	        RETURN NULL;
+	    END IF;
+	    RETURN jsonb_build_object('status', 201, 'body', jsonb_build_object('amount', p.amount));
+	END $$;
+	INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+	VALUES ('charge', 'resolve', 'find_payment(text,text,text)');
+});
+put_lease('charge', $_) for qw(pay-found pay-missing pay-broken);
+ok( $node->poll_query_until('postgres', q{
+	SELECT count(*) = 2 FROM idempotency.keys
+	WHERE endpoint = 'charge' AND state <> 'in_progress'}),
+	'the resolver settles the stale leases');
+is( $node->safe_psql('postgres', q{
+	SELECT string_agg(key || ':' || state || ':' || coalesce(response_status::text, '-') || ':'
+	                  || coalesce(convert_from(response_body, 'UTF8'), '-') || ':'
+	                  || coalesce(fail_reason, '-'), ' ' ORDER BY key)
+	FROM idempotency.keys WHERE endpoint = 'charge'}),
+	'pay-broken:in_progress:-:-:- pay-found:completed:201:{"amount": 1200}:- '
+	  . 'pay-missing:failed:-:-:resolver found no business record',
+	'completed with the business result, failed without a record, unchanged on error');
+ok($node->wait_for_log(qr/resolver of endpoint "charge" failed .*ledger offline/),
+	'a raising resolver is logged');
+ok( $node->poll_query_until('postgres', "SELECT count(*) = 1 FROM ($launcher_q) l"),
+	'and the worker goes on');
+
+# a database without the extension: nothing to do, nothing made
+$node->safe_psql('postgres', 'CREATE DATABASE plain');
+my $offset = -s $node->logfile;
+sleep 3;    # a few rounds of the launcher
+is($node->safe_psql('plain', "SELECT count(*) FROM pg_namespace WHERE nspname = 'idempotency'"),
+	'0', 'nothing is made in a database without the extension');
+unlike(slurp_file($node->logfile, $offset), qr/(ERROR|FATAL):.*idempotency/i,
+	'and no error is logged for it');
+
+# DROP DATABASE never fails nor hangs while the worker visits every second
+for my $i (1 .. 5)
+{
+	$node->safe_psql('postgres', "CREATE DATABASE victim$i");
+	$node->safe_psql("victim$i", 'CREATE EXTENSION idempotency CASCADE');
+	$node->poll_query_until("victim$i", q{
+		SELECT count(*) > 1 FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass});
+	my ($ret, $out, $err) = $node->psql('postgres', "DROP DATABASE victim$i");
+	is($ret, 0, "DROP DATABASE victim$i succeeds while the worker is active");
+	diag($err) if $ret;
+}
+
+# SIGTERM stops the launcher; the postmaster starts it again
+my $pid = $node->safe_psql('postgres', $launcher_q);
+$node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
+ok( $node->poll_query_until('postgres',
+		"SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $pid)"),
+	'the launcher stops on SIGTERM');
+ok( $node->poll_query_until('postgres',
+		"SELECT count(*) = 1 FROM ($launcher_q) l WHERE pid <> $pid"),
+	'and is started again');
+
+# a crash (a backend killed with SIGKILL) restarts everything; passes resume
+$pid = $node->safe_psql('postgres', $launcher_q);
+kill 'KILL', $pid;
+ok( $node->poll_query_until('postgres',
+		"SELECT count(*) = 1 FROM ($launcher_q) l WHERE pid <> $pid"),
+	'the launcher comes back after a crash restart');
+put_lease('pay', 'after-crash');
+ok( $node->poll_query_until('postgres',
+		"SELECT state = 'unknown' FROM idempotency.keys WHERE key = 'after-crash'"),
+	'and passes resume');
+
+# an immediate shutdown and a start
+$node->stop('immediate');
+$node->start;
+put_lease('pay', 'after-restart');
+ok( $node->poll_query_until('postgres',
+		"SELECT state = 'unknown' FROM idempotency.keys WHERE key = 'after-restart'"),
+	'passes resume after an immediate shutdown');
+
+# enable_worker = off stops the passes (reloadable)
+$node->append_conf('postgresql.conf', 'idempotency.enable_worker = off');
+$node->reload;
+sleep 2;    # let a pass that was under way end
+put_lease('pay', 'worker-off');
+sleep 3;
+is($node->safe_psql('postgres', "SELECT state FROM idempotency.keys WHERE key = 'worker-off'"),
+	'in_progress', 'no pass runs with enable_worker = off');
+$node->append_conf('postgresql.conf', 'idempotency.enable_worker = on');
+$node->reload;
+ok( $node->poll_query_until('postgres',
+		"SELECT state = 'unknown' FROM idempotency.keys WHERE key = 'worker-off'"),
+	'passes resume with enable_worker = on');
+
+$node->stop;
+done_testing();
