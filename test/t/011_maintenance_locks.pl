@@ -1,0 +1,62 @@
+# Two passes never overlap, and a pass that cannot get a DDL lock quickly
+# skips that step instead of making claims queue behind it.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('locks');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'idempotency'
+idempotency.enable_worker = off
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
+
+# a pass in an open transaction holds the maintenance lock until it ends
+my $s1 = $node->background_psql('postgres');
+$s1->query_safe('BEGIN');
+$s1->query_safe('SELECT count(*) FROM idempotency.idem_maintenance()');
+ok( $node->poll_query_until('postgres', q{
+	SELECT count(*) = 1 FROM pg_locks
+	WHERE locktype = 'advisory' AND objsubid = x'494D'::int AND granted}),
+	'a pass holds the maintenance lock');
+is( $node->safe_psql('postgres',
+		"SELECT kind || ':' || coalesce(object, '-') FROM idempotency.idem_maintenance()"),
+	'busy:-', 'a second pass returns at once and says so');
+# pg_advisory_lock keys do not collide with it
+is($node->safe_psql('postgres', 'SELECT pg_try_advisory_lock(0) AND pg_try_advisory_lock(0, 0)'),
+	't', 'user advisory locks do not collide with the maintenance lock');
+$s1->query_safe('COMMIT');
+is( $node->safe_psql('postgres',
+		"SELECT count(*) FROM idempotency.idem_maintenance() WHERE kind = 'busy'"),
+	'0', 'once it committed, the next pass runs');
+
+# a session that holds a lock conflicting with ATTACH: the creation steps are
+# skipped after the short lock_timeout, logged, and retried by the next pass
+$s1->query_safe('BEGIN');
+$s1->query_safe('LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE');
+my $offset = -s $node->logfile;
+my $res = $node->safe_psql('postgres', q{
+	SELECT kind, count(*) FROM idempotency.idem_maintenance(now() + interval '30 days')
+	GROUP BY kind ORDER BY kind});
+like($res, qr/^skipped\|\d+$/m, 'steps that cannot get their lock are skipped');
+unlike($res, qr/^create\|/m, 'and nothing is created meanwhile');
+ok($node->wait_for_log(qr/idempotency maintenance skipped creating partition of "keys_p/, $offset),
+	'the skip is logged');
+# claims (inserts through the parent) were never blocked by the pass
+$node->safe_psql('postgres', q{
+	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+	VALUES ('t', 'e', 'during', '\x00', 'completed', now(), now() + interval '1 hour')});
+$s1->query_safe('COMMIT');
+$res = $node->safe_psql('postgres', q{
+	SELECT kind, count(*) FROM idempotency.idem_maintenance(now() + interval '30 days')
+	GROUP BY kind ORDER BY kind});
+like($res, qr/^create\|\d+$/m, 'the next pass makes them');
+unlike($res, qr/^skipped/m, 'without skipping');
+$s1->quit;
+
+$node->stop;
+done_testing();
