@@ -1,0 +1,88 @@
+# pg_dump then pg_restore into a fresh database keeps live keys (in dated
+# partitions and in the default partition) and endpoint policies, and the
+# restored database accepts new keys and maintenance at once.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('dump');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'idempotency'
+idempotency.enable_worker = off
+});
+$node->start;
+
+$node->safe_psql('postgres', q{
+	CREATE EXTENSION idempotency CASCADE;
+	INSERT INTO idempotency.endpoints (endpoint, ttl, lease) VALUES ('pay', '2 days', '30 seconds');
+	SELECT count(*) FROM idempotency.idem_maintenance();
+	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, response_status,
+	    body_kind, response_body, created_at, completed_at, expires_at)
+	SELECT 'acme', 'pay', 'k' || i, decode(repeat('ab', 32), 'hex'), 'completed', 201,
+	    'json', convert_to('{"n": ' || i || '}', 'UTF8'), now(), now(),
+	    now() + i * interval '1 hour'
+	FROM generate_series(1, 100) i;
+	-- beyond the premade partitions: the default partition holds it
+	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+	VALUES ('acme', 'pay', 'far', decode(repeat('ab', 32), 'hex'), 'completed', now(),
+	        now() + interval '60 days');
+});
+
+my $snapshot = q{
+	SELECT (SELECT string_agg(tableoid::regclass || '/' || key || '/' || state || '/'
+	                          || coalesce(convert_from(response_body, 'UTF8'), '-'), ',' ORDER BY key)
+	        FROM idempotency.keys)
+	    || ' | ' || (SELECT string_agg(endpoint || '/' || ttl || '/' || lease, ',') FROM idempotency.endpoints)
+	    || ' | ' || (SELECT string_agg(c.relname || '=' || pg_get_expr(c.relpartbound, c.oid), ',' ORDER BY c.relname)
+	                 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	                 WHERE i.inhparent = 'idempotency.keys'::regclass)
+};
+my $before = $node->safe_psql('postgres', $snapshot);
+like($before, qr/keys_default\/far\//, 'a row sits in the default partition');
+
+my $dump = $node->basedir . '/idem.dump';
+$node->command_ok(
+	[ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('postgres') ],
+	'pg_dump');
+$node->safe_psql('postgres', 'CREATE DATABASE restored');
+my ($stdout, $stderr);
+my $ok = IPC::Run::run([ 'pg_restore', '-d', $node->connstr('restored'), $dump ],
+	'>', \$stdout, '2>', \$stderr);
+ok($ok, 'pg_restore into a fresh database');
+is($stderr, '', 'without errors or warnings');
+
+is($node->safe_psql('restored', $snapshot), $before,
+	'keys, their partitions and the endpoint policies are restored');
+is( $node->safe_psql('restored', q{
+	SELECT count(*) FROM pg_inherits i
+	WHERE i.inhparent = 'idempotency.keys'::regclass
+	  AND NOT EXISTS (SELECT 1 FROM pg_index x WHERE x.indrelid = i.inhrelid AND x.indisunique)}),
+	'0', 'every partition keeps its unique (tenant, endpoint, key)');
+
+# the restored database works at once
+$node->safe_psql('restored', q{
+	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+	VALUES ('acme', 'pay', 'new', decode(repeat('ab', 32), 'hex'), 'completed', now(),
+	        now() + interval '1 hour')});
+my ($ret, $out, $err) = $node->psql('restored', q{
+	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+	VALUES ('acme', 'pay', 'k1', decode(repeat('ab', 32), 'hex'), 'completed', now(),
+	        now() + interval '1 hour')});
+isnt($ret, 0, 'the restored unique index refuses a duplicate live row');
+like( $node->safe_psql('restored', q{
+	SELECT string_agg(kind || ':' || object || ':' || coalesce(rows::text, '-'), ',' ORDER BY kind, object)
+	FROM idempotency.idem_maintenance(now() + interval '55 days')}),
+	qr/create:keys_p\d{8}t0000:1/, 'maintenance runs on the restored database and moves the far row');
+is($node->safe_psql('restored', q{SELECT count(*) FROM idempotency.keys_default}),
+	'0', 'the default partition is empty again');
+
+# DROP EXTENSION removes the restored partitions too
+$node->safe_psql('restored', 'DROP EXTENSION idempotency');
+is($node->safe_psql('restored', q{SELECT count(*) FROM pg_class WHERE relname LIKE 'keys_%'}),
+	'0', 'DROP EXTENSION leaves no partition behind');
+
+$node->stop;
+done_testing();
