@@ -541,8 +541,13 @@ DropPartitions(MaintPass *p, void *arg)
 {
 	DropArgs   *a = arg;
 	ListCell   *lc;
+	StringInfoData sql;
+	MemoryContext old;
 
 	ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+
+	initStringInfo(&sql);
+	appendStringInfoString(&sql, "DROP TABLE ");
 	foreach(lc, a->ranges)
 	{
 		MaintRange *r = lfirst(lc);
@@ -550,7 +555,6 @@ DropPartitions(MaintPass *p, void *arg)
 		char	   *nspname = get_namespace_name(get_rel_namespace(r->relid));
 		int64		estimate = -1;
 		HeapTuple	tup;
-		MemoryContext old;
 
 		if (relname == NULL || nspname == NULL)
 			continue;			/* dropped meanwhile */
@@ -563,7 +567,9 @@ DropPartitions(MaintPass *p, void *arg)
 				estimate = (int64) reltuples;
 			ReleaseSysCache(tup);
 		}
-		ExecDDL(psprintf("DROP TABLE %s", quote_qualified_identifier(nspname, relname)));
+		if (a->names != NIL)
+			appendStringInfoString(&sql, ", ");
+		appendStringInfoString(&sql, quote_qualified_identifier(nspname, relname));
 
 		old = MemoryContextSwitchTo(p->cxt);
 		a->names = lappend(a->names, pstrdup(relname));
@@ -571,6 +577,9 @@ DropPartitions(MaintPass *p, void *arg)
 		*(int64 *) llast(a->estimates) = estimate;
 		MemoryContextSwitchTo(old);
 	}
+	/* one statement: one dependency walk for all of them */
+	if (a->names != NIL)
+		ExecDDL(sql.data);
 }
 
 static void
