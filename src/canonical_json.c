@@ -158,12 +158,24 @@ IdemParseExclusions(ArrayType *pointers)
 
 /* ---------- serialization ---------- */
 
+/* objects with at most this many members reuse the previous one's order */
+#define ORDER_CACHE_MAX 32
+
 typedef struct CanonState
 {
 	StringInfo	out;
 	pg_cryptohash_ctx *sink;
 	const IdemExclusions *ex;
 	bool		convert;		/* database encoding is not UTF-8 */
+
+	/*
+	 * Member names (in jsonb order) of the last object sorted, and their
+	 * sorted order: arrays of similar objects sort only once.
+	 */
+	int			cache_n;
+	const char *cache_key[ORDER_CACHE_MAX];
+	int			cache_len[ORDER_CACHE_MAX];
+	uint8		cache_order[ORDER_CACHE_MAX];
 } CanonState;
 
 /* a child of a jsonb container, located */
@@ -260,19 +272,18 @@ emit_string(CanonState *st, const char *s, int len)
 			appendBinaryStringInfo(out, esc, 2);
 		}
 	}
+	if (run == 0)
+	{
+		/* nothing escaped: room was reserved above */
+		memcpy(out->data + out->len, s, len);
+		out->len += len;
+		out->data[out->len++] = '"';
+		out->data[out->len] = '\0';
+		return;
+	}
 	if (len > run)
 		appendBinaryStringInfo(out, s + run, len - run);
 	appendStringInfoCharMacro(out, '"');
-}
-
-static void
-emit_numeric(CanonState *st, Numeric num)
-{
-	char	   *str = DatumGetCString(DirectFunctionCall1(numeric_out,
-														  NumericGetDatum(num)));
-
-	IdemAppendCanonicalNumber(st->out, str, strlen(str));
-	pfree(str);
 }
 
 /*
@@ -313,6 +324,50 @@ member_cmp(const void *x, const void *y)
 	const Member *b = (const Member *) y;
 
 	return compare_utf16(a->key, a->keylen, b->key, b->keylen);
+}
+
+/*
+ * The sorted order of n <= ORDER_CACHE_MAX members into order[]: the cached
+ * one when the names are those of the last object sorted, else by
+ * insertion sort (which beats qsort's indirect calls on small objects).
+ */
+static void
+order_members(CanonState *st, const Member *members, int n, uint8 *order)
+{
+	if (n == st->cache_n)
+	{
+		int			i;
+
+		for (i = 0; i < n; i++)
+			if (members[i].keylen != st->cache_len[i] ||
+				memcmp(members[i].key, st->cache_key[i], members[i].keylen) != 0)
+				break;
+		if (i == n)
+		{
+			memcpy(order, st->cache_order, n);
+			return;
+		}
+	}
+	for (int i = 0; i < n; i++)
+	{
+		int			j = i;
+
+		while (j > 0 &&
+			   compare_utf16(members[order[j - 1]].key, members[order[j - 1]].keylen,
+							 members[i].key, members[i].keylen) > 0)
+		{
+			order[j] = order[j - 1];
+			j--;
+		}
+		order[j] = (uint8) i;
+	}
+	st->cache_n = n;
+	for (int i = 0; i < n; i++)
+	{
+		st->cache_key[i] = members[i].key;
+		st->cache_len[i] = members[i].keylen;
+	}
+	memcpy(st->cache_order, order, n);
 }
 
 /* end offset of child i given its start */
@@ -365,6 +420,7 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 	int		   *activebuf = NULL;
 	uint32		start = 0;
 	int			kept = 0;
+	uint8		order[ORDER_CACHE_MAX];
 	StringInfo	out = st->out;
 
 	/* keys are children 0..n-1, their values n..2n-1, bytes in order */
@@ -411,12 +467,19 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 		members[kept++] = m;
 	}
 
-	if (kept > 1)
+	if (kept <= ORDER_CACHE_MAX)
+		order_members(st, members, kept, order);
+	else
+	{
 		qsort(members, kept, sizeof(Member), member_cmp);
+		/* order[] is not used: members are in order */
+	}
 
 	appendStringInfoCharMacro(out, '{');
 	for (int i = 0; i < kept; i++)
 	{
+		const Member *m = &members[kept <= ORDER_CACHE_MAX ? order[i] : i];
+
 		if (i > 0)
 			appendStringInfoCharMacro(out, ',');
 		/* key already in UTF-8: escape without converting again */
@@ -424,12 +487,11 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 			bool		save = st->convert;
 
 			st->convert = false;
-			emit_string(st, members[i].key, members[i].keylen);
+			emit_string(st, m->key, m->keylen);
 			st->convert = save;
 		}
 		appendStringInfoCharMacro(out, ':');
-		emit_value(st, &members[i].value, depth + 1,
-				   members[i].active, members[i].nactive);
+		emit_value(st, &m->value, depth + 1, m->active, m->nactive);
 		maybe_flush(st);
 	}
 	appendStringInfoCharMacro(out, '}');
@@ -488,7 +550,8 @@ emit_value(CanonState *st, const ChildRef *ref, int depth,
 	if (JBE_ISSTRING(je))
 		emit_string(st, ref->base + ref->start, ref->end - ref->start);
 	else if (JBE_ISNUMERIC(je))
-		emit_numeric(st, (Numeric) (ref->base + INTALIGN(ref->start)));
+		IdemAppendCanonicalNumeric(st->out,
+								   (Numeric) (ref->base + INTALIGN(ref->start)));
 	else if (JBE_ISBOOL_TRUE(je))
 		appendBinaryStringInfo(st->out, "true", 4);
 	else if (JBE_ISBOOL_FALSE(je))
@@ -522,6 +585,7 @@ IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb, const IdemExclusions *ex,
 	st.sink = sink;
 	st.ex = ex;
 	st.convert = (encoding != PG_UTF8 && encoding != PG_SQL_ASCII);
+	st.cache_n = -1;
 
 	if (JsonContainerIsScalar(root))
 	{

@@ -321,11 +321,13 @@ static inline int
 decimal_length(uint64 v)
 {
 	int			n = 1;
+	uint64		p = 10;
 
-	while (v >= 10)
+	/* v < 10^17 here */
+	while (n < 20 && v >= p)
 	{
-		v /= 10;
 		n++;
+		p *= 10;
 	}
 	return n;
 }
@@ -629,6 +631,102 @@ IdemFormatDouble(double value, char *buf)
 	return layout_number(buf, negative, digits, k, k + exp10);
 }
 
+/* ---------- decimal input ---------- */
+
+static const char digit_pairs[201] =
+"00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+"40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+"8081828384858687888990919293949596979899";
+
+static void
+out_of_range(const char *what, int len)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+			 errmsg("JSON number %.*s%s is out of range for canonicalization",
+					Min(len, 40), what, len > 40 ? "..." : ""),
+			 errdetail("RFC 8785 represents numbers as IEEE-754 double precision values, whose magnitude lies between about 4.9e-324 and 1.8e308.")));
+}
+
+/* strtod a NUL-terminated decimal, check the range, append its form */
+static void
+append_via_double(StringInfo out, const char *s, int len)
+{
+	char		buf[IDEM_NUMBER_BUFLEN];
+	double		d;
+
+	d = strtod(s, NULL);
+	/* a non-zero number that becomes 0 or infinite is out of range */
+	if (isinf(d) || d == 0)
+		out_of_range(s, len);
+	appendBinaryStringInfo(out, buf, IdemFormatDouble(d, buf));
+}
+
+/*
+ * Append the canonical form of (-1)^negative * 0.DIGITS * 10^n, with k >= 1
+ * significant digits of which the last is not zero.  When fallback is not
+ * NULL it is the same number as NUL-terminated text, for strtod.
+ */
+static void
+append_decimal(StringInfo out, bool negative, const char *digits, int k,
+			   long n, const char *fallback, int fallback_len)
+{
+	/*
+	 * At most 15 digits (DBL_DIG) and well inside the normal range: the
+	 * digits are already the shortest form of the nearest double.
+	 */
+	if (k <= 15 && n >= -290 && n <= 300)
+	{
+		char		buf[IDEM_NUMBER_BUFLEN];
+
+		appendBinaryStringInfo(out, buf,
+							   layout_number(buf, negative, digits, k, (int) n));
+		return;
+	}
+	if (fallback)
+		append_via_double(out, fallback, fallback_len);
+	else
+	{
+		/* "-D.DIGITSe-NNNNNNNNNN" */
+		int			cap = k + 32;
+		char		sbuf[96];
+		char	   *s = cap <= (int) sizeof(sbuf) ? sbuf : palloc(cap);
+		int			len;
+
+		char	   *p = s;
+		char		ebuf[24];
+		int			elen = 0;
+		long		e = n - 1;
+		unsigned long en = e < 0 ? -(unsigned long) e : (unsigned long) e;
+
+		/* scientific notation, which also reads well in the error */
+		if (negative)
+			*p++ = '-';
+		*p++ = digits[0];
+		if (k > 1)
+		{
+			*p++ = '.';
+			memcpy(p, digits + 1, k - 1);
+			p += k - 1;
+		}
+		*p++ = 'e';
+		if (e < 0)
+			*p++ = '-';
+		do
+		{
+			ebuf[elen++] = (char) ('0' + en % 10);
+			en /= 10;
+		} while (en > 0);
+		while (elen > 0)
+			*p++ = ebuf[--elen];
+		*p = '\0';
+		len = (int) (p - s);
+		append_via_double(out, s, len);
+		if (s != sbuf)
+			pfree(s);
+	}
+}
+
 /* ---------- JSON number text ---------- */
 
 static void
@@ -719,37 +817,110 @@ IdemAppendCanonicalNumber(StringInfo out, const char *num, int len)
 		appendStringInfoChar(out, '0');
 		return;
 	}
-
-	if (last_nonzero <= 15 && n >= -290 && n <= 300)
-	{
-		char		buf[IDEM_NUMBER_BUFLEN];
-		int			blen = layout_number(buf, negative, digits, last_nonzero, (int) n);
-
-		appendBinaryStringInfo(out, buf, blen);
-		return;
-	}
+	if (last_nonzero <= 15)
+		append_decimal(out, negative, digits, last_nonzero, n, NULL, 0);
 	else
 	{
-		/* through the double: strtod rounds correctly */
 		char		sbuf[64];
 		char	   *s = len < (int) sizeof(sbuf) ? sbuf : palloc(len + 1);
-		char		buf[IDEM_NUMBER_BUFLEN];
-		double		d;
-		int			blen;
 
 		memcpy(s, num, len);
 		s[len] = '\0';
-		errno = 0;
-		d = strtod(s, NULL);
-		if (isinf(d) || d == 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-					 errmsg("JSON number %.*s%s is out of range for canonicalization",
-							Min(len, 40), num, len > 40 ? "..." : ""),
-					 errdetail("RFC 8785 represents numbers as IEEE-754 double precision values, whose magnitude lies between about 4.9e-324 and 1.8e308.")));
+		append_decimal(out, negative, digits, last_nonzero, n, s, len);
 		if (s != sbuf)
 			pfree(s);
-		blen = IdemFormatDouble(d, buf);
-		appendBinaryStringInfo(out, buf, blen);
 	}
+}
+
+/* ---------- numeric ---------- */
+
+/*
+ * The on-disk layout of numeric (src/backend/utils/adt/numeric.c), which
+ * pg_upgrade keeps stable: a 2-byte header in the short format (sign, display
+ * scale, 7-bit weight) or 2 + 2 bytes in the long one, then base-10000
+ * digits without leading or trailing zeros; the value is the sum of
+ * digit[i] * 10000^(weight - i).  Reading it directly spares numeric_out's
+ * string and its parsing.
+ */
+#define NUM_SIGN_MASK		0xC000
+#define NUM_NEG				0x4000
+#define NUM_SHORT			0x8000
+#define NUM_SPECIAL			0xC000
+#define NUM_SHORT_SIGN_MASK	0x2000
+#define NUM_SHORT_WEIGHT_SIGN_MASK 0x0040
+#define NUM_SHORT_WEIGHT_MASK 0x003F
+
+void
+IdemAppendCanonicalNumeric(StringInfo out, Numeric num)
+{
+	const char *data = VARDATA_ANY(num);
+	int			size = VARSIZE_ANY_EXHDR(num);
+	uint16		header;
+	bool		negative;
+	int			weight;
+	const int16 *ndig;
+	int			ndigits;
+	char		dbuf[72];
+	char	   *digits;
+	int			k = 0;
+	long		n = 0;
+
+	memcpy(&header, data, sizeof(uint16));
+	if ((header & NUM_SIGN_MASK) == NUM_SPECIAL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("NaN and infinity have no JSON representation")));
+	if ((header & NUM_SIGN_MASK) == NUM_SHORT)
+	{
+		negative = (header & NUM_SHORT_SIGN_MASK) != 0;
+		weight = (header & NUM_SHORT_WEIGHT_MASK) |
+			((header & NUM_SHORT_WEIGHT_SIGN_MASK) ? ~NUM_SHORT_WEIGHT_MASK : 0);
+		ndig = (const int16 *) (data + sizeof(uint16));
+		ndigits = (size - (int) sizeof(uint16)) / (int) sizeof(int16);
+	}
+	else
+	{
+		int16		w;
+
+		negative = (header & NUM_SIGN_MASK) == NUM_NEG;
+		memcpy(&w, data + sizeof(uint16), sizeof(int16));
+		weight = w;
+		ndig = (const int16 *) (data + 2 * sizeof(uint16));
+		ndigits = (size - 2 * (int) sizeof(uint16)) / (int) sizeof(int16);
+	}
+	if (ndigits == 0)
+	{
+		appendStringInfoChar(out, '0');
+		return;
+	}
+
+	digits = (ndigits * 4 <= (int) sizeof(dbuf)) ? dbuf : palloc(ndigits * 4);
+	{
+		/* the first base-10000 digit without its leading zeros */
+		int			d = ndig[0];
+		int			len = d >= 1000 ? 4 : d >= 100 ? 3 : d >= 10 ? 2 : 1;
+		char		four[4];
+
+		memcpy(four, digit_pairs + 2 * (d / 100), 2);
+		memcpy(four + 2, digit_pairs + 2 * (d % 100), 2);
+		memcpy(digits, four + 4 - len, len);
+		k = len;
+		n = (long) weight * 4 + len;
+	}
+	for (int i = 1; i < ndigits; i++)
+	{
+		int			d = ndig[i];
+
+		memcpy(digits + k, digit_pairs + 2 * (d / 100), 2);
+		memcpy(digits + k + 2, digit_pairs + 2 * (d % 100), 2);
+		k += 4;
+	}
+	while (k > 0 && digits[k - 1] == '0')
+		k--;
+	if (k == 0)
+		appendStringInfoChar(out, '0');
+	else
+		append_decimal(out, negative, digits, k, n, NULL, 0);
+	if (digits != dbuf)
+		pfree(digits);
 }

@@ -12,6 +12,7 @@
 #include "postgres.h"
 
 #include "lib/stringinfo.h"
+#include "utils/numeric.h"
 
 /* enough for "-1.2345678901234567e-308" and a terminating NUL */
 #define IDEM_NUMBER_BUFLEN 32
@@ -31,5 +32,8 @@ extern int	IdemFormatDouble(double value, char *buf);
  * would underflow to zero), and 22P02 when the text is not a number.
  */
 extern void IdemAppendCanonicalNumber(StringInfo out, const char *num, int len);
+
+/* the same for a numeric (jsonb's numbers), read without numeric_out */
+extern void IdemAppendCanonicalNumeric(StringInfo out, Numeric num);
 
 #endif							/* NUMBER_FORMAT_H */

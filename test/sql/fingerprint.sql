@@ -38,6 +38,10 @@ FROM (VALUES ('4200'), ('4200.0'), ('4.2e3'), ('42e2'), ('1e21'), ('1e20'),
              ('333333333.33333329'), ('9007199254740993'), ('1e308'),
              ('1.7976931348623157e308'), ('5e-324'), ('2.5e-324'),
              ('123.456e-300'), ('1E+2'), ('100000000000000000000000')) AS t(n);
+-- hundreds of digits: still the nearest double
+SELECT idem_canonical_json(('0.' || repeat('3', 400))::jsonb) AS third,
+       idem_canonical_json(('-' || repeat('9', 300) || '.5')::jsonb) AS nines,
+       idem_canonical_json(('1' || repeat('0', 22) || '.' || repeat('0', 30) || '1')::jsonb) AS big_plus_tiny;
 -- same number, same text, however it was written
 SELECT count(DISTINCT idem_canonical_json(n::jsonb)) AS distinct_forms
 FROM (VALUES ('4200'), ('4200.0'), ('4.2e3'), ('4200.000'), ('0.42e4'), ('42e2')) AS t(n);
