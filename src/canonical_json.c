@@ -202,6 +202,7 @@ static void emit_value(CanonState *st, const ChildRef *ref, int depth,
 static void
 maybe_flush(CanonState *st)
 {
+	CHECK_FOR_INTERRUPTS();
 	if (st->sink && st->out->len >= SINK_CHUNK)
 	{
 		if (pg_cryptohash_update(st->sink, (uint8 *) st->out->data,

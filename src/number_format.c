@@ -888,6 +888,13 @@ IdemAppendCanonicalNumeric(StringInfo out, Numeric num)
 		ndig = (const int16 *) (data + 2 * sizeof(uint16));
 		ndigits = (size - 2 * (int) sizeof(uint16)) / (int) sizeof(int16);
 	}
+	/* numeric strips leading zero digits; do not rely on it */
+	while (ndigits > 0 && ndig[0] == 0)
+	{
+		ndig++;
+		ndigits--;
+		weight--;
+	}
 	if (ndigits == 0)
 	{
 		appendStringInfoChar(out, '0');
