@@ -160,11 +160,16 @@ SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint('PO ST', '/p', '{}')$$)
 SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint('POST', '', '{}')$$);
 SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint('POST', E'/p\nGET', '{}')$$);
 
--- volatility and strictness as documented
-SELECT proname, provolatile, proparallel, proisstrict
+-- volatility and strictness as documented; each with and without exclude
+SELECT proname, pg_get_function_arguments(oid) AS args, provolatile, proparallel, proisstrict
 FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace
   AND (proname LIKE 'idem_canonical%' OR proname IN ('idem_fingerprint', 'idem_number_text'))
-ORDER BY proname;
+ORDER BY proname, pronargs;
+-- named arguments
+SELECT idem_canonical_json(body => '{"b": 1, "a": 2}') AS named,
+       idem_canonical_json(exclude => '{/a}', body => '{"b": 1, "a": 2}') AS named_exclude,
+       encode(idem_fingerprint(method => 'GET', path => '/x', body => NULL), 'hex') =
+       encode(sha256(convert_to(E'idem-fingerprint-v1\nGET\n/x\n', 'UTF8')), 'hex') AS named_fingerprint;
 
 -- a body of more than 10 MB: canonical length as predicted, SHA-256 (fed
 -- in chunks) equal to the hash of the whole text
