@@ -176,6 +176,14 @@ typedef struct CanonState
 	const char *cache_key[ORDER_CACHE_MAX];
 	int			cache_len[ORDER_CACHE_MAX];
 	uint8		cache_order[ORDER_CACHE_MAX];
+
+	/*
+	 * Member arrays, one per nesting depth, reused by sibling objects: no
+	 * allocation per object, and small stack frames for deep documents.
+	 */
+	struct Member **level_buf;
+	int		   *level_cap;
+	int			nlevels;
 } CanonState;
 
 /* a child of a jsonb container, located */
@@ -371,6 +379,42 @@ order_members(CanonState *st, const Member *members, int n, uint8 *order)
 	memcpy(st->cache_order, order, n);
 }
 
+/* the member array of this depth, with room for n */
+static Member *
+level_members(CanonState *st, int depth, int n)
+{
+	if (depth >= st->nlevels)
+	{
+		int			newn = Max(16, Max(depth + 1, st->nlevels * 2));
+
+		if (st->nlevels == 0)
+		{
+			st->level_buf = palloc0(sizeof(Member *) * newn);
+			st->level_cap = palloc0(sizeof(int) * newn);
+		}
+		else
+		{
+			st->level_buf = repalloc(st->level_buf, sizeof(Member *) * newn);
+			st->level_cap = repalloc(st->level_cap, sizeof(int) * newn);
+			memset(st->level_buf + st->nlevels, 0,
+				   sizeof(Member *) * (newn - st->nlevels));
+			memset(st->level_cap + st->nlevels, 0,
+				   sizeof(int) * (newn - st->nlevels));
+		}
+		st->nlevels = newn;
+	}
+	if (st->level_cap[depth] < n)
+	{
+		int			cap = Max(n, Max(8, st->level_cap[depth] * 2));
+
+		if (st->level_buf[depth])
+			pfree(st->level_buf[depth]);
+		st->level_buf[depth] = palloc(sizeof(Member) * cap);
+		st->level_cap[depth] = cap;
+	}
+	return st->level_buf[depth];
+}
+
 /* end offset of child i given its start */
 static inline uint32
 child_end(JEntry je, uint32 start)
@@ -416,8 +460,7 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 {
 	int			n = JsonContainerSize(jc);
 	const char *base = (const char *) &jc->children[2 * n];
-	Member		stackbuf[16];
-	Member	   *members = n <= 16 ? stackbuf : palloc(sizeof(Member) * n);
+	Member	   *members = level_members(st, depth, n);
 	int		   *activebuf = NULL;
 	uint32		start = 0;
 	int			kept = 0;
@@ -497,8 +540,6 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 	}
 	appendStringInfoCharMacro(out, '}');
 
-	if (members != stackbuf)
-		pfree(members);
 	if (activebuf)
 		pfree(activebuf);
 }
@@ -587,6 +628,9 @@ IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb, const IdemExclusions *ex,
 	st.ex = ex;
 	st.convert = (encoding != PG_UTF8 && encoding != PG_SQL_ASCII);
 	st.cache_n = -1;
+	st.level_buf = NULL;
+	st.level_cap = NULL;
+	st.nlevels = 0;
 
 	if (JsonContainerIsScalar(root))
 	{
@@ -613,6 +657,15 @@ IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb, const IdemExclusions *ex,
 			emit_object(&st, root, 0, active, nactive);
 		else
 			emit_array(&st, root, 0, active, nactive);
+	}
+
+	for (int i = 0; i < st.nlevels; i++)
+		if (st.level_buf[i])
+			pfree(st.level_buf[i]);
+	if (st.nlevels > 0)
+	{
+		pfree(st.level_buf);
+		pfree(st.level_cap);
 	}
 
 	if (sink && out->len > 0)

@@ -124,6 +124,8 @@ BEGIN
     INSERT INTO deep VALUES (d);
 END $$;
 SELECT length(idem_canonical_json(j)) AS deep_length FROM deep;
+-- objects 3000 deep are fine with the default max_stack_depth
+SELECT length(idem_canonical_json((repeat('{"a":', 3000) || '1' || repeat('}', 3000))::jsonb)) AS deep_objects;
 SET max_stack_depth = '100kB';
 SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json(j) FROM deep$$);
 RESET max_stack_depth;
