@@ -315,6 +315,40 @@ IdemScopeLockTag(LOCKTAG *tag, const text *tenant, const text *endpoint,
 						 IDEM_LOCK_SPACE_SCOPE);
 }
 
+/*
+ * Scope locks belong to the current (sub)transaction, not to the statement
+ * that took them, so that a later statement of the transaction can release
+ * them and a rolled-back subtransaction releases its own.
+ */
+static bool
+IdemLockScope(const LOCKTAG *tag, bool dontWait)
+{
+	ResourceOwner save = CurrentResourceOwner;
+	volatile LockAcquireResult res = LOCKACQUIRE_NOT_AVAIL;
+
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	PG_TRY();
+	{
+		res = LockAcquire(tag, ExclusiveLock, false, dontWait);
+	}
+	PG_FINALLY();
+	{
+		CurrentResourceOwner = save;
+	}
+	PG_END_TRY();
+	return res != LOCKACQUIRE_NOT_AVAIL;
+}
+
+static void
+IdemUnlockScope(const LOCKTAG *tag)
+{
+	ResourceOwner save = CurrentResourceOwner;
+
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	LockRelease(tag, ExclusiveLock, false);
+	CurrentResourceOwner = save;
+}
+
 static int64
 IdemIntervalUsecs(const Interval *iv)
 {
@@ -387,7 +421,7 @@ IdemDropPending(PendingClaim **link, bool release_lock)
 
 	*link = pc->next;
 	if (release_lock && pc->nest_level == GetCurrentTransactionNestLevel())
-		LockRelease(&pc->tag, ExclusiveLock, false);
+		IdemUnlockScope(&pc->tag);
 }
 
 static void
@@ -720,7 +754,7 @@ IdemWaitForLock(const LOCKTAG *tag, int64 wait_ms)
 	PG_TRY();
 	{
 		LockTimeout = (int) Min(wait_ms, INT_MAX);
-		(void) LockAcquire(tag, ExclusiveLock, false, false);
+		(void) IdemLockScope(tag, false);
 		LockTimeout = save_timeout;
 		acquired = true;
 		ReleaseCurrentSubTransaction();
@@ -750,7 +784,7 @@ IdemAcquireScopeLock(const LOCKTAG *tag, TimestampTz deadline)
 {
 	int64		left_ms;
 
-	if (LockAcquire(tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+	if (IdemLockScope(tag, true))
 		return true;
 	left_ms = (deadline - GetCurrentTimestamp() + 999) / 1000;
 	return IdemWaitForLock(tag, left_ms);
@@ -915,7 +949,7 @@ idem_claim(PG_FUNCTION_ARGS)
 			if (t < deadline)
 			{
 				/* a leased duplicate is running: look again shortly */
-				LockRelease(&tag, ExclusiveLock, false);
+				IdemUnlockScope(&tag);
 				(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 								 Min(IDEM_LEASE_POLL_MS, (deadline - t) / 1000 + 1),
 								 PG_WAIT_EXTENSION);
@@ -939,7 +973,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		SPI_finish();
 		/* nothing to execute: let the next duplicate in at once */
 		if (locked)
-			LockRelease(&tag, ExclusiveLock, false);
+			IdemUnlockScope(&tag);
 		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
 	}
 
