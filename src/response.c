@@ -44,6 +44,9 @@ static const char *const body_kind_names[] = {
 	[IDEM_BODY_OMITTED] = "omitted",
 };
 
+/* header added to the replay of a response whose body was not kept */
+#define IDEM_OMITTED_HEADER	"Idempotent-Body-Omitted"
+
 /* headers never stored nor replayed, besides idempotency.extra_sensitive_headers */
 static const char *const sensitive_headers[] = {
 	"set-cookie", "authorization", "proxy-authorization"
@@ -340,11 +343,25 @@ IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
 
 /*
  * Prepare a stored response for replay: decrypt an encrypted body.  Bodies
- * stored unencrypted (before a key was set) are given back as they are.
+ * stored unencrypted (before a key was set) are given back as they are.  A
+ * body that the endpoint did not keep is announced by the header
+ * Idempotent-Body-Omitted: true, so that the client knows the replay has
+ * no body rather than an empty one.
  */
 void
 IdemResponseForReplay(IdemResponse *resp)
 {
+	if (resp->body_kind == IDEM_BODY_OMITTED)
+	{
+		Datum		mark = DirectFunctionCall1(jsonb_in,
+											   CStringGetDatum("{\"" IDEM_OMITTED_HEADER "\": \"true\"}"));
+
+		if (resp->headers != NULL && JB_ROOT_IS_OBJECT(resp->headers) &&
+			!JB_ROOT_IS_SCALAR(resp->headers))
+			mark = DirectFunctionCall2(jsonb_concat,
+									   JsonbPGetDatum(resp->headers), mark);
+		resp->headers = DatumGetJsonbP(mark);
+	}
 	if (!resp->encrypted)
 		return;
 	if (resp->body != NULL)
