@@ -134,7 +134,7 @@ IdemAuditTransition(const IdemTransition *t, const char *key_hash,
 				 errmsg("idempotency.audit is on but table idempotency.events does not exist")));
 
 	memset(nulls, ' ', sizeof(nulls));
-	actor = GetUserNameFromId(GetSessionUserId(), true);
+	actor = GetUserNameFromId(GetOuterUserId(), true);
 	values[0] = TimestampTzGetDatum(GetCurrentTimestamp());
 	if (actor != NULL)
 		values[1] = CStringGetTextDatum(actor);
