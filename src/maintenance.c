@@ -754,7 +754,7 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 		Oid			ftypes[1] = {TEXTOID};
 		Datum		fvalues[1] = {CStringGetTextDatum("resolver found no business record")};
 
-		if (UpdateLease(p, l, "state = 'failed', fail_reason = $5",
+		if (UpdateLease(p, l, "state = 'failed', fail_reason = $5, locked_until = NULL",
 						1, ftypes, fvalues, NULL) == 0)
 			a->outcome = LEASE_GONE;
 		else
@@ -838,7 +838,8 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	upd_values[6] = TimestampTzGetDatum(p->as_of);
 
 	if (UpdateLease(p, l,
-					"state = 'completed', response_status = $5, response_headers = $6,"
+					"state = 'completed', locked_until = NULL, fail_reason = NULL,"
+					" response_status = $5, response_headers = $6,"
 					" body_kind = $7, body_encrypted = $8, response_body = $9,"
 					" body_ref = $10, completed_at = $11",
 					7, upd_types, upd_values, upd_nulls) == 0)

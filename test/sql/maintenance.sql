@@ -131,6 +131,20 @@ ORDER BY endpoint, key;
 -- the rows the resolver could not settle are tried again by the next pass
 SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00') ORDER BY kind, object;
 
+-- With the core's own functions: a claim in lease mode whose holder vanished.
+-- Once maintenance saw the lease expire, a duplicate gets outcome_pending
+-- instead of running the operation a second time.
+SELECT action, lease_token IS NOT NULL AS has_token
+FROM idempotency.idem_claim('t9', 'pay', 'leased-claim', decode(repeat('cd', 32), 'hex'),
+                            lease => '1 minute');
+SELECT action, error_code FROM idempotency.idem_claim('t9', 'pay', 'leased-claim',
+                                                      decode(repeat('cd', 32), 'hex'));
+SELECT kind, object, rows FROM idempotency.idem_maintenance(now() + interval '2 minutes')
+WHERE kind LIKE 'lease%';
+SELECT state FROM idempotency.keys WHERE tenant = 't9';
+SELECT action, http_status, error_code FROM idempotency.idem_claim('t9', 'pay', 'leased-claim',
+                                                                   decode(repeat('cd', 32), 'hex'));
+
 -- DROP EXTENSION removes the dated partitions with everything else
 DROP EXTENSION idempotency;
 SELECT count(*) AS partitions_left FROM pg_class WHERE relname LIKE 'keys_p%';

@@ -50,14 +50,24 @@ ok( $node->poll_query_until('postgres',
 		"SELECT to_regclass('idempotency.keys_p20200101t0000') IS NULL"),
 	'the worker drops a partition whose range has ended');
 
+# a claim in lease mode whose holder goes away: its lease ends in a second
 sub put_lease
 {
 	my ($endpoint, $key) = @_;
-	$node->safe_psql('postgres', qq{
-		INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
-		    lease_token, locked_until, created_at, expires_at)
-		VALUES ('acme', '$endpoint', '$key', decode(repeat('ab', 32), 'hex'), 'in_progress',
-		    7, now() - interval '1 minute', now() - interval '2 minutes', now() + interval '1 hour')});
+	is( $node->safe_psql('postgres', qq{
+		SELECT action FROM idempotency.idem_claim('acme', '$endpoint', '$key',
+		    decode(repeat('ab', 32), 'hex'), lease => '1 second')}),
+		'execute', "claim $key in lease mode");
+}
+
+sub claim_again
+{
+	my ($endpoint, $key) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT action || ':' || coalesce(error_code, '-') || ':'
+		       || coalesce(convert_from(response_body, 'UTF8'), '-')
+		FROM idempotency.idem_claim('acme', '$endpoint', '$key',
+		    decode(repeat('ab', 32), 'hex'))});
 }
 
 # a stale lease becomes unknown; the log names a hash of the key, never the key
@@ -71,6 +81,8 @@ my @lines = grep { /lease expired/ } split /\n/, slurp_file($node->logfile);
 ok((grep { /tenant "acme", endpoint "pay", key sha256:$hash/ } @lines),
 	'the warning names tenant, endpoint and the key hash');
 ok(!(grep { /\Q$secret\E/ } @lines), 'the warning does not show the key');
+is(claim_again('pay', $secret), 'pending:outcome_pending:-',
+	'a duplicate gets outcome_pending, not a second execution');
 
 # resolvers: an answer completes the key, NULL fails it, an error leaves it
 $node->safe_psql('postgres', q{
@@ -105,6 +117,10 @@ is( $node->safe_psql('postgres', q{
 	'pay-broken:in_progress:-:-:- pay-found:completed:201:{"amount": 1200}:- '
 	  . 'pay-missing:failed:-:-:resolver found no business record',
 	'completed with the business result, failed without a record, unchanged on error');
+is(claim_again('charge', 'pay-found'), 'replay:-:{"amount": 1200}',
+	'a duplicate of the resolved key replays the business result');
+is(claim_again('charge', 'pay-missing'), 'pending:outcome_pending:-',
+	'a duplicate of the failed key gets outcome_pending');
 ok($node->wait_for_log(qr/resolver of endpoint "charge" failed .*ledger offline/),
 	'a raising resolver is logged');
 ok( $node->poll_query_until('postgres', "SELECT count(*) = 1 FROM ($launcher_q) l"),
