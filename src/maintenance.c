@@ -31,7 +31,6 @@
 #include "catalog/pg_inherits.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
-#include "common/cryptohash.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -55,6 +54,7 @@
 #include "audit.h"
 #include "endpoint.h"
 #include "guc.h"
+#include "keygen.h"
 #include "maintenance.h"
 #include "response.h"
 #include "stats.h"
@@ -291,24 +291,15 @@ PartitionName(TimestampTz lo)
 					tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min);
 }
 
-/* First 16 hex digits of SHA-256 of the key: what logs show of a key. */
+/* What logs show of a key: idem_key_hash(tenant, endpoint, key). */
 static char *
-KeyHash(const char *key)
+KeyHash(const StaleLease *l)
 {
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
-	uint8		digest[32];
-	char	   *hex = palloc(17);
-	int			i;
+	char	   *out = palloc(IDEM_KEY_HASH_LEN + 1);
 
-	if (ctx == NULL ||
-		pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) key, strlen(key)) < 0 ||
-		pg_cryptohash_final(ctx, digest, sizeof(digest)) < 0)
-		elog(ERROR, "could not compute SHA-256 of a key");
-	pg_cryptohash_free(ctx);
-	for (i = 0; i < 8; i++)
-		snprintf(hex + 2 * i, 3, "%02x", digest[i]);
-	return hex;
+	IdemKeyHash(l->tenant, strlen(l->tenant), l->endpoint, strlen(l->endpoint),
+				l->key, strlen(l->key), out);
+	return out;
 }
 
 static Oid
@@ -894,8 +885,8 @@ ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
 			ReThrowError(edata);
 
 		ereport(WARNING,
-				(errmsg("idempotency resolver of endpoint \"%s\" failed for tenant \"%s\", key sha256:%s: %s",
-						l->endpoint, l->tenant, KeyHash(l->key), edata->message),
+				(errmsg("idempotency resolver of endpoint \"%s\" failed for tenant \"%s\", key hash %s: %s",
+						l->endpoint, l->tenant, KeyHash(l), edata->message),
 				 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again.")));
 		FreeErrorData(edata);
 		a.outcome = LEASE_RESOLVER_ERROR;
@@ -980,8 +971,8 @@ StaleLeases(MaintPass *p)
 		{
 			case LEASE_UNKNOWN:
 				ereport(WARNING,
-						(errmsg("idempotency lease expired: tenant \"%s\", endpoint \"%s\", key sha256:%s is now unknown",
-								l->tenant, l->endpoint, KeyHash(l->key)),
+						(errmsg("idempotency lease expired: tenant \"%s\", endpoint \"%s\", key hash %s is now unknown",
+								l->tenant, l->endpoint, KeyHash(l)),
 						 errdetail("Its holder neither finished nor renewed the lease in time; duplicates get outcome_pending until an operator resolves the key."),
 						 errhint("Record the real outcome with idempotency.idem_resolve().")));
 				ReportLease(l, "unknown", -1);

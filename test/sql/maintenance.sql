@@ -142,6 +142,8 @@ SELECT action, error_code FROM idempotency.idem_claim('t9', 'pay', 'leased-claim
 SELECT kind, object, rows FROM idempotency.idem_maintenance(now() + interval '2 minutes')
 WHERE kind LIKE 'lease%';
 SELECT state FROM idempotency.keys WHERE tenant = 't9';
+-- the warning's hash is the one idem_key_hash gives
+SELECT idempotency.idem_key_hash('t9', 'pay', 'leased-claim');
 SELECT action, http_status, error_code FROM idempotency.idem_claim('t9', 'pay', 'leased-claim',
                                                                    decode(repeat('cd', 32), 'hex'));
 
