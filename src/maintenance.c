@@ -959,13 +959,17 @@ StaleLeases(MaintPass *p)
 		LeaseCount *count = NULL;
 
 		CHECK_FOR_INTERRUPTS();
-		IdemStatsCount(l->endpoint, IDEM_COUNT_LEASES_EXPIRED);
 
 		if (policy.resolve_on_expiry && OidIsValid(policy.resolver))
 			outcome = ResolveLeaseGuarded(p, l, &policy, &status);
 		else
 			outcome = UpdateLease(p, l, "state = 'unknown'", 0, NULL, NULL, NULL) > 0 ?
 				LEASE_UNKNOWN : LEASE_GONE;
+
+		/* counted once per key: when its state changed */
+		if (outcome == LEASE_UNKNOWN || outcome == LEASE_COMPLETED ||
+			outcome == LEASE_FAILED)
+			IdemStatsCount(l->endpoint, IDEM_COUNT_LEASES_EXPIRED);
 
 		switch (outcome)
 		{

@@ -117,6 +117,9 @@ is( $node->safe_psql('postgres', q{
 	'pay-broken:in_progress:-:-:- pay-found:completed:201:{"amount": 1200}:- '
 	  . 'pay-missing:failed:-:-:resolver found no business record',
 	'completed with the business result, failed without a record, unchanged on error');
+is( $node->safe_psql('postgres',
+		"SELECT leases_expired || '/' || resolved FROM idempotency.stats WHERE endpoint = 'charge'"),
+	'2/2', 'counters: two leases expired, two settled by the resolver');
 is(claim_again('charge', 'pay-found'), 'replay:-:{"amount": 1200}',
 	'a duplicate of the resolved key replays the business result');
 is(claim_again('charge', 'pay-missing'), 'pending:outcome_pending:-',
