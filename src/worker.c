@@ -236,9 +236,14 @@ LogAction(void *arg, const char *kind, const char *object, int64 rows)
 						get_database_name(MyDatabaseId))));
 		return;
 	}
-	ereport(LOG,
-			(errmsg("idempotency maintenance: %s %s (%lld rows)",
-					kind, object ? object : "-", (long long) rows)));
+	if (rows >= 0)
+		ereport(LOG,
+				(errmsg("idempotency maintenance: %s %s (%lld rows)",
+						kind, object ? object : "-", (long long) rows)));
+	else
+		ereport(LOG,
+				(errmsg("idempotency maintenance: %s %s",
+						kind, object ? object : "-")));
 }
 
 void
