@@ -4,7 +4,9 @@
 -- reordered and 4200.0), refused with 422 when the amount changes, and the
 -- same key under another tenant or endpoint is another operation.
 --
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+RESET client_min_messages;
 \getenv abs_srcdir PG_ABS_SRCDIR
 \set example :abs_srcdir '/../examples/payments.sql'
 \i :example
