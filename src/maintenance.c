@@ -468,9 +468,29 @@ CreatePartition(MaintPass *p, void *arg)
 					 qname, quote_identifier(psprintf("%s_range", a->name)), lo, hi);
 	ExecDDL(sql.data);
 
-	/* the order in which ATTACH takes them */
-	ExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
+	/*
+	 * Rows to move out of the default partition: a claim that read the list
+	 * of partitions before the move would look for its key in the default
+	 * partition only, so the move happens under ACCESS EXCLUSIVE on the
+	 * parent, which makes every claim read the list afresh after it.
+	 * Otherwise ATTACH's own locks do, in the order it takes them.
+	 */
+	resetStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "SELECT 1 FROM ONLY idempotency.keys_default"
+					 " WHERE expires_at >= %s AND expires_at < %s LIMIT 1",
+					 lo, hi);
+	ExecDDL(sql.data);
+	if (SPI_processed > 0)
+		ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+	else
+		ExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
 	ExecDDL("LOCK TABLE ONLY idempotency.keys_default IN ACCESS EXCLUSIVE MODE");
+
+	/* rows that arrived meanwhile */
+	ExecDDL(sql.data);
+	if (SPI_processed > 0)
+		ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
