@@ -469,11 +469,12 @@ CreatePartition(MaintPass *p, void *arg)
 	ExecDDL(sql.data);
 
 	/*
-	 * Rows to move out of the default partition: a claim that read the list
-	 * of partitions before the move would look for its key in the default
-	 * partition only, so the move happens under ACCESS EXCLUSIVE on the
-	 * parent, which makes every claim read the list afresh after it.
-	 * Otherwise ATTACH's own locks do, in the order it takes them.
+	 * Rows to move out of the default partition: a claim that had read the
+	 * list of partitions before the move could look for its key in the
+	 * default partition only.  As a precaution the move happens under ACCESS
+	 * EXCLUSIVE on the parent, so that every claim reads the list afresh
+	 * after it; moves are rare (maintenance fell behind).  Otherwise ATTACH's
+	 * own locks do, taken in the order it takes them.
 	 */
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,

@@ -58,5 +58,37 @@ like($res, qr/^create\|\d+$/m, 'the next pass makes them');
 unlike($res, qr/^skipped/m, 'without skipping');
 $s1->quit;
 
+# A claim that comes while a pass moves its key out of the default partition
+# waits for the pass and then finds the key where it went.
+$node->safe_psql('postgres', q{
+	DROP EXTENSION idempotency;
+	CREATE EXTENSION idempotency;
+	BEGIN;
+	SELECT action FROM idempotency.idem_claim('acme', 'pay', 'moved', sha256('\x01'));
+	SELECT idempotency.idem_finish('acme', 'pay', 'moved', 201, '{"id": 1}');
+	COMMIT;
+});
+is($node->safe_psql('postgres', q{SELECT tableoid::regclass FROM idempotency.keys WHERE key = 'moved'}),
+	'idempotency.keys_default', 'the key waits in the default partition');
+$s1 = $node->background_psql('postgres');
+$s1->query_safe('BEGIN');
+like($s1->query_safe(q{SELECT string_agg(kind || ':' || rows, ',') FROM idempotency.idem_maintenance()
+                       WHERE rows > 0}),
+	qr/create:1/, 'a pass moves it into a new partition (not committed yet)');
+my ($out, $err) = ('', '');
+my $claim = IPC::Run::start(
+	[ 'psql', '-XAtq', '-d', $node->connstr('postgres'), '-c',
+	  q{SELECT action || ':' || convert_from(response_body, 'UTF8') FROM idempotency.idem_claim('acme', 'pay', 'moved', sha256('\x01'))} ],
+	'>', \$out, '2>', \$err);
+ok( $node->poll_query_until('postgres', q{
+	SELECT count(*) > 0 FROM pg_stat_activity
+	WHERE wait_event_type = 'Lock' AND query LIKE '%idem_claim%'}),
+	'a duplicate claim waits for the pass');
+$s1->query_safe('COMMIT');
+$claim->finish;
+is($out, "replay:{\"id\": 1}\n", 'and replays the key from its new partition');
+is($err, '', 'without an error');
+$s1->quit;
+
 $node->stop;
 done_testing();
