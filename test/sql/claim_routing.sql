@@ -35,11 +35,11 @@ CREATE TABLE idempotency.keys_routing_test (
 );
 ALTER TABLE idempotency.keys_routing_test DROP COLUMN dropped_later;
 ALTER TABLE idempotency.keys ATTACH PARTITION idempotency.keys_routing_test
-    FOR VALUES FROM (now() + interval '1 hour') TO (now() + interval '3 hours');
+    FOR VALUES FROM (now() + interval '5 days 1 hour') TO (now() + interval '5 days 3 hours');
 
--- a key that expires in two hours goes there, one that expires in a day does not
+-- a key that expires in five days and two hours goes there, one that expires in a day does not
 BEGIN;
-SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-1', sha256('\x01'), ttl => '2 hours');
+SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-1', sha256('\x01'), ttl => '5 days 2 hours');
 SELECT idempotency.idem_finish('acme', 'POST /r', 'r-1', 201, '{"in": "dated partition"}');
 SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-2', sha256('\x01'), ttl => '1 day');
 SELECT idempotency.idem_finish('acme', 'POST /r', 'r-2', 201, '{"in": "default partition"}');
@@ -53,7 +53,7 @@ FROM idempotency.idem_claim('acme', 'POST /r', 'r-1', sha256('\x01')) ;
 SELECT action, response_json
 FROM idempotency.idem_claim('acme', 'POST /r', 'r-2', sha256('\x01'));
 -- a leased claim is routed too, and its lease works across the layouts
-SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /r', 'r-3', sha256('\x01'), ttl => '2 hours', lease => '1 min') \gset
+SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /r', 'r-3', sha256('\x01'), ttl => '5 days 2 hours', lease => '1 min') \gset
 SELECT state, lease_held FROM idempotency.idem_lookup('acme', 'POST /r', 'r-3');
 SELECT idempotency.idem_finish('acme', 'POST /r', 'r-3', 200, lease_token => :token);
 SELECT key, tableoid::regclass AS partition, state FROM idempotency.keys WHERE key = 'r-3';
@@ -61,7 +61,7 @@ SELECT key, tableoid::regclass AS partition, state FROM idempotency.keys WHERE k
 -- the unique index of the partition is the safety net: a second live row
 -- of the scope cannot be written, even behind the claim's back
 INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
-VALUES ('acme', 'POST /r', 'r-1', sha256('\x01'), 'completed', now(), now() + interval '2 hours');
+VALUES ('acme', 'POST /r', 'r-1', sha256('\x01'), 'completed', now(), now() + interval '5 days 2 hours');
 
 DROP TABLE idempotency.keys_routing_test;
 DELETE FROM idempotency.keys WHERE endpoint = 'POST /r';
