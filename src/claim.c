@@ -581,7 +581,6 @@ IdemLoadRow(const IdemScope *scope, TimestampTz now, bool for_update,
 	else
 	{
 		ScanRowState st;
-		Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
 		int			i;
 
 		st.row = row;
@@ -589,9 +588,8 @@ IdemLoadRow(const IdemScope *scope, TimestampTz now, bool for_update,
 		st.cxt = cxt;
 		for (i = 0; i < (int) NUM_ROW_COLUMNS; i++)
 			st.attnums[i] = IdemKeysAttnum(row_columns[i]);
-		IdemScanScope(scope->tenant, scope->endpoint, scope->key, snap,
+		IdemScanScope(scope->tenant, scope->endpoint, scope->key,
 					  IdemScanRowCallback, &st);
-		UnregisterSnapshot(snap);
 	}
 }
 

@@ -38,6 +38,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 
 #include "keyscan.h"
 
@@ -214,18 +215,25 @@ IdemGetProbe(Relation part)
 	return probe;
 }
 
+/*
+ * Call callback for every row of the scope, read with the latest snapshot,
+ * which is taken after the parent is locked (and so after the invalidations
+ * of a partition attached meanwhile are processed).
+ */
 void
 IdemScanScope(const text *tenant, const text *endpoint, const text *key,
-			  Snapshot snapshot, IdemScopeRowCallback callback, void *arg)
+			  IdemScopeRowCallback callback, void *arg)
 {
 	Relation	parent;
 	PartitionDesc pd;
 	TupleTableSlot *parent_slot = NULL;
+	Snapshot	snapshot;
 	Oid		   *oids;
 	int			nparts;
 	int			i;
 
 	parent = table_open(IdemKeysRelid(), AccessShareLock);
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	pd = RelationGetPartitionDesc(parent, true);
 	nparts = pd->nparts;
 	oids = palloc(sizeof(Oid) * Max(nparts, 1));
@@ -269,6 +277,7 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 	}
 	if (parent_slot)
 		ExecDropSingleTupleTableSlot(parent_slot);
+	UnregisterSnapshot(snapshot);
 	pfree(oids);
 	table_close(parent, NoLock);
 }

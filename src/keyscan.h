@@ -16,8 +16,8 @@
 typedef void (*IdemScopeRowCallback) (TupleTableSlot *slot, void *arg);
 
 extern void IdemScanScope(const text *tenant, const text *endpoint,
-						  const text *key, Snapshot snapshot,
-						  IdemScopeRowCallback callback, void *arg);
+						  const text *key, IdemScopeRowCallback callback,
+						  void *arg);
 
 /* Insert one row (in the parent's layout) into the partition that covers it. */
 extern void IdemInsertKeyRow(Datum *values, bool *nulls);
