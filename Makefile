@@ -18,7 +18,7 @@ DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
 DATA = $(filter-out $(DATA_built),$(wildcard sql/$(EXTENSION)--*.sql))
 
 PG_CONFIG ?= pg_config
-PGXS := $(shell $(PG_CONFIG) --pgxs)
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 
 # Warnings are errors in the test build (make test sets WERROR=1).
 PG_CFLAGS += -Wall -Wextra -Wno-unused-parameter
@@ -28,7 +28,14 @@ endif
 
 EXTRA_CLEAN = build test/expected.tmp
 
+ifneq ($(PGXS),)
 include $(PGXS)
+else
+# A new machine has no PostgreSQL yet: make run / make test install it first.
+all install:
+	@echo "pg_config was not found: run 'make deps' (or 'make run' / 'make test'), which install postgresql-server-dev-15" >&2
+	@exit 1
+endif
 
 sql/$(EXTENSION)--$(EXTVERSION).sql: $(sort $(wildcard sql/parts/*.sql)) idempotency.control
 	cat $(sort $(wildcard sql/parts/*.sql)) > $@
