@@ -12,6 +12,7 @@
 #include "miscadmin.h"
 
 #include "idempotency.h"
+#include "claim.h"
 #include "guc.h"
 #include "stats.h"
 
@@ -28,6 +29,7 @@ _PG_init(void)
 
 	IdemGucInit();
 	IdemStatsInit();
+	IdemClaimInit();
 }
 
 /*

@@ -1,0 +1,78 @@
+-- idempotency install script: the claim/finish protocol.
+--
+-- The functions run with the privileges of the extension's owner (clients
+-- need no rights on idempotency.keys) and with a pinned search_path.
+
+CREATE TYPE idempotency.claim_result AS (
+    action           text,          -- execute | replay | in_progress | mismatch | pending
+    http_status      integer,       -- what to answer, unless action = execute
+    error_code       text,          -- request_in_progress | idempotency_key_reuse | outcome_pending
+    retry_after      integer,       -- seconds, for the Retry-After header of a 409
+    response_status  integer,       -- replay: the stored status
+    response_headers jsonb,         -- replay: stored headers plus Idempotent-Replayed and Idempotency-Key
+    response_body    bytea,         -- replay: the stored body, byte for byte
+    response_json    jsonb,         -- replay: the stored body, when it was JSON
+    lease_token      bigint,        -- execute in lease mode: present it to finish
+    expires_at       timestamptz,   -- when the key is forgotten
+    replayed         boolean
+);
+
+CREATE FUNCTION idempotency.idem_claim(
+    tenant text, endpoint text, key text, fingerprint bytea,
+    ttl interval DEFAULT NULL, lease interval DEFAULT NULL,
+    wait interval DEFAULT NULL)
+RETURNS idempotency.claim_result
+AS 'MODULE_PATHNAME', 'idem_claim'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION idempotency.idem_finish(
+    tenant text, endpoint text, key text, status integer,
+    body jsonb DEFAULT NULL, headers jsonb DEFAULT NULL,
+    lease_token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_finish'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION idempotency.idem_finish_bytes(
+    tenant text, endpoint text, key text, status integer,
+    body bytea DEFAULT NULL, headers jsonb DEFAULT NULL,
+    lease_token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_finish_bytes'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION idempotency.idem_fail(
+    tenant text, endpoint text, key text,
+    outcome text DEFAULT 'unknown', reason text DEFAULT NULL,
+    lease_token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_fail'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION idempotency.idem_release(
+    tenant text, endpoint text, key text, lease_token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_release'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION idempotency.idem_heartbeat(
+    tenant text, endpoint text, key text, lease_token bigint, extend interval)
+RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'idem_heartbeat'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION idempotency.idem_resolve(
+    tenant text, endpoint text, key text, status integer, body jsonb,
+    headers jsonb DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_resolve'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION idempotency.idem_lookup(tenant text, endpoint text, key text)
+RETURNS TABLE (state text, fingerprint bytea, lease_held boolean,
+               created_at timestamptz, completed_at timestamptz,
+               expires_at timestamptz, locked_until timestamptz,
+               response_status integer)
+AS 'MODULE_PATHNAME', 'idem_lookup'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+ROWS 1;

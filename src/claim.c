@@ -1,0 +1,1456 @@
+/*-------------------------------------------------------------------------
+ *
+ * claim.c
+ *	  The claim/finish protocol: idem_claim, idem_finish, idem_finish_bytes,
+ *	  idem_release, idem_fail, idem_heartbeat, idem_resolve, idem_lookup.
+ *
+ *	  Uniqueness.  PostgreSQL cannot enforce one live row per (tenant,
+ *	  endpoint, key) with a unique index, since the key does not contain the
+ *	  partition column (expires_at).  A claim therefore first takes a
+ *	  transaction-scoped lock in the extension's own lock space, keyed by a
+ *	  hash of the scope, and only then reads every partition with the latest
+ *	  snapshot (not the transaction's, so that REPEATABLE READ and
+ *	  SERIALIZABLE callers see what committed while they waited).  Each
+ *	  partition's unique index on the scope is a safety net.
+ *
+ *	  Atomic mode (no lease).  The claim inserts nothing: it keeps the scope
+ *	  lock and remembers the claim in backend memory; idem_finish inserts the
+ *	  completed row in the same transaction.  A concurrent duplicate waits on
+ *	  the lock, then sees the committed row (replay) or nothing (execute).
+ *	  Committing with a claim neither finished nor released is an error.
+ *
+ *	  Lease mode.  The claim inserts an in_progress row with a random lease
+ *	  token and locked_until, which the caller commits; later transactions
+ *	  present the token to finish, fail, release or extend the lease.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "port/pg_bswap.h"
+#include "storage/latch.h"
+#include "storage/lmgr.h"
+#include "storage/proc.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgrprotos.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+
+#include "audit.h"
+#include "claim.h"
+#include "endpoint.h"
+#include "guc.h"
+#include "idempotency.h"
+#include "keys.h"
+#include "response.h"
+#include "stats.h"
+
+/* how long a waiting claim sleeps between two looks at a leased row */
+#define IDEM_LEASE_POLL_MS		20
+
+typedef enum IdemState
+{
+	IDEM_STATE_IN_PROGRESS,
+	IDEM_STATE_COMPLETED,
+	IDEM_STATE_FAILED,
+	IDEM_STATE_UNKNOWN
+} IdemState;
+
+static const char *const state_names[] = {
+	"in_progress", "completed", "failed", "unknown"
+};
+
+/* The arguments every function takes, validated. */
+typedef struct IdemScope
+{
+	text	   *tenant;
+	text	   *endpoint;
+	text	   *key;
+	char	   *endpoint_str;
+} IdemScope;
+
+/* The live row of a scope, as read by IdemLoadRow. */
+typedef struct IdemRow
+{
+	bool		found;			/* a live row exists */
+	bool		has_expired;	/* expired rows of the scope exist */
+	bytea	   *fingerprint;
+	IdemState	state;
+	bool		has_token;
+	int64		lease_token;
+	bool		has_locked_until;
+	TimestampTz locked_until;
+	IdemResponse resp;
+	TimestampTz created_at;
+	TimestampTz expires_at;
+	bool		has_completed_at;
+	TimestampTz completed_at;
+} IdemRow;
+
+/* A claim in atomic mode, waiting for its finish in this transaction. */
+typedef struct PendingClaim
+{
+	struct PendingClaim *next;
+	text	   *tenant;
+	text	   *endpoint;
+	text	   *key;
+	bytea	   *fingerprint;
+	TimestampTz created_at;
+	TimestampTz expires_at;
+	LOCKTAG		tag;
+	int			nest_level;		/* subtransaction that made the claim */
+} PendingClaim;
+
+static PendingClaim *pending_claims = NULL;
+
+/* The statements on idempotency.keys, prepared once per backend. */
+typedef enum IdemStmt
+{
+	STMT_LOOKUP,
+	STMT_LOOKUP_FOR_UPDATE,
+	STMT_INSERT,
+	STMT_DELETE_EXPIRED,
+	STMT_DELETE_LIVE,
+	STMT_COMPLETE,
+	STMT_FAIL,
+	STMT_HEARTBEAT,
+	NUM_STMTS
+} IdemStmt;
+
+#define SCOPE_WHERE \
+	" WHERE tenant = $1 AND endpoint = $2 AND key = $3"
+#define LIVE_WHERE	SCOPE_WHERE " AND expires_at > $4"
+#define ROW_COLUMNS \
+	"fingerprint, state, lease_token, locked_until, response_status," \
+	" response_headers, body_kind, body_encrypted, response_body, body_ref," \
+	" created_at, expires_at, completed_at"
+
+typedef struct IdemStmtDef
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[17];
+} IdemStmtDef;
+
+#define SCOPE_TYPES TEXTOID, TEXTOID, TEXTOID
+#define RESPONSE_TYPES INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID
+
+static const IdemStmtDef stmt_defs[NUM_STMTS] = {
+	[STMT_LOOKUP] = {
+		"SELECT " ROW_COLUMNS " FROM idempotency.keys" SCOPE_WHERE,
+		3, {SCOPE_TYPES}
+	},
+	[STMT_LOOKUP_FOR_UPDATE] = {
+		"SELECT " ROW_COLUMNS " FROM idempotency.keys" LIVE_WHERE " FOR UPDATE",
+		4, {SCOPE_TYPES, TIMESTAMPTZOID}
+	},
+	[STMT_INSERT] = {
+		"INSERT INTO idempotency.keys (tenant, endpoint, key, created_at,"
+		" fingerprint, state, lease_token, locked_until, response_status,"
+		" response_headers, body_kind, body_encrypted, response_body, body_ref,"
+		" fail_reason, completed_at, expires_at) VALUES"
+		" ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+		17, {SCOPE_TYPES, TIMESTAMPTZOID, BYTEAOID, TEXTOID, INT8OID,
+		TIMESTAMPTZOID, RESPONSE_TYPES, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	},
+	[STMT_DELETE_EXPIRED] = {
+		"DELETE FROM idempotency.keys" SCOPE_WHERE " AND expires_at <= $4",
+		4, {SCOPE_TYPES, TIMESTAMPTZOID}
+	},
+	[STMT_DELETE_LIVE] = {
+		"DELETE FROM idempotency.keys" LIVE_WHERE,
+		4, {SCOPE_TYPES, TIMESTAMPTZOID}
+	},
+	[STMT_COMPLETE] = {
+		"UPDATE idempotency.keys SET state = 'completed', completed_at = $4,"
+		" locked_until = NULL, fail_reason = NULL, response_status = $5,"
+		" response_headers = $6, body_kind = $7, body_encrypted = $8,"
+		" response_body = $9, body_ref = $10" LIVE_WHERE,
+		10, {SCOPE_TYPES, TIMESTAMPTZOID, RESPONSE_TYPES}
+	},
+	[STMT_FAIL] = {
+		"UPDATE idempotency.keys SET state = $5, fail_reason = $6,"
+		" locked_until = NULL" LIVE_WHERE,
+		6, {SCOPE_TYPES, TIMESTAMPTZOID, TEXTOID, TEXTOID}
+	},
+	[STMT_HEARTBEAT] = {
+		"UPDATE idempotency.keys SET locked_until = $5" LIVE_WHERE,
+		5, {SCOPE_TYPES, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	},
+};
+
+static SPIPlanPtr stmt_plans[NUM_STMTS];
+
+/* ----------------------------------------------------------------
+ *		helpers
+ * ----------------------------------------------------------------
+ */
+
+static const char *
+IdemStateName(IdemState state)
+{
+	return state_names[state];
+}
+
+static IdemState
+IdemStateFromName(const char *name)
+{
+	int			i;
+
+	for (i = 0; i < (int) lengthof(state_names); i++)
+		if (strcmp(name, state_names[i]) == 0)
+			return (IdemState) i;
+	elog(ERROR, "unrecognized key state \"%s\"", name);
+	return IDEM_STATE_UNKNOWN;	/* keep compiler quiet */
+}
+
+/*
+ * Run one of the statements with the latest snapshot, so that what
+ * committed since the transaction's snapshot was taken is seen (the scope
+ * lock orders the writers; see the file header).
+ */
+static void
+IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
+{
+	int			rc;
+
+	if (stmt_plans[stmt] == NULL)
+	{
+		SPIPlanPtr	plan;
+
+		plan = SPI_prepare(stmt_defs[stmt].sql, stmt_defs[stmt].nargs,
+						   (Oid *) stmt_defs[stmt].argtypes);
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 stmt_defs[stmt].sql, SPI_result_code_string(SPI_result));
+		SPI_keepplan(plan);
+		stmt_plans[stmt] = plan;
+	}
+	rc = SPI_execute_snapshot(stmt_plans[stmt], values, nulls,
+							  GetLatestSnapshot(), InvalidSnapshot,
+							  false, true, 0);
+	if (rc != expected)
+		elog(ERROR, "statement on idempotency.keys failed: %s",
+			 SPI_result_code_string(rc));
+}
+
+static void
+IdemScopeValues(const IdemScope *scope, Datum *values)
+{
+	values[0] = PointerGetDatum(scope->tenant);
+	values[1] = PointerGetDatum(scope->endpoint);
+	values[2] = PointerGetDatum(scope->key);
+}
+
+/*
+ * Read the args (tenant, endpoint, key) and validate them, key first, so
+ * that nothing is locked or read for a malformed request.
+ */
+static void
+IdemGetScope(FunctionCallInfo fcinfo, IdemScope *scope, bool count_invalid)
+{
+	text	   *tenant = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
+	text	   *endpoint = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
+	text	   *key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
+
+	if (count_invalid &&
+		(key == NULL || !IdemKeyIsValid(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))))
+	{
+		bool		endpoint_ok = endpoint != NULL &&
+			VARSIZE_ANY_EXHDR(endpoint) > 0 &&
+			VARSIZE_ANY_EXHDR(endpoint) <= IDEM_SCOPE_MAX_LEN;
+
+		IdemStatsCount(endpoint_ok ? text_to_cstring(endpoint) : NULL,
+					   IDEM_COUNT_INVALID_KEYS);
+	}
+	IdemCheckKey(key);
+	IdemCheckScope(tenant, endpoint);
+
+	scope->tenant = tenant;
+	scope->endpoint = endpoint;
+	scope->key = key;
+	scope->endpoint_str = text_to_cstring(endpoint);
+}
+
+static bool
+IdemTextEqual(const text *a, const text *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+void
+IdemScopeLockTag(LOCKTAG *tag, const text *tenant, const text *endpoint,
+				 const text *key)
+{
+	const text *parts[3] = {tenant, endpoint, key};
+	uint64		h = 0;
+	int			i;
+
+	/* chained so that ("ab", "c") and ("a", "bc") hash differently */
+	for (i = 0; i < 3; i++)
+	{
+		uint32		len = VARSIZE_ANY_EXHDR(parts[i]);
+
+		h = hash_bytes_extended((const unsigned char *) &len, sizeof(len), h);
+		h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(parts[i]),
+								len, h);
+	}
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 IDEM_LOCK_SPACE_SCOPE);
+}
+
+static int64
+IdemIntervalUsecs(const Interval *iv)
+{
+	return iv->time + (int64) iv->day * USECS_PER_DAY +
+		(int64) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
+}
+
+static TimestampTz
+IdemAddInterval(TimestampTz ts, const Interval *iv)
+{
+	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												   TimestampTzGetDatum(ts),
+												   IntervalPGetDatum(iv)));
+}
+
+/* ----------------------------------------------------------------
+ *		pending claims of atomic mode
+ * ----------------------------------------------------------------
+ */
+
+static PendingClaim *
+IdemFindPending(const IdemScope *scope, PendingClaim ***link)
+{
+	PendingClaim **p;
+
+	for (p = &pending_claims; *p != NULL; p = &(*p)->next)
+	{
+		if (IdemTextEqual((*p)->key, scope->key) &&
+			IdemTextEqual((*p)->endpoint, scope->endpoint) &&
+			IdemTextEqual((*p)->tenant, scope->tenant))
+		{
+			if (link)
+				*link = p;
+			return *p;
+		}
+	}
+	return NULL;
+}
+
+static void
+IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
+			   TimestampTz created_at, TimestampTz expires_at,
+			   const LOCKTAG *tag)
+{
+	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+	PendingClaim *pc = palloc(sizeof(PendingClaim));
+
+	pc->tenant = DatumGetTextPCopy(PointerGetDatum(scope->tenant));
+	pc->endpoint = DatumGetTextPCopy(PointerGetDatum(scope->endpoint));
+	pc->key = DatumGetTextPCopy(PointerGetDatum(scope->key));
+	pc->fingerprint = DatumGetByteaPCopy(PointerGetDatum(fingerprint));
+	pc->created_at = created_at;
+	pc->expires_at = expires_at;
+	pc->tag = *tag;
+	pc->nest_level = GetCurrentTransactionNestLevel();
+	pc->next = pending_claims;
+	pending_claims = pc;
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Forget a pending claim.  With release_lock, also give up the scope lock
+ * now, so that a waiting duplicate proceeds before this transaction ends
+ * (only where the lock belongs to the current subtransaction).
+ */
+static void
+IdemDropPending(PendingClaim **link, bool release_lock)
+{
+	PendingClaim *pc = *link;
+
+	*link = pc->next;
+	if (release_lock && pc->nest_level == GetCurrentTransactionNestLevel())
+		LockRelease(&pc->tag, ExclusiveLock, false);
+}
+
+static void
+IdemXactCallback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PARALLEL_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			if (pending_claims != NULL)
+			{
+				PendingClaim *pc = pending_claims;
+				int			n = 0;
+
+				for (; pc != NULL; pc = pc->next)
+					n++;
+				pc = pending_claims;
+				pending_claims = NULL;
+				ereport(ERROR,
+						(errcode(ERRCODE_IDEM_UNFINISHED_CLAIM),
+						 errmsg("transaction claimed an idempotency key but neither finished nor released it"),
+						 errdetail_plural("%d key of endpoint \"%s\" (tenant \"%s\") was claimed in atomic mode and is still unfinished.",
+										  "%d keys were claimed in atomic mode and are still unfinished, one of endpoint \"%s\" (tenant \"%s\").",
+										  n, n, text_to_cstring(pc->endpoint),
+										  text_to_cstring(pc->tenant)),
+						 errhint("Call idem_finish, idem_fail or idem_release before COMMIT; the transaction has been rolled back.")));
+			}
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			/* the memory went with TopTransactionContext */
+			pending_claims = NULL;
+			break;
+	}
+}
+
+static void
+IdemSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+					SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	PendingClaim **p = &pending_claims;
+
+	while (*p != NULL)
+	{
+		PendingClaim *pc = *p;
+
+		if (event == SUBXACT_EVENT_ABORT_SUB && pc->nest_level >= level)
+		{
+			/* the claim is rolled back with the subtransaction (and its lock) */
+			*p = pc->next;
+			continue;
+		}
+		if (event == SUBXACT_EVENT_COMMIT_SUB && pc->nest_level >= level)
+			pc->nest_level = level - 1;
+		p = &pc->next;
+	}
+}
+
+void
+IdemClaimInit(void)
+{
+	RegisterXactCallback(IdemXactCallback, NULL);
+	RegisterSubXactCallback(IdemSubXactCallback, NULL);
+}
+
+/* ----------------------------------------------------------------
+ *		reading and writing rows
+ * ----------------------------------------------------------------
+ */
+
+/* Copy a varlena column out of SPI memory into cxt; NULL for SQL NULL. */
+static void *
+IdemCopyColumn(HeapTuple tup, TupleDesc desc, int col, MemoryContext cxt)
+{
+	MemoryContext old;
+	bool		isnull;
+	Datum		d = SPI_getbinval(tup, desc, col, &isnull);
+	void	   *result;
+
+	if (isnull)
+		return NULL;
+	old = MemoryContextSwitchTo(cxt);
+	result = PG_DETOAST_DATUM_COPY(d);
+	MemoryContextSwitchTo(old);
+	return result;
+}
+
+/*
+ * Read the scope's rows with the latest snapshot: fill row with the live
+ * one, note whether expired ones exist.  for_update reads (and locks) the
+ * live row only.
+ */
+static void
+IdemLoadRow(const IdemScope *scope, TimestampTz now, bool for_update,
+			IdemRow *row, MemoryContext cxt)
+{
+	Datum		values[4];
+	uint64		i;
+
+	memset(row, 0, sizeof(*row));
+	IdemScopeValues(scope, values);
+	values[3] = TimestampTzGetDatum(now);
+	IdemExec(for_update ? STMT_LOOKUP_FOR_UPDATE : STMT_LOOKUP, values, NULL,
+			 SPI_OK_SELECT);
+
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		TimestampTz expires_at;
+		char	   *kind;
+
+		expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 12, &isnull));
+		if (expires_at <= now)
+		{
+			row->has_expired = true;
+			continue;
+		}
+		row->found = true;
+		row->expires_at = expires_at;
+		row->fingerprint = IdemCopyColumn(tup, desc, 1, cxt);
+		row->state = IdemStateFromName(TextDatumGetCString(SPI_getbinval(tup, desc, 2, &isnull)));
+		row->lease_token = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
+		row->has_token = !isnull;
+		row->locked_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull));
+		row->has_locked_until = !isnull;
+		row->resp.status = DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull));
+		if (isnull)
+			row->resp.status = -1;
+		row->resp.headers = IdemCopyColumn(tup, desc, 6, cxt);
+		kind = SPI_getvalue(tup, desc, 7);
+		row->resp.body_kind = IdemBodyKindFromName(kind);
+		row->resp.encrypted = DatumGetBool(SPI_getbinval(tup, desc, 8, &isnull));
+		row->resp.body = IdemCopyColumn(tup, desc, 9, cxt);
+		row->resp.body_ref = IdemCopyColumn(tup, desc, 10, cxt);
+		row->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull));
+		row->completed_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 13, &isnull));
+		row->has_completed_at = !isnull;
+	}
+}
+
+/* Fill the six response parameters of STMT_INSERT / STMT_COMPLETE. */
+static void
+IdemResponseValues(const IdemResponse *resp, Datum *values, char *nulls)
+{
+	const char *kind = IdemBodyKindName(resp->body_kind);
+
+	values[0] = Int32GetDatum(resp->status);
+	nulls[0] = resp->status < 0 ? 'n' : ' ';
+	values[1] = PointerGetDatum(resp->headers);
+	nulls[1] = resp->headers ? ' ' : 'n';
+	values[2] = kind ? CStringGetTextDatum(kind) : (Datum) 0;
+	nulls[2] = kind ? ' ' : 'n';
+	values[3] = BoolGetDatum(resp->encrypted);
+	nulls[3] = ' ';
+	values[4] = PointerGetDatum(resp->body);
+	nulls[4] = resp->body ? ' ' : 'n';
+	values[5] = PointerGetDatum(resp->body_ref);
+	nulls[5] = resp->body_ref ? ' ' : 'n';
+}
+
+/* Insert the row of a scope. */
+static void
+IdemInsertRow(const IdemScope *scope, TimestampTz created_at,
+			  const bytea *fingerprint, IdemState state,
+			  const int64 *lease_token, const TimestampTz *locked_until,
+			  const IdemResponse *resp, const char *fail_reason,
+			  const TimestampTz *completed_at, TimestampTz expires_at)
+{
+	Datum		values[17];
+	char		nulls[17];
+	IdemResponse none = {-1, NULL, IDEM_BODY_NONE, NULL, NULL, false};
+
+	memset(nulls, ' ', sizeof(nulls));
+	IdemScopeValues(scope, values);
+	values[3] = TimestampTzGetDatum(created_at);
+	values[4] = PointerGetDatum(fingerprint);
+	values[5] = CStringGetTextDatum(IdemStateName(state));
+	values[6] = lease_token ? Int64GetDatum(*lease_token) : (Datum) 0;
+	nulls[6] = lease_token ? ' ' : 'n';
+	values[7] = locked_until ? TimestampTzGetDatum(*locked_until) : (Datum) 0;
+	nulls[7] = locked_until ? ' ' : 'n';
+	IdemResponseValues(resp ? resp : &none, values + 8, nulls + 8);
+	values[14] = fail_reason ? CStringGetTextDatum(fail_reason) : (Datum) 0;
+	nulls[14] = fail_reason ? ' ' : 'n';
+	values[15] = completed_at ? TimestampTzGetDatum(*completed_at) : (Datum) 0;
+	nulls[15] = completed_at ? ' ' : 'n';
+	values[16] = TimestampTzGetDatum(expires_at);
+	IdemExec(STMT_INSERT, values, nulls, SPI_OK_INSERT);
+}
+
+static void
+IdemReport(const IdemScope *scope, const bytea *fingerprint,
+		   const char *from_state, const char *to_state, bool replayed,
+		   int response_status, TimestampTz started)
+{
+	IdemTransition t;
+
+	t.tenant = text_to_cstring(scope->tenant);
+	t.endpoint = scope->endpoint_str;
+	t.key = text_to_cstring(scope->key);
+	t.fingerprint = fingerprint;
+	t.from_state = from_state;
+	t.to_state = to_state;
+	t.replayed = replayed;
+	t.response_status = response_status;
+	t.started = started;
+	IdemReportTransition(&t);
+}
+
+/* ----------------------------------------------------------------
+ *		idem_claim
+ * ----------------------------------------------------------------
+ */
+
+typedef struct ClaimResult
+{
+	const char *action;
+	int			http_status;	/* -1: NULL */
+	const char *error_code;
+	int			retry_after;	/* -1: NULL */
+	IdemResponse resp;			/* status -1: NULL */
+	Jsonb	   *response_json;
+	bool		has_token;
+	int64		lease_token;
+	TimestampTz expires_at;		/* 0: NULL */
+	bool		replayed;
+} ClaimResult;
+
+static Datum
+IdemClaimResultDatum(FunctionCallInfo fcinfo, const ClaimResult *r)
+{
+	TupleDesc	desc;
+	Datum		values[11];
+	bool		nulls[11];
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	desc = BlessTupleDesc(desc);
+
+	memset(nulls, 0, sizeof(nulls));
+	values[0] = CStringGetTextDatum(r->action);
+	values[1] = Int32GetDatum(r->http_status);
+	nulls[1] = r->http_status < 0;
+	values[2] = r->error_code ? CStringGetTextDatum(r->error_code) : (Datum) 0;
+	nulls[2] = r->error_code == NULL;
+	values[3] = Int32GetDatum(r->retry_after);
+	nulls[3] = r->retry_after < 0;
+	values[4] = Int32GetDatum(r->resp.status);
+	nulls[4] = r->resp.status < 0;
+	values[5] = PointerGetDatum(r->resp.headers);
+	nulls[5] = r->resp.headers == NULL;
+	values[6] = PointerGetDatum(r->resp.body);
+	nulls[6] = r->resp.body == NULL;
+	values[7] = PointerGetDatum(r->response_json);
+	nulls[7] = r->response_json == NULL;
+	values[8] = Int64GetDatum(r->lease_token);
+	nulls[8] = !r->has_token;
+	values[9] = TimestampTzGetDatum(r->expires_at);
+	nulls[9] = r->expires_at == 0;
+	values[10] = BoolGetDatum(r->replayed);
+	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+/* seconds until ts, at least 1 */
+static int
+IdemRetryAfter(TimestampTz ts, TimestampTz now)
+{
+	double		secs = ceil((double) (ts - now) / USECS_PER_SEC);
+
+	return secs < 1 ? 1 : (secs > INT_MAX ? INT_MAX : (int) secs);
+}
+
+/* The stored response, made ready for a replay. */
+static void
+IdemReplayResult(const IdemScope *scope, IdemRow *row, ClaimResult *r)
+{
+	StringInfoData extra;
+	Datum		marks;
+
+	IdemResponseForReplay(&row->resp);
+
+	initStringInfo(&extra);
+	appendStringInfoString(&extra, "{\"Idempotent-Replayed\": \"true\", \"Idempotency-Key\": ");
+	escape_json(&extra, text_to_cstring(scope->key));
+	appendStringInfoChar(&extra, '}');
+	marks = DirectFunctionCall1(jsonb_in, CStringGetDatum(extra.data));
+
+	r->action = "replay";
+	r->http_status = row->resp.status;
+	r->resp = row->resp;
+	if (row->resp.headers != NULL &&
+		JB_ROOT_IS_OBJECT(row->resp.headers))
+		r->resp.headers = DatumGetJsonbP(DirectFunctionCall2(jsonb_concat,
+															 JsonbPGetDatum(row->resp.headers),
+															 marks));
+	else
+		r->resp.headers = DatumGetJsonbP(marks);
+	if (row->resp.body_kind == IDEM_BODY_JSON && row->resp.body != NULL)
+		r->response_json = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+															  CStringGetDatum(text_to_cstring((text *) row->resp.body))));
+	r->expires_at = row->expires_at;
+	r->replayed = true;
+}
+
+/*
+ * Wait at most wait_ms for the scope lock held by a concurrent claim.  The
+ * lock manager's own wait is used, bounded by lock_timeout, inside a
+ * subtransaction so that the timeout error can be caught.
+ */
+static bool
+IdemWaitForLock(const LOCKTAG *tag, int64 wait_ms)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	int			save_timeout = LockTimeout;
+	volatile bool acquired = false;
+
+	if (wait_ms <= 0)
+		return false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		LockTimeout = (int) Min(wait_ms, INT_MAX);
+		(void) LockAcquire(tag, ExclusiveLock, false, false);
+		LockTimeout = save_timeout;
+		acquired = true;
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		LockTimeout = save_timeout;
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			PG_RE_THROW();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_END_TRY();
+	return acquired;
+}
+
+static bool
+IdemAcquireScopeLock(const LOCKTAG *tag, TimestampTz deadline)
+{
+	int64		left_ms;
+
+	if (LockAcquire(tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	left_ms = (deadline - GetCurrentTimestamp() + 999) / 1000;
+	return IdemWaitForLock(tag, left_ms);
+}
+
+PG_FUNCTION_INFO_V1(idem_claim);
+
+/*
+ * idem_claim(tenant, endpoint, key, fingerprint, ttl, lease, wait)
+ *		RETURNS idempotency.claim_result
+ */
+Datum
+idem_claim(PG_FUNCTION_ARGS)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	IdemScope	scope;
+	bytea	   *fingerprint;
+	const IdemEndpointPolicy *policy;
+	const Interval *ttl;
+	const Interval *lease;
+	Interval	default_ttl;
+	int64		wait_ms;
+	TimestampTz now;
+	TimestampTz expires_at;
+	TimestampTz locked_until = 0;
+	TimestampTz deadline;
+	LOCKTAG		tag;
+	bool		locked;
+	IdemRow		row;
+	ClaimResult r;
+
+	IdemGetScope(fcinfo, &scope, true);
+	fingerprint = PG_ARGISNULL(3) ? NULL : PG_GETARG_BYTEA_PP(3);
+	IdemCheckFingerprint(fingerprint);
+
+	policy = IdemGetEndpointPolicy(scope.endpoint_str);
+	now = GetCurrentTimestamp();
+
+	/* lifetime: the argument, else the endpoint's, else the setting */
+	if (!PG_ARGISNULL(4))
+		ttl = PG_GETARG_INTERVAL_P(4);
+	else if (policy->has_ttl)
+		ttl = &policy->ttl;
+	else
+	{
+		memset(&default_ttl, 0, sizeof(default_ttl));
+		default_ttl.time = (int64) idem_default_ttl * USECS_PER_SEC;
+		ttl = &default_ttl;
+	}
+	expires_at = IdemAddInterval(now, ttl);
+	if (expires_at <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be positive")));
+	if (expires_at > now + (int64) idem_max_ttl * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl exceeds idempotency.max_ttl"),
+				 errdetail("Keys may be kept for at most %d seconds.", idem_max_ttl),
+				 errhint("Ask for a shorter ttl, or raise idempotency.max_ttl.")));
+
+	lease = !PG_ARGISNULL(5) ? PG_GETARG_INTERVAL_P(5) :
+		(policy->has_lease ? &policy->lease : NULL);
+	if (lease != NULL)
+	{
+		locked_until = IdemAddInterval(now, lease);
+		if (locked_until <= now)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lease must be positive")));
+		if (locked_until > expires_at)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ttl is shorter than the lease"),
+					 errdetail("A key must live at least as long as the lease on its work."),
+					 errhint("Ask for a longer ttl or a shorter lease.")));
+	}
+
+	if (!PG_ARGISNULL(6))
+	{
+		wait_ms = IdemIntervalUsecs(PG_GETARG_INTERVAL_P(6)) / 1000;
+		if (wait_ms < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("wait must not be negative")));
+	}
+	else
+		wait_ms = idem_claim_wait;
+	deadline = now + wait_ms * 1000;
+
+	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_CLAIMS);
+	memset(&r, 0, sizeof(r));
+	r.http_status = -1;
+	r.retry_after = -1;
+	r.resp.status = -1;
+
+	/* a duplicate of a claim this very transaction has not finished yet */
+	if (IdemFindPending(&scope, NULL) != NULL)
+	{
+		r.action = "in_progress";
+		r.http_status = 409;
+		r.error_code = "request_in_progress";
+		r.retry_after = 1;
+		IdemStatsCount(scope.endpoint_str, IDEM_COUNT_IN_PROGRESS);
+		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+	}
+
+	IdemScopeLockTag(&tag, scope.tenant, scope.endpoint, scope.key);
+	locked = IdemAcquireScopeLock(&tag, deadline);
+	if (!locked)
+	{
+		/* an atomic-mode duplicate is still running */
+		r.action = "in_progress";
+		r.http_status = 409;
+		r.error_code = "request_in_progress";
+		r.retry_after = 1;
+		IdemStatsCount(scope.endpoint_str, IDEM_COUNT_IN_PROGRESS);
+		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+	}
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	for (;;)
+	{
+		IdemLoadRow(&scope, now, false, &row, cxt);
+
+		if (!row.found)
+			break;
+
+		/* a live row: never execute, never touch it */
+		if (VARSIZE_ANY_EXHDR(row.fingerprint) != VARSIZE_ANY_EXHDR(fingerprint) ||
+			memcmp(VARDATA_ANY(row.fingerprint), VARDATA_ANY(fingerprint),
+				   VARSIZE_ANY_EXHDR(fingerprint)) != 0)
+		{
+			r.action = "mismatch";
+			r.http_status = 422;
+			r.error_code = "idempotency_key_reuse";
+			IdemStatsCount(scope.endpoint_str, IDEM_COUNT_MISMATCHES);
+		}
+		else if (row.state == IDEM_STATE_COMPLETED)
+		{
+			MemoryContext old = MemoryContextSwitchTo(cxt);
+
+			IdemReplayResult(&scope, &row, &r);
+			MemoryContextSwitchTo(old);
+			IdemStatsCount(scope.endpoint_str, IDEM_COUNT_REPLAYS);
+			IdemReport(&scope, fingerprint, "completed", "completed", true,
+					   row.resp.status, row.created_at);
+		}
+		else if (row.state != IDEM_STATE_IN_PROGRESS)
+		{
+			r.action = "pending";
+			r.http_status = 409;
+			r.error_code = "outcome_pending";
+			IdemStatsCount(scope.endpoint_str, IDEM_COUNT_PENDING);
+		}
+		else
+		{
+			TimestampTz t = GetCurrentTimestamp();
+
+			if (t < deadline)
+			{
+				/* a leased duplicate is running: look again shortly */
+				LockRelease(&tag, ExclusiveLock, false);
+				(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 Min(IDEM_LEASE_POLL_MS, (deadline - t) / 1000 + 1),
+								 PG_WAIT_EXTENSION);
+				ResetLatch(MyLatch);
+				CHECK_FOR_INTERRUPTS();
+				locked = IdemAcquireScopeLock(&tag, deadline);
+				if (locked)
+				{
+					now = GetCurrentTimestamp();
+					continue;
+				}
+				row.has_locked_until = false;
+			}
+			r.action = "in_progress";
+			r.http_status = 409;
+			r.error_code = "request_in_progress";
+			r.retry_after = row.has_locked_until ?
+				IdemRetryAfter(row.locked_until, GetCurrentTimestamp()) : 1;
+			IdemStatsCount(scope.endpoint_str, IDEM_COUNT_IN_PROGRESS);
+		}
+		SPI_finish();
+		/* nothing to execute: let the next duplicate in at once */
+		if (locked)
+			LockRelease(&tag, ExclusiveLock, false);
+		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+	}
+
+	/* execute: the key is ours */
+	if (row.has_expired)
+	{
+		Datum		values[4];
+
+		IdemScopeValues(&scope, values);
+		values[3] = TimestampTzGetDatum(now);
+		IdemExec(STMT_DELETE_EXPIRED, values, NULL, SPI_OK_DELETE);
+	}
+
+	r.action = "execute";
+	r.expires_at = expires_at;
+	if (lease != NULL)
+	{
+		int64		token;
+
+		do
+		{
+			if (!pg_strong_random(&token, sizeof(token)))
+				ereport(ERROR,
+						(errcode(ERRCODE_INTERNAL_ERROR),
+						 errmsg("could not generate a random lease token")));
+			token &= PG_INT64_MAX;
+		} while (token == 0);
+
+		IdemInsertRow(&scope, now, fingerprint, IDEM_STATE_IN_PROGRESS,
+					  &token, &locked_until, NULL, NULL, NULL, expires_at);
+		r.has_token = true;
+		r.lease_token = token;
+	}
+	else
+		IdemAddPending(&scope, fingerprint, now, expires_at, &tag);
+	SPI_finish();
+
+	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_EXECUTES);
+	IdemReport(&scope, fingerprint, NULL, "in_progress", false, -1, now);
+	PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+}
+
+/* ----------------------------------------------------------------
+ *		finish, fail, release, heartbeat, resolve
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Read and lock the live row of a leased claim and check the token:
+ * raises IK404 when there is no live row, IK403 for a wrong token, IK409
+ * when the state is not one of allowed (a bitmask of 1 << IdemState).
+ */
+static void
+IdemLeasedRow(const IdemScope *scope, TimestampTz now, bool has_token,
+			  int64 token, int allowed, const char *what, IdemRow *row,
+			  MemoryContext cxt)
+{
+	IdemLoadRow(scope, now, true, row, cxt);
+	if (!row->found)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
+				 errmsg("no live claim exists for this idempotency key"),
+				 errdetail("The key was never claimed for this tenant and endpoint, was released, or has expired."),
+				 errhint("In atomic mode, %s must run in the transaction that claimed the key.", what)));
+	if ((allowed & (1 << row->state)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_INVALID_STATE),
+				 errmsg("cannot %s an idempotency key in state %s",
+						what, IdemStateName(row->state)),
+				 row->state == IDEM_STATE_COMPLETED ?
+				 errdetail("The key was already completed; a retry replays its response.") :
+				 errdetail("Only keys in another state allow this."),
+				 (row->state == IDEM_STATE_FAILED || row->state == IDEM_STATE_UNKNOWN) ?
+				 errhint("An operator reconciles failed and unknown keys with idem_resolve.") : 0));
+	if (!has_token)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
+				 errmsg("a lease token is required"),
+				 errdetail("The key was claimed with a lease in another transaction."),
+				 errhint("Pass the lease_token that idem_claim returned.")));
+	if (!row->has_token || row->lease_token != token)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
+				 errmsg("lease token does not match the claim"),
+				 errdetail("The token is wrong or belongs to an earlier claim of the key.")));
+}
+
+#define STATE_BIT(s)	(1 << (s))
+
+/*
+ * Read the response arguments status (argument statusarg) and headers
+ * (argument headersarg) and check them.
+ */
+static void
+IdemGetResponse(FunctionCallInfo fcinfo, int statusarg, int headersarg,
+				IdemResponse *resp)
+{
+	memset(resp, 0, sizeof(*resp));
+	if (PG_ARGISNULL(statusarg))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("response status must not be NULL")));
+	resp->status = PG_GETARG_INT32(statusarg);
+	if (resp->status < 100 || resp->status > 599)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response status %d is not an HTTP status", resp->status),
+				 errdetail("A status is a number from 100 to 599.")));
+	if (!PG_ARGISNULL(headersarg))
+	{
+		resp->headers = PG_GETARG_JSONB_P(headersarg);
+		if (!JB_ROOT_IS_OBJECT(resp->headers) || JB_ROOT_IS_SCALAR(resp->headers))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("response headers must be a JSON object"),
+					 errdetail("Give headers as {\"Name\": \"value\", ...}.")));
+	}
+}
+
+/* A jsonb body as stored: its text form, byte for byte on replay. */
+static void
+IdemJsonBody(Jsonb *body, IdemResponse *resp)
+{
+	char	   *s = JsonbToCString(NULL, &body->root, VARSIZE(body));
+	Size		len = strlen(s);
+	bytea	   *b = palloc(VARHDRSZ + len);
+
+	SET_VARSIZE(b, VARHDRSZ + len);
+	memcpy(VARDATA(b), s, len);
+	resp->body_kind = IDEM_BODY_JSON;
+	resp->body = b;
+}
+
+static void
+IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
+				 IdemResponse *resp, int tokenarg)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	TimestampTz now = GetCurrentTimestamp();
+	PendingClaim **link;
+	PendingClaim *pc;
+
+	IdemResponseForStorage(IdemGetEndpointPolicy(scope->endpoint_str), resp);
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	pc = IdemFindPending(scope, &link);
+	if (pc != NULL)
+	{
+		if (!PG_ARGISNULL(tokenarg))
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
+					 errmsg("lease token does not match the claim"),
+					 errdetail("This transaction claimed the key without a lease.")));
+		IdemInsertRow(scope, pc->created_at, pc->fingerprint,
+					  IDEM_STATE_COMPLETED, NULL, NULL, resp, NULL, &now,
+					  pc->expires_at);
+		IdemReport(scope, pc->fingerprint, "in_progress", "completed", false,
+				   resp->status, pc->created_at);
+		IdemDropPending(link, false);
+	}
+	else
+	{
+		IdemRow		row;
+		Datum		values[10];
+		char		nulls[10];
+
+		IdemLeasedRow(scope, now, !PG_ARGISNULL(tokenarg),
+					  PG_ARGISNULL(tokenarg) ? 0 : PG_GETARG_INT64(tokenarg),
+					  STATE_BIT(IDEM_STATE_IN_PROGRESS) | STATE_BIT(IDEM_STATE_UNKNOWN),
+					  "finish", &row, cxt);
+		memset(nulls, ' ', sizeof(nulls));
+		IdemScopeValues(scope, values);
+		values[3] = TimestampTzGetDatum(now);
+		IdemResponseValues(resp, values + 4, nulls + 4);
+		IdemExec(STMT_COMPLETE, values, nulls, SPI_OK_UPDATE);
+		IdemReport(scope, row.fingerprint, IdemStateName(row.state),
+				   "completed", false, resp->status, row.created_at);
+	}
+	SPI_finish();
+	IdemStatsCount(scope->endpoint_str, IDEM_COUNT_FINISHES);
+}
+
+PG_FUNCTION_INFO_V1(idem_finish);
+
+/*
+ * idem_finish(tenant, endpoint, key, status int, body jsonb, headers jsonb,
+ *			   lease_token bigint) RETURNS void
+ */
+Datum
+idem_finish(PG_FUNCTION_ARGS)
+{
+	IdemScope	scope;
+	IdemResponse resp;
+
+	IdemGetScope(fcinfo, &scope, false);
+	IdemGetResponse(fcinfo, 3, 5, &resp);
+	if (!PG_ARGISNULL(4))
+		IdemJsonBody(PG_GETARG_JSONB_P(4), &resp);
+	IdemFinishCommon(fcinfo, &scope, &resp, 6);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(idem_finish_bytes);
+
+/*
+ * idem_finish_bytes(tenant, endpoint, key, status int, body bytea,
+ *					 headers jsonb, lease_token bigint) RETURNS void
+ */
+Datum
+idem_finish_bytes(PG_FUNCTION_ARGS)
+{
+	IdemScope	scope;
+	IdemResponse resp;
+
+	IdemGetScope(fcinfo, &scope, false);
+	IdemGetResponse(fcinfo, 3, 5, &resp);
+	if (!PG_ARGISNULL(4))
+	{
+		resp.body_kind = IDEM_BODY_BYTES;
+		resp.body = PG_GETARG_BYTEA_P_COPY(4);
+	}
+	IdemFinishCommon(fcinfo, &scope, &resp, 6);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(idem_fail);
+
+/*
+ * idem_fail(tenant, endpoint, key, outcome text, reason text,
+ *			 lease_token bigint) RETURNS void
+ *		Record that the work failed ('failed') or that its outcome is not
+ *		known ('unknown'); duplicates then get outcome_pending until an
+ *		operator resolves the key.
+ */
+Datum
+idem_fail(PG_FUNCTION_ARGS)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	IdemScope	scope;
+	IdemState	outcome;
+	char	   *outcome_str;
+	char	   *reason;
+	TimestampTz now;
+	PendingClaim **link;
+	PendingClaim *pc;
+
+	IdemGetScope(fcinfo, &scope, false);
+	outcome_str = PG_ARGISNULL(3) ? "unknown" : text_to_cstring(PG_GETARG_TEXT_PP(3));
+	if (strcmp(outcome_str, "failed") == 0)
+		outcome = IDEM_STATE_FAILED;
+	else if (strcmp(outcome_str, "unknown") == 0)
+		outcome = IDEM_STATE_UNKNOWN;
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outcome must be \"failed\" or \"unknown\", not \"%s\"", outcome_str)));
+	reason = PG_ARGISNULL(4) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(4));
+	now = GetCurrentTimestamp();
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	pc = IdemFindPending(&scope, &link);
+	if (pc != NULL)
+	{
+		if (!PG_ARGISNULL(5))
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
+					 errmsg("lease token does not match the claim"),
+					 errdetail("This transaction claimed the key without a lease.")));
+		IdemInsertRow(&scope, pc->created_at, pc->fingerprint, outcome,
+					  NULL, NULL, NULL, reason, NULL, pc->expires_at);
+		IdemReport(&scope, pc->fingerprint, "in_progress",
+				   IdemStateName(outcome), false, -1, pc->created_at);
+		IdemDropPending(link, false);
+	}
+	else
+	{
+		IdemRow		row;
+		Datum		values[6];
+		char		nulls[6];
+
+		IdemLeasedRow(&scope, now, !PG_ARGISNULL(5),
+					  PG_ARGISNULL(5) ? 0 : PG_GETARG_INT64(5),
+					  STATE_BIT(IDEM_STATE_IN_PROGRESS) | STATE_BIT(IDEM_STATE_UNKNOWN),
+					  "fail", &row, cxt);
+		memset(nulls, ' ', sizeof(nulls));
+		IdemScopeValues(&scope, values);
+		values[3] = TimestampTzGetDatum(now);
+		values[4] = CStringGetTextDatum(IdemStateName(outcome));
+		values[5] = reason ? CStringGetTextDatum(reason) : (Datum) 0;
+		nulls[5] = reason ? ' ' : 'n';
+		IdemExec(STMT_FAIL, values, nulls, SPI_OK_UPDATE);
+		IdemReport(&scope, row.fingerprint, IdemStateName(row.state),
+				   IdemStateName(outcome), false, -1, row.created_at);
+	}
+	SPI_finish();
+	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_FAILS);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(idem_release);
+
+/*
+ * idem_release(tenant, endpoint, key, lease_token bigint) RETURNS void
+ *		Give the key back before any side effect: the next claim executes.
+ */
+Datum
+idem_release(PG_FUNCTION_ARGS)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	IdemScope	scope;
+	PendingClaim **link;
+	PendingClaim *pc;
+
+	IdemGetScope(fcinfo, &scope, false);
+	pc = IdemFindPending(&scope, &link);
+	if (pc != NULL)
+	{
+		if (!PG_ARGISNULL(3))
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
+					 errmsg("lease token does not match the claim"),
+					 errdetail("This transaction claimed the key without a lease.")));
+		IdemReport(&scope, pc->fingerprint, "in_progress", NULL, false, -1,
+				   pc->created_at);
+		IdemDropPending(link, true);
+	}
+	else
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		IdemRow		row;
+		Datum		values[4];
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		IdemLeasedRow(&scope, now, !PG_ARGISNULL(3),
+					  PG_ARGISNULL(3) ? 0 : PG_GETARG_INT64(3),
+					  STATE_BIT(IDEM_STATE_IN_PROGRESS), "release", &row, cxt);
+		IdemScopeValues(&scope, values);
+		values[3] = TimestampTzGetDatum(now);
+		IdemExec(STMT_DELETE_LIVE, values, NULL, SPI_OK_DELETE);
+		SPI_finish();
+		IdemReport(&scope, row.fingerprint, "in_progress", NULL, false, -1,
+				   row.created_at);
+	}
+	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_RELEASES);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(idem_heartbeat);
+
+/*
+ * idem_heartbeat(tenant, endpoint, key, lease_token bigint, extend interval)
+ *		RETURNS timestamptz
+ *		Extend the lease to now + extend; returns the new locked_until.
+ */
+Datum
+idem_heartbeat(PG_FUNCTION_ARGS)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	IdemScope	scope;
+	TimestampTz now;
+	TimestampTz until;
+	IdemRow		row;
+	Datum		values[5];
+
+	IdemGetScope(fcinfo, &scope, false);
+	if (PG_ARGISNULL(4))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("extend must not be NULL")));
+	now = GetCurrentTimestamp();
+	until = IdemAddInterval(now, PG_GETARG_INTERVAL_P(4));
+	if (until <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("extend must be positive")));
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemLeasedRow(&scope, now, !PG_ARGISNULL(3),
+				  PG_ARGISNULL(3) ? 0 : PG_GETARG_INT64(3),
+				  STATE_BIT(IDEM_STATE_IN_PROGRESS), "extend the lease of",
+				  &row, cxt);
+	if (until > row.expires_at)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the lease would outlive the key"),
+				 errdetail("The key expires before the extended lease would end."),
+				 errhint("Claim with a longer ttl, or extend by less.")));
+	IdemScopeValues(&scope, values);
+	values[3] = TimestampTzGetDatum(now);
+	values[4] = TimestampTzGetDatum(until);
+	IdemExec(STMT_HEARTBEAT, values, NULL, SPI_OK_UPDATE);
+	SPI_finish();
+	PG_RETURN_TIMESTAMPTZ(until);
+}
+
+PG_FUNCTION_INFO_V1(idem_resolve);
+
+/*
+ * idem_resolve(tenant, endpoint, key, status int, body jsonb, headers jsonb)
+ *		RETURNS void
+ *		Reconciliation by an operator: a failed or unknown key becomes
+ *		completed with the real outcome, which retries then replay.
+ */
+Datum
+idem_resolve(PG_FUNCTION_ARGS)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	IdemScope	scope;
+	IdemResponse resp;
+	TimestampTz now;
+	IdemRow		row;
+	Datum		values[10];
+	char		nulls[10];
+
+	IdemGetScope(fcinfo, &scope, false);
+	IdemGetResponse(fcinfo, 3, 5, &resp);
+	if (!PG_ARGISNULL(4))
+		IdemJsonBody(PG_GETARG_JSONB_P(4), &resp);
+	IdemResponseForStorage(IdemGetEndpointPolicy(scope.endpoint_str), &resp);
+	now = GetCurrentTimestamp();
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemLoadRow(&scope, now, true, &row, cxt);
+	if (!row.found)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
+				 errmsg("no live claim exists for this idempotency key"),
+				 errdetail("The key was never claimed for this tenant and endpoint, was released, or has expired.")));
+	if (row.state != IDEM_STATE_FAILED && row.state != IDEM_STATE_UNKNOWN)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_INVALID_STATE),
+				 errmsg("cannot resolve an idempotency key in state %s",
+						IdemStateName(row.state)),
+				 errdetail("Only failed and unknown keys are reconciled.")));
+	memset(nulls, ' ', sizeof(nulls));
+	IdemScopeValues(&scope, values);
+	values[3] = TimestampTzGetDatum(now);
+	IdemResponseValues(&resp, values + 4, nulls + 4);
+	IdemExec(STMT_COMPLETE, values, nulls, SPI_OK_UPDATE);
+	SPI_finish();
+
+	IdemReport(&scope, row.fingerprint, IdemStateName(row.state), "completed",
+			   false, resp.status, row.created_at);
+	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_RESOLVED);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(idem_lookup);
+
+/*
+ * idem_lookup(tenant, endpoint, key) RETURNS TABLE (state, fingerprint,
+ *		lease_held, created_at, completed_at, expires_at, locked_until,
+ *		response_status)
+ *		The live row of a scope, without its response; no row when there is
+ *		none.  A claim of this transaction not yet finished shows as
+ *		in_progress.
+ */
+Datum
+idem_lookup(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext cxt = CurrentMemoryContext;
+	IdemScope	scope;
+	PendingClaim *pc;
+	Datum		values[8];
+	bool		nulls[8];
+
+	IdemGetScope(fcinfo, &scope, false);
+	InitMaterializedSRF(fcinfo, 0);
+	memset(nulls, 0, sizeof(nulls));
+
+	pc = IdemFindPending(&scope, NULL);
+	if (pc != NULL)
+	{
+		values[0] = CStringGetTextDatum("in_progress");
+		values[1] = PointerGetDatum(pc->fingerprint);
+		values[2] = BoolGetDatum(false);
+		values[3] = TimestampTzGetDatum(pc->created_at);
+		nulls[4] = true;
+		values[5] = TimestampTzGetDatum(pc->expires_at);
+		nulls[6] = nulls[7] = true;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	else
+	{
+		IdemRow		row;
+
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		IdemLoadRow(&scope, GetCurrentTimestamp(), false, &row, cxt);
+		SPI_finish();
+		if (row.found)
+		{
+			values[0] = CStringGetTextDatum(IdemStateName(row.state));
+			values[1] = PointerGetDatum(row.fingerprint);
+			values[2] = BoolGetDatum(row.has_token);
+			values[3] = TimestampTzGetDatum(row.created_at);
+			values[4] = TimestampTzGetDatum(row.completed_at);
+			nulls[4] = !row.has_completed_at;
+			values[5] = TimestampTzGetDatum(row.expires_at);
+			values[6] = TimestampTzGetDatum(row.locked_until);
+			nulls[6] = !row.has_locked_until;
+			values[7] = Int32GetDatum(row.resp.status);
+			nulls[7] = row.resp.status < 0;
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+	}
+	return (Datum) 0;
+}
