@@ -57,6 +57,7 @@
 #include "guc.h"
 #include "idempotency.h"
 #include "keys.h"
+#include "keyscan.h"
 #include "response.h"
 #include "stats.h"
 
@@ -121,7 +122,6 @@ static PendingClaim *pending_claims = NULL;
 /* The statements on idempotency.keys, prepared once per backend. */
 typedef enum IdemStmt
 {
-	STMT_LOOKUP,
 	STMT_LOOKUP_FOR_UPDATE,
 	STMT_INSERT,
 	STMT_DELETE_EXPIRED,
@@ -151,10 +151,6 @@ typedef struct IdemStmtDef
 #define RESPONSE_TYPES INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID
 
 static const IdemStmtDef stmt_defs[NUM_STMTS] = {
-	[STMT_LOOKUP] = {
-		"SELECT " ROW_COLUMNS " FROM idempotency.keys" SCOPE_WHERE,
-		3, {SCOPE_TYPES}
-	},
 	[STMT_LOOKUP_FOR_UPDATE] = {
 		"SELECT " ROW_COLUMNS " FROM idempotency.keys" LIVE_WHERE " FOR UPDATE",
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
@@ -315,6 +311,40 @@ IdemScopeLockTag(LOCKTAG *tag, const text *tenant, const text *endpoint,
 						 IDEM_LOCK_SPACE_SCOPE);
 }
 
+/*
+ * Scope locks belong to the current (sub)transaction, not to the statement
+ * that took them, so that a later statement of the transaction can release
+ * them and a rolled-back subtransaction releases its own.
+ */
+static bool
+IdemLockScope(const LOCKTAG *tag, bool dontWait)
+{
+	ResourceOwner save = CurrentResourceOwner;
+	volatile LockAcquireResult res = LOCKACQUIRE_NOT_AVAIL;
+
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	PG_TRY();
+	{
+		res = LockAcquire(tag, ExclusiveLock, false, dontWait);
+	}
+	PG_FINALLY();
+	{
+		CurrentResourceOwner = save;
+	}
+	PG_END_TRY();
+	return res != LOCKACQUIRE_NOT_AVAIL;
+}
+
+static void
+IdemUnlockScope(const LOCKTAG *tag)
+{
+	ResourceOwner save = CurrentResourceOwner;
+
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	LockRelease(tag, ExclusiveLock, false);
+	CurrentResourceOwner = save;
+}
+
 static int64
 IdemIntervalUsecs(const Interval *iv)
 {
@@ -387,7 +417,7 @@ IdemDropPending(PendingClaim **link, bool release_lock)
 
 	*link = pc->next;
 	if (release_lock && pc->nest_level == GetCurrentTransactionNestLevel())
-		LockRelease(&pc->tag, ExclusiveLock, false);
+		IdemUnlockScope(&pc->tag);
 }
 
 static void
@@ -463,75 +493,115 @@ IdemClaimInit(void)
  * ----------------------------------------------------------------
  */
 
-/* Copy a varlena column out of SPI memory into cxt; NULL for SQL NULL. */
-static void *
-IdemCopyColumn(HeapTuple tup, TupleDesc desc, int col, MemoryContext cxt)
+/* the columns IdemLoadRow reads, in the order of ROW_COLUMNS */
+static const char *const row_columns[] = {
+	"fingerprint", "state", "lease_token", "locked_until", "response_status",
+	"response_headers", "body_kind", "body_encrypted", "response_body",
+	"body_ref", "created_at", "expires_at", "completed_at"
+};
+
+#define NUM_ROW_COLUMNS lengthof(row_columns)
+
+/* Take one row of the scope (values in row_columns order) into row. */
+static void
+IdemTakeRow(IdemRow *row, const Datum *v, const bool *n, TimestampTz now,
+			MemoryContext cxt)
 {
 	MemoryContext old;
-	bool		isnull;
-	Datum		d = SPI_getbinval(tup, desc, col, &isnull);
-	void	   *result;
+	TimestampTz expires_at = DatumGetTimestampTz(v[11]);
 
-	if (isnull)
-		return NULL;
+	if (expires_at <= now)
+	{
+		row->has_expired = true;
+		return;
+	}
 	old = MemoryContextSwitchTo(cxt);
-	result = PG_DETOAST_DATUM_COPY(d);
+	row->found = true;
+	row->expires_at = expires_at;
+	row->fingerprint = DatumGetByteaPCopy(v[0]);
+	row->state = IdemStateFromName(TextDatumGetCString(v[1]));
+	row->has_token = !n[2];
+	row->lease_token = n[2] ? 0 : DatumGetInt64(v[2]);
+	row->has_locked_until = !n[3];
+	row->locked_until = n[3] ? 0 : DatumGetTimestampTz(v[3]);
+	row->resp.status = n[4] ? -1 : DatumGetInt32(v[4]);
+	row->resp.headers = n[5] ? NULL : DatumGetJsonbPCopy(v[5]);
+	row->resp.body_kind = IdemBodyKindFromName(n[6] ? NULL : TextDatumGetCString(v[6]));
+	row->resp.encrypted = !n[7] && DatumGetBool(v[7]);
+	row->resp.body = n[8] ? NULL : DatumGetByteaPCopy(v[8]);
+	row->resp.body_ref = n[9] ? NULL : DatumGetTextPCopy(v[9]);
+	row->created_at = DatumGetTimestampTz(v[10]);
+	row->has_completed_at = !n[12];
+	row->completed_at = n[12] ? 0 : DatumGetTimestampTz(v[12]);
 	MemoryContextSwitchTo(old);
-	return result;
+}
+
+typedef struct ScanRowState
+{
+	IdemRow    *row;
+	TimestampTz now;
+	MemoryContext cxt;
+	AttrNumber	attnums[NUM_ROW_COLUMNS];
+} ScanRowState;
+
+static void
+IdemScanRowCallback(TupleTableSlot *slot, void *arg)
+{
+	ScanRowState *st = (ScanRowState *) arg;
+	Datum		v[NUM_ROW_COLUMNS];
+	bool		n[NUM_ROW_COLUMNS];
+	int			i;
+
+	for (i = 0; i < (int) NUM_ROW_COLUMNS; i++)
+		v[i] = slot_getattr(slot, st->attnums[i], &n[i]);
+	IdemTakeRow(st->row, v, n, st->now, st->cxt);
 }
 
 /*
  * Read the scope's rows with the latest snapshot: fill row with the live
  * one, note whether expired ones exist.  for_update reads (and locks) the
- * live row only.
+ * live row only, through SPI; otherwise each partition's unique index is
+ * probed directly (see keyscan.c).
  */
 static void
 IdemLoadRow(const IdemScope *scope, TimestampTz now, bool for_update,
 			IdemRow *row, MemoryContext cxt)
 {
-	Datum		values[4];
-	uint64		i;
-
 	memset(row, 0, sizeof(*row));
-	IdemScopeValues(scope, values);
-	values[3] = TimestampTzGetDatum(now);
-	IdemExec(for_update ? STMT_LOOKUP_FOR_UPDATE : STMT_LOOKUP, values, NULL,
-			 SPI_OK_SELECT);
-
-	for (i = 0; i < SPI_processed; i++)
+	if (for_update)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		TimestampTz expires_at;
-		char	   *kind;
+		Datum		values[4];
+		uint64		i;
 
-		expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 12, &isnull));
-		if (expires_at <= now)
+		IdemScopeValues(scope, values);
+		values[3] = TimestampTzGetDatum(now);
+		IdemExec(STMT_LOOKUP_FOR_UPDATE, values, NULL, SPI_OK_SELECT);
+		for (i = 0; i < SPI_processed; i++)
 		{
-			row->has_expired = true;
-			continue;
+			Datum		v[NUM_ROW_COLUMNS];
+			bool		n[NUM_ROW_COLUMNS];
+			int			c;
+
+			for (c = 0; c < (int) NUM_ROW_COLUMNS; c++)
+				v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+									 c + 1, &n[c]);
+			IdemTakeRow(row, v, n, now, cxt);
 		}
-		row->found = true;
-		row->expires_at = expires_at;
-		row->fingerprint = IdemCopyColumn(tup, desc, 1, cxt);
-		row->state = IdemStateFromName(TextDatumGetCString(SPI_getbinval(tup, desc, 2, &isnull)));
-		row->lease_token = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull));
-		row->has_token = !isnull;
-		row->locked_until = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull));
-		row->has_locked_until = !isnull;
-		row->resp.status = DatumGetInt32(SPI_getbinval(tup, desc, 5, &isnull));
-		if (isnull)
-			row->resp.status = -1;
-		row->resp.headers = IdemCopyColumn(tup, desc, 6, cxt);
-		kind = SPI_getvalue(tup, desc, 7);
-		row->resp.body_kind = IdemBodyKindFromName(kind);
-		row->resp.encrypted = DatumGetBool(SPI_getbinval(tup, desc, 8, &isnull));
-		row->resp.body = IdemCopyColumn(tup, desc, 9, cxt);
-		row->resp.body_ref = IdemCopyColumn(tup, desc, 10, cxt);
-		row->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull));
-		row->completed_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 13, &isnull));
-		row->has_completed_at = !isnull;
+	}
+	else
+	{
+		ScanRowState st;
+		Snapshot	snap = RegisterSnapshot(GetLatestSnapshot());
+		int			i;
+
+		st.row = row;
+		st.now = now;
+		st.cxt = cxt;
+		for (i = 0; i < (int) NUM_ROW_COLUMNS; i++)
+			st.attnums[i] = IdemKeysAttnum(row_columns[i]);
+		IdemScanScope(scope->tenant, scope->endpoint, scope->key, snap,
+					  IdemScanRowCallback, &st);
+		UnregisterSnapshot(snap);
 	}
 }
 
@@ -720,7 +790,7 @@ IdemWaitForLock(const LOCKTAG *tag, int64 wait_ms)
 	PG_TRY();
 	{
 		LockTimeout = (int) Min(wait_ms, INT_MAX);
-		(void) LockAcquire(tag, ExclusiveLock, false, false);
+		(void) IdemLockScope(tag, false);
 		LockTimeout = save_timeout;
 		acquired = true;
 		ReleaseCurrentSubTransaction();
@@ -750,7 +820,7 @@ IdemAcquireScopeLock(const LOCKTAG *tag, TimestampTz deadline)
 {
 	int64		left_ms;
 
-	if (LockAcquire(tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+	if (IdemLockScope(tag, true))
 		return true;
 	left_ms = (deadline - GetCurrentTimestamp() + 999) / 1000;
 	return IdemWaitForLock(tag, left_ms);
@@ -915,7 +985,7 @@ idem_claim(PG_FUNCTION_ARGS)
 			if (t < deadline)
 			{
 				/* a leased duplicate is running: look again shortly */
-				LockRelease(&tag, ExclusiveLock, false);
+				IdemUnlockScope(&tag);
 				(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 								 Min(IDEM_LEASE_POLL_MS, (deadline - t) / 1000 + 1),
 								 PG_WAIT_EXTENSION);
@@ -939,7 +1009,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		SPI_finish();
 		/* nothing to execute: let the next duplicate in at once */
 		if (locked)
-			LockRelease(&tag, ExclusiveLock, false);
+			IdemUnlockScope(&tag);
 		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
 	}
 

@@ -1,12 +1,39 @@
 /*-------------------------------------------------------------------------
  *
  * response.c
- *	  Stored responses: what is kept at finish and given back on replay.
+ *	  Stored responses: what is kept of a response at finish and given back
+ *	  on replay.
+ *
+ *	  At finish: headers that must never be replayed are dropped, the body
+ *	  is omitted where the endpoint keeps none, its size is checked against
+ *	  the cap, and it is encrypted with pgcrypto when
+ *	  idempotency.encryption_key is set.  On replay: encrypted bodies are
+ *	  decrypted; a body that cannot be is an error, never garbage.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "fmgr.h"
+#include "nodes/makefuncs.h"
+#include "nodes/value.h"
+#include "parser/parse_func.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/syscache.h"
+
+#include "guc.h"
+#include "idempotency.h"
 #include "response.h"
 
 static const char *const body_kind_names[] = {
@@ -16,6 +43,20 @@ static const char *const body_kind_names[] = {
 	[IDEM_BODY_REF] = "ref",
 	[IDEM_BODY_OMITTED] = "omitted",
 };
+
+/* header added to the replay of a response whose body was not kept */
+#define IDEM_OMITTED_HEADER	"Idempotent-Body-Omitted"
+
+/* headers never stored nor replayed, besides idempotency.extra_sensitive_headers */
+static const char *const sensitive_headers[] = {
+	"set-cookie", "authorization", "proxy-authorization"
+};
+
+/* pgcrypto's functions, looked up once per backend and again after DDL */
+static bool crypto_ready = false;
+static bool crypto_callback = false;
+static FmgrInfo encrypt_finfo;
+static FmgrInfo decrypt_finfo;
 
 const char *
 IdemBodyKindName(IdemBodyKind kind)
@@ -37,20 +78,293 @@ IdemBodyKindFromName(const char *name)
 	return IDEM_BODY_NONE;		/* keep compiler quiet */
 }
 
+/* Is a header named so in the setting's comma-separated list? */
+static bool
+IdemHeaderInList(const char *list, const char *name, int len)
+{
+	const char *p = list;
+
+	while (p != NULL && *p != '\0')
+	{
+		const char *start;
+		const char *end;
+
+		while (*p == ' ' || *p == '\t' || *p == ',')
+			p++;
+		start = p;
+		while (*p != '\0' && *p != ',')
+			p++;
+		end = p;
+		while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
+			end--;
+		/* a list given with SET may quote names */
+		if (end - start >= 2 && *start == '"' && end[-1] == '"')
+		{
+			start++;
+			end--;
+		}
+		if (end - start == len && pg_strncasecmp(start, name, len) == 0)
+			return true;
+	}
+	return false;
+}
+
+static bool
+IdemHeaderIsSensitive(const char *name, int len)
+{
+	size_t		i;
+
+	for (i = 0; i < lengthof(sensitive_headers); i++)
+		if (strlen(sensitive_headers[i]) == (size_t) len &&
+			pg_strncasecmp(sensitive_headers[i], name, len) == 0)
+			return true;
+	return IdemHeaderInList(idem_extra_sensitive_headers, name, len);
+}
+
 /*
- * Prepare a response for storage.  Header filtering, the size cap and
- * encryption are not written yet; the response is stored as given.
+ * The headers without the sensitive ones (compared without regard to
+ * case); the same pointer when none is.  Headers are a JSON object whose
+ * keys are the header names.
+ */
+static Jsonb *
+IdemFilterHeaders(Jsonb *headers)
+{
+	JsonbParseState *state = NULL;
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+	JsonbValue *res = NULL;
+	bool		skip = false;
+	bool		changed = false;
+
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response headers must be a JSON object"),
+				 errdetail("Headers are given as an object whose keys are the header names, for example {\"Content-Type\": \"application/json\"}.")));
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			skip = IdemHeaderIsSensitive(v.val.string.val, v.val.string.len);
+			if (skip)
+			{
+				changed = true;
+				continue;
+			}
+		}
+		else if (tok == WJB_VALUE && skip)
+		{
+			skip = false;
+			continue;
+		}
+		res = pushJsonbValue(&state, tok, tok < WJB_BEGIN_ARRAY ? &v : NULL);
+	}
+
+	return changed ? JsonbValueToJsonb(res) : headers;
+}
+
+static void
+IdemCryptoInvalidate(Datum arg, int cacheid, uint32 hashvalue)
+{
+	crypto_ready = false;
+}
+
+/* the schema pgcrypto is installed in */
+static Oid
+IdemPgcryptoSchema(void)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	Oid			nsp = InvalidOid;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
+				F_NAMEEQ, CStringGetDatum("pgcrypto"));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+		nsp = ((Form_pg_extension) GETSTRUCT(tuple))->extnamespace;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+
+	if (!OidIsValid(nsp))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("extension pgcrypto is not installed"),
+				 errdetail("Stored responses are encrypted with pgcrypto when idempotency.encryption_key is set."),
+				 errhint("Run CREATE EXTENSION pgcrypto.")));
+	return nsp;
+}
+
+/*
+ * Find pgp_sym_encrypt_bytea(bytea, text, text) and
+ * pgp_sym_decrypt_bytea(bytea, text) in pgcrypto's schema.  Any change to
+ * pg_proc makes the next call look them up again.
+ */
+static void
+IdemCryptoLookup(void)
+{
+	char	   *nspname;
+	Oid			enc_args[3] = {BYTEAOID, TEXTOID, TEXTOID};
+	Oid			dec_args[2] = {BYTEAOID, TEXTOID};
+	Oid			enc;
+	Oid			dec;
+
+	if (crypto_ready)
+		return;
+	if (!crypto_callback)
+	{
+		CacheRegisterSyscacheCallback(PROCOID, IdemCryptoInvalidate, (Datum) 0);
+		crypto_callback = true;
+	}
+
+	nspname = get_namespace_name(IdemPgcryptoSchema());
+	enc = LookupFuncName(list_make2(makeString(nspname),
+									makeString("pgp_sym_encrypt_bytea")),
+						 3, enc_args, false);
+	dec = LookupFuncName(list_make2(makeString(nspname),
+									makeString("pgp_sym_decrypt_bytea")),
+						 2, dec_args, false);
+	fmgr_info_cxt(enc, &encrypt_finfo, TopMemoryContext);
+	fmgr_info_cxt(dec, &decrypt_finfo, TopMemoryContext);
+	crypto_ready = true;
+}
+
+static bytea *
+IdemEncrypt(bytea *plain)
+{
+	Datum		result;
+
+	IdemCryptoLookup();
+	result = FunctionCall3(&encrypt_finfo,
+						   PointerGetDatum(plain),
+						   CStringGetTextDatum(idem_encryption_key),
+						   CStringGetTextDatum("cipher-algo=aes256"));
+	return DatumGetByteaPP(result);
+}
+
+static bytea *
+IdemDecrypt(bytea *cipher)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile Datum result = (Datum) 0;
+
+	if (idem_encryption_key == NULL || idem_encryption_key[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_DECRYPTION_FAILED),
+				 errmsg("stored response is encrypted but no encryption key is set"),
+				 errdetail("The body was stored while idempotency.encryption_key was set."),
+				 errhint("Set idempotency.encryption_key to the key with which the response was stored.")));
+
+	IdemCryptoLookup();
+	PG_TRY();
+	{
+		result = FunctionCall2(&decrypt_finfo,
+							   PointerGetDatum(cipher),
+							   CStringGetTextDatum(idem_encryption_key));
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		/* pgcrypto's own errors; anything else (a cancel) goes on as it is */
+		if (edata->sqlerrcode != ERRCODE_EXTERNAL_ROUTINE_INVOCATION_EXCEPTION &&
+			edata->sqlerrcode != ERRCODE_DATA_CORRUPTED)
+			PG_RE_THROW();
+		FlushErrorState();
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_DECRYPTION_FAILED),
+				 errmsg("stored response cannot be decrypted"),
+				 errdetail("pgcrypto reported: %s.", edata->message),
+				 errhint("Check that idempotency.encryption_key is the key with which the response was stored.")));
+	}
+	PG_END_TRY();
+
+	return DatumGetByteaPP(result);
+}
+
+/*
+ * Prepare a response for storage.  Everything that can fail is checked
+ * before anything is written (the caller writes after this returns).
  */
 void
 IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
 {
-	(void) policy;
-	(void) resp;
+	int			limit = idem_max_response_bytes;
+
+	if (resp->headers != NULL)
+		resp->headers = IdemFilterHeaders(resp->headers);
+
+	/* an endpoint that keeps no bodies keeps no references either */
+	if (policy != NULL && policy->found && !policy->store_response &&
+		resp->body_kind != IDEM_BODY_NONE)
+	{
+		resp->body_kind = IDEM_BODY_OMITTED;
+		resp->body = NULL;
+		resp->body_ref = NULL;
+		resp->encrypted = false;
+		return;
+	}
+
+	if (resp->body_kind != IDEM_BODY_JSON && resp->body_kind != IDEM_BODY_BYTES)
+	{
+		resp->body = NULL;
+		resp->encrypted = false;
+		return;
+	}
+	if (resp->body == NULL)
+		elog(ERROR, "response of kind \"%s\" without a body",
+			 IdemBodyKindName(resp->body_kind));
+
+	if (policy != NULL && policy->max_response_bytes >= 0)
+		limit = policy->max_response_bytes;
+	if (VARSIZE_ANY_EXHDR(resp->body) > (Size) limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_RESPONSE_TOO_LARGE),
+				 errmsg("response body is too large to be stored"),
+				 errdetail("The body has %zu bytes; at most %d bytes are stored for this endpoint.",
+						   (Size) VARSIZE_ANY_EXHDR(resp->body), limit),
+				 errhint("Store the body elsewhere and finish with a reference to it, or raise the limit with idempotency.max_response_bytes or the endpoint's max_response_bytes.")));
+
+	resp->encrypted = false;
+	if (idem_encryption_key != NULL && idem_encryption_key[0] != '\0')
+	{
+		resp->body = IdemEncrypt(resp->body);
+		resp->encrypted = true;
+	}
 }
 
-/* Prepare a stored response for replay. */
+/*
+ * Prepare a stored response for replay: decrypt an encrypted body.  Bodies
+ * stored unencrypted (before a key was set) are given back as they are.  A
+ * body that the endpoint did not keep is announced by the header
+ * Idempotent-Body-Omitted: true, so that the client knows the replay has
+ * no body rather than an empty one.
+ */
 void
 IdemResponseForReplay(IdemResponse *resp)
 {
-	(void) resp;
+	if (resp->body_kind == IDEM_BODY_OMITTED)
+	{
+		Datum		mark = DirectFunctionCall1(jsonb_in,
+											   CStringGetDatum("{\"" IDEM_OMITTED_HEADER "\": \"true\"}"));
+
+		if (resp->headers != NULL && JB_ROOT_IS_OBJECT(resp->headers) &&
+			!JB_ROOT_IS_SCALAR(resp->headers))
+			mark = DirectFunctionCall2(jsonb_concat,
+									   JsonbPGetDatum(resp->headers), mark);
+		resp->headers = DatumGetJsonbP(mark);
+	}
+	if (!resp->encrypted)
+		return;
+	if (resp->body != NULL)
+		resp->body = IdemDecrypt(resp->body);
+	resp->encrypted = false;
 }

@@ -4,6 +4,12 @@
 --
 \set VERBOSITY terse
 
+-- start from a database without the extension, whatever ran before
+SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS idempotency CASCADE;
+DROP EXTENSION IF EXISTS pgcrypto CASCADE;
+RESET client_min_messages;
+
 -- objects that exist before the extension
 CREATE TEMP TABLE before_rels AS SELECT oid, relname FROM pg_class;
 CREATE TEMP TABLE before_types AS SELECT oid, typname FROM pg_type;

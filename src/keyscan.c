@@ -1,0 +1,257 @@
+/*-------------------------------------------------------------------------
+ *
+ * keyscan.c
+ *	  Reading the rows of one (tenant, endpoint, key) scope straight from
+ *	  the unique index of every partition of idempotency.keys.
+ *
+ *	  This is the claim's hot path: a probe of each partition's unique
+ *	  index costs a fraction of an executor run over the partitioned table.
+ *	  Per partition, the index to probe and the map from the partition's
+ *	  columns to the parent's are cached per backend and forgotten at any
+ *	  relcache invalidation of that partition.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/nbtree.h"
+#include "access/table.h"
+#include "access/tupconvert.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_index.h"
+#include "executor/executor.h"
+#include "partitioning/partdesc.h"
+#include "utils/fmgroids.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+
+#include "keyscan.h"
+
+typedef struct PartitionProbe
+{
+	Oid			partoid;		/* hash key */
+	Oid			indexoid;		/* unique index on (tenant, endpoint, key) */
+	AttrMap    *map;			/* partition to parent columns; NULL when the
+								 * layouts are the same */
+} PartitionProbe;
+
+static HTAB *probe_cache = NULL;
+static bool probe_callback_registered = false;
+
+/* the parent, whose column numbers the callers use */
+static Oid	keys_relid = InvalidOid;
+static TupleDesc keys_desc = NULL;
+
+static void
+IdemProbeCacheInvalidate(Datum arg, Oid relid)
+{
+	if (probe_cache == NULL)
+		return;
+	if (OidIsValid(relid))
+	{
+		PartitionProbe *probe = hash_search(probe_cache, &relid, HASH_FIND, NULL);
+
+		if (probe != NULL)
+		{
+			if (probe->map)
+				free_attrmap(probe->map);
+			(void) hash_search(probe_cache, &relid, HASH_REMOVE, NULL);
+		}
+		if (relid != keys_relid)
+			return;
+	}
+	/* everything, or the parent itself */
+	hash_destroy(probe_cache);
+	probe_cache = NULL;
+	if (keys_desc)
+		FreeTupleDesc(keys_desc);
+	keys_desc = NULL;
+	keys_relid = InvalidOid;
+}
+
+static Oid
+IdemKeysRelid(void)
+{
+	if (!OidIsValid(keys_relid))
+	{
+		Oid			nsp = get_namespace_oid("idempotency", false);
+		Oid			relid = get_relname_relid("keys", nsp);
+		Relation	rel;
+		MemoryContext old;
+
+		if (!OidIsValid(relid))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_TABLE),
+					 errmsg("table idempotency.keys does not exist"),
+					 errhint("Run CREATE EXTENSION idempotency.")));
+		rel = table_open(relid, AccessShareLock);
+		old = MemoryContextSwitchTo(CacheMemoryContext);
+		keys_desc = CreateTupleDescCopy(RelationGetDescr(rel));
+		MemoryContextSwitchTo(old);
+		table_close(rel, NoLock);
+		keys_relid = relid;
+	}
+	return keys_relid;
+}
+
+AttrNumber
+IdemKeysAttnum(const char *column)
+{
+	int			i;
+
+	(void) IdemKeysRelid();
+	for (i = 0; i < keys_desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(keys_desc, i);
+
+		if (!att->attisdropped && strcmp(NameStr(att->attname), column) == 0)
+			return att->attnum;
+	}
+	elog(ERROR, "column \"%s\" of idempotency.keys does not exist", column);
+	return InvalidAttrNumber;	/* keep compiler quiet */
+}
+
+/* Find the partition's unique index on (tenant, endpoint, key). */
+static Oid
+IdemScopeIndex(Relation part)
+{
+	AttrNumber	want[3];
+	List	   *indexes = RelationGetIndexList(part);
+	ListCell   *lc;
+	Oid			result = InvalidOid;
+
+	want[0] = get_attnum(RelationGetRelid(part), "tenant");
+	want[1] = get_attnum(RelationGetRelid(part), "endpoint");
+	want[2] = get_attnum(RelationGetRelid(part), "key");
+
+	foreach(lc, indexes)
+	{
+		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
+		Form_pg_index form = idx->rd_index;
+
+		if (form->indisunique && form->indisvalid && form->indisready &&
+			form->indnkeyatts == 3 && idx->rd_rel->relam == BTREE_AM_OID &&
+			RelationGetIndexPredicate(idx) == NIL &&
+			RelationGetIndexExpressions(idx) == NIL &&
+			form->indkey.values[0] == want[0] &&
+			form->indkey.values[1] == want[1] &&
+			form->indkey.values[2] == want[2])
+			result = RelationGetRelid(idx);
+		index_close(idx, AccessShareLock);
+		if (OidIsValid(result))
+			break;
+	}
+	list_free(indexes);
+	if (!OidIsValid(result))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("partition \"%s\" of idempotency.keys has no unique index on (tenant, endpoint, key)",
+						RelationGetRelationName(part)),
+				 errhint("Every partition needs that index; partitions made by idem_maintenance() have it.")));
+	return result;
+}
+
+static PartitionProbe *
+IdemGetProbe(Relation part)
+{
+	Oid			partoid = RelationGetRelid(part);
+	PartitionProbe *probe = NULL;
+
+	if (!probe_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(IdemProbeCacheInvalidate, (Datum) 0);
+		probe_callback_registered = true;
+	}
+	if (probe_cache != NULL)
+		probe = hash_search(probe_cache, &partoid, HASH_FIND, NULL);
+	if (probe == NULL)
+	{
+		/* opening indexes may process invalidations: build first, then enter */
+		Oid			indexoid = IdemScopeIndex(part);
+		MemoryContext old;
+		AttrMap    *map;
+		bool		found;
+
+		(void) IdemKeysRelid();
+		old = MemoryContextSwitchTo(CacheMemoryContext);
+		map = build_attrmap_by_name_if_req(keys_desc, RelationGetDescr(part));
+		MemoryContextSwitchTo(old);
+		if (probe_cache == NULL)
+		{
+			HASHCTL		ctl;
+
+			ctl.keysize = sizeof(Oid);
+			ctl.entrysize = sizeof(PartitionProbe);
+			ctl.hcxt = CacheMemoryContext;
+			probe_cache = hash_create("idempotency partition probes", 64, &ctl,
+									  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+		}
+		probe = hash_search(probe_cache, &partoid, HASH_ENTER, &found);
+		probe->indexoid = indexoid;
+		probe->map = map;
+	}
+	return probe;
+}
+
+void
+IdemScanScope(const text *tenant, const text *endpoint, const text *key,
+			  Snapshot snapshot, IdemScopeRowCallback callback, void *arg)
+{
+	Relation	parent;
+	PartitionDesc pd;
+	TupleTableSlot *parent_slot = NULL;
+	Oid		   *oids;
+	int			nparts;
+	int			i;
+
+	parent = table_open(IdemKeysRelid(), AccessShareLock);
+	pd = RelationGetPartitionDesc(parent, true);
+	nparts = pd->nparts;
+	oids = palloc(sizeof(Oid) * Max(nparts, 1));
+	memcpy(oids, pd->oids, sizeof(Oid) * nparts);
+
+	for (i = 0; i < nparts; i++)
+	{
+		Relation	part = table_open(oids[i], AccessShareLock);
+		Relation	idx = index_open(IdemGetProbe(part)->indexoid, AccessShareLock);
+		AttrMap    *map;
+		ScanKeyData skey[3];
+		const text *vals[3] = {tenant, endpoint, key};
+		IndexScanDesc scan;
+		TupleTableSlot *slot = table_slot_create(part, NULL);
+		int			k;
+
+		/* opening the index may have processed invalidations: look again */
+		map = IdemGetProbe(part)->map;
+		for (k = 0; k < 3; k++)
+			ScanKeyEntryInitialize(&skey[k], 0, k + 1, BTEqualStrategyNumber,
+								   InvalidOid, idx->rd_indcollation[k],
+								   F_TEXTEQ, PointerGetDatum(vals[k]));
+		scan = index_beginscan(part, idx, snapshot, 3, 0);
+		index_rescan(scan, skey, 3, NULL, 0);
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			if (map == NULL)
+				callback(slot, arg);
+			else
+			{
+				if (parent_slot == NULL)
+					parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent),
+														   &TTSOpsVirtual);
+				callback(execute_attr_map_slot(map, slot, parent_slot), arg);
+			}
+		}
+		index_endscan(scan);
+		ExecDropSingleTupleTableSlot(slot);
+		index_close(idx, NoLock);
+		table_close(part, NoLock);
+	}
+	if (parent_slot)
+		ExecDropSingleTupleTableSlot(parent_slot);
+	pfree(oids);
+	table_close(parent, NoLock);
+}
