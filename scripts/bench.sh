@@ -114,8 +114,9 @@ own_dir "$BENCH_DIR/scripts"
 S=$BENCH_DIR/scripts
 
 # Dated partitions: by the maintenance pass when the build has it (with
-# idempotency.max_ttl set so that it makes about $1 of them), else by
-# partitions.sql.  Prints the number of partitions of idempotency.keys.
+# idempotency.max_ttl set so that it makes about $2 of them), else by
+# partitions.sql.  Prints the number of dated partitions of idempotency.keys
+# (the default partition comes on top).
 make_partitions() {
     local db=$1 n=$2
     if has_proc "$db" 'idempotency.idem_maintenance(timestamptz)'; then
@@ -124,7 +125,9 @@ make_partitions() {
     else
         psql_db "$db" -v nparts="$n" -f "$S/partitions.sql"
     fi
-    val "$db" "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass"
+    val "$db" "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+               WHERE i.inhparent = 'idempotency.keys'::regclass
+                 AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'"
 }
 if has_proc bench 'idempotency.idem_maintenance(timestamptz)'; then
     meta partitions "made by \`idempotency.idem_maintenance()\` (with \`idempotency.max_ttl\` set per database)"
@@ -166,83 +169,93 @@ latency() {
     perl "$PROJECT_DIR/test/bench/report.pl" latency "$label" "$names" "${files[@]}" >>"$RESULTS"
 }
 
-# ---- 1, 2: execute and replay paths, mixed in one run ---------------------------
-say "setting up database bench ($NREPLAY completed keys for the replay scripts)"
-setup_db bench "$FEW_PARTS" >/dev/null
-[ $EXT = 1 ] || sed -i '/idempotency\.idem_/d' "$S/replay_setup.sql"
-as_pg "${PSQL[@]}" -d bench -v nreplay="$NREPLAY" \
-    -c "SELECT set_config('bench.body', \$\$$BODY\$\$, false), set_config('bench.resp', \$\$$RESP\$\$, false), set_config('bench.fp', '$FP', false)" \
-    -f "$S/replay_setup.sql" >/dev/null
-if [ $EXT = 1 ]; then
-    MAIN=(floor_execute.sql plpgsql_execute.sql ext_execute.sql plain_replay.sql plpgsql_replay.sql ext_replay.sql)
-else
-    MAIN=(floor_execute.sql plpgsql_execute.sql plain_replay.sql plpgsql_replay.sql)
-fi
-MAIN_NAMES=$(printf '%s\n' "${MAIN[@]}" | sed 's/\.sql$//' | paste -sd,)
-say "execute and replay paths: warm-up, then 1 client, then 8 clients, ${T_MAIN}s each"
-run_pgbench warmup bench 1 "$T_WARM" "${MAIN[@]}" >/dev/null
-run_pgbench main_1c bench 1 "$T_MAIN" "${MAIN[@]}"
-run_pgbench main_8c bench 8 "$T_MAIN" "${MAIN[@]}"
-latency "1 client" "$MAIN_NAMES" main_1c
-latency "8 clients" "$MAIN_NAMES" main_8c
+# ---- 1, 2: execute and replay paths, mixed in one run --------------------------
+bench_main() {
+    say "setting up database bench ($NREPLAY completed keys for the replay scripts)"
+    setup_db bench "$FEW_PARTS" >"$BENCH_DIR/parts_main"
+    [ $EXT = 1 ] || sed -i '/idempotency\.idem_/d' "$S/replay_setup.sql"
+    as_pg "${PSQL[@]}" -d bench -v nreplay="$NREPLAY" \
+        -c "SELECT set_config('bench.body', \$\$$BODY\$\$, false), set_config('bench.resp', \$\$$RESP\$\$, false), set_config('bench.fp', '$FP', false)" \
+        -f "$S/replay_setup.sql" >/dev/null
+    MAIN=(floor_execute.sql floor_roundtrip.sql plpgsql_execute.sql)
+    [ $EXT = 1 ] && MAIN+=(ext_execute.sql)
+    MAIN+=(plain_replay.sql plpgsql_replay.sql)
+    [ $EXT = 1 ] && MAIN+=(ext_replay.sql)
+    MAIN_NAMES=$(printf '%s\n' "${MAIN[@]}" | sed 's/\.sql$//' | paste -sd,)
+    say "execute and replay paths: warm-up, then 1 client, then 8 clients, ${T_MAIN}s each"
+    run_pgbench warmup bench 1 "$T_WARM" "${MAIN[@]}" >/dev/null
+    run_pgbench main_1c bench 1 "$T_MAIN" "${MAIN[@]}"
+    run_pgbench main_8c bench 8 "$T_MAIN" "${MAIN[@]}"
+    latency "1 client" "$MAIN_NAMES" main_1c
+    latency "8 clients" "$MAIN_NAMES" main_8c
+}
 
-if [ $EXT = 1 ]; then
-# ---- 3: scale ------------------------------------------------------------------
-say "scale: databases with $FEW_PARTS partitions (empty), $FEW_PARTS partitions and $SCALE_KEYS live keys, $MANY_PARTS partitions"
-setup_db s_base "$FEW_PARTS" >"$BENCH_DIR/parts_base"
-setup_db s_keys "$FEW_PARTS" >"$BENCH_DIR/parts_keys"
-setup_db s_parts "$MANY_PARTS" >"$BENCH_DIR/parts_many"
-t0=$(date +%s)
-as_pg "${PSQL[@]}" -d s_keys -v nkeys="$SCALE_KEYS" \
-    -c "SELECT set_config('bench.resp', \$\$$RESP\$\$, false)" -f "$S/scale_load.sql" >/dev/null
-meta scale_load "$SCALE_KEYS live keys loaded in $(( $(date +%s) - t0 )) s by one INSERT ... SELECT FROM generate_series"
-meta scale_keys "$(val s_keys "SELECT count(*) FROM idempotency.keys WHERE expires_at > now()")"
-meta scale_keys_size "$(val s_keys "SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass")"
-meta parts_few "$(tail -n 1 "$BENCH_DIR/parts_base")"
-meta parts_many "$(tail -n 1 "$BENCH_DIR/parts_many")"
-psql_db postgres -c CHECKPOINT
-# pgbench runs against one database, so the three are measured in short
-# alternating rounds (the order rotates), all with 1 client.
-DBS=(s_base s_keys s_parts)
-for r in $(seq 1 "$SCALE_ROUNDS"); do
-    for i in 0 1 2; do
-        db=${DBS[$(( (i + r) % 3 ))]}
-        run_pgbench "scale_${db}_$r" "$db" 1 "$T_SCALE" ext_execute.sql >/dev/null
+# ---- 3: scale --------------------------------------------------------------------
+bench_scale() {
+    say "scale: $FEW_PARTS partitions (empty), $FEW_PARTS partitions and $SCALE_KEYS live keys, $MANY_PARTS partitions"
+    setup_db s_base "$FEW_PARTS" >"$BENCH_DIR/parts_base"
+    setup_db s_keys "$FEW_PARTS" >"$BENCH_DIR/parts_keys"
+    setup_db s_parts "$MANY_PARTS" >"$BENCH_DIR/parts_many"
+    local t0 r i db
+    t0=$(date +%s)
+    as_pg "${PSQL[@]}" -d s_keys -v nkeys="$SCALE_KEYS" \
+        -c "SELECT set_config('bench.resp', \$\$$RESP\$\$, false)" -f "$S/scale_load.sql" >/dev/null
+    meta scale_load "$SCALE_KEYS live keys loaded in $(( $(date +%s) - t0 )) s by one INSERT ... SELECT FROM generate_series"
+    meta scale_keys "$(val s_keys "SELECT count(*) FROM idempotency.keys WHERE expires_at > now()")"
+    meta scale_keys_size "$(val s_keys "SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass")"
+    meta parts_few "$(tail -n 1 "$BENCH_DIR/parts_base")"
+    meta parts_many "$(tail -n 1 "$BENCH_DIR/parts_many")"
+    psql_db postgres -c CHECKPOINT
+    # pgbench runs against one database, so the three are measured in short
+    # alternating rounds (the order rotates), all with 1 client.
+    DBS=(s_base s_keys s_parts)
+    for r in $(seq 1 "$SCALE_ROUNDS"); do
+        for i in 0 1 2; do
+            db=${DBS[$(( (i + r) % 3 ))]}
+            run_pgbench "scale_${db}_$r" "$db" 1 "$T_SCALE" ext_execute.sql >/dev/null
+        done
     done
-done
-for db in "${DBS[@]}"; do
-    latency scale "$db" $(for r in $(seq 1 "$SCALE_ROUNDS"); do echo "scale_${db}_$r"; done)
-done
+    for db in "${DBS[@]}"; do
+        latency scale "$db" $(for r in $(seq 1 "$SCALE_ROUNDS"); do echo "scale_${db}_$r"; done)
+    done
+}
 
-# ---- 4: contention -------------------------------------------------------------
-say "contention: 32 clients on 16 hot keys, ${T_CONT}s"
-run_pgbench contention bench 32 "$T_CONT" contention.sql
-latency contention contention contention
-meta cont_actions "$(val bench "SELECT string_agg(action || '=' || n, ' ' ORDER BY action) FROM (SELECT action, count(*) n FROM bench_actions GROUP BY 1) a")"
-meta cont_keys "$(val bench "SELECT count(DISTINCT key) FROM bench_actions")"
-meta cont_business_rows "$(val bench "SELECT count(*) FROM payments WHERE tenant = 'hot'")"
-meta cont_duplicates "$(val bench "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) n FROM payments WHERE tenant = 'hot' GROUP BY idempotency_key) p")"
+# ---- 4: contention ---------------------------------------------------------------
+bench_contention() {
+    say "contention: 32 clients on 16 hot keys, ${T_CONT}s"
+    run_pgbench contention bench 32 "$T_CONT" contention.sql
+    latency contention contention contention
+    meta cont_actions "$(val bench "SELECT string_agg(action || '=' || n, ' ' ORDER BY action) FROM (SELECT action, count(*) n FROM bench_actions GROUP BY 1) a")"
+    meta cont_keys "$(val bench "SELECT count(DISTINCT key) FROM bench_actions")"
+    meta cont_business_rows "$(val bench "SELECT count(*) FROM payments WHERE tenant = 'hot'")"
+    meta cont_duplicates "$(val bench "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) n FROM payments WHERE tenant = 'hot' GROUP BY idempotency_key) p")"
+}
 
-fi
-
-# ---- 5: fingerprint and expiry benchmarks of the other issues ---------------------
-if [ -f "$BENCH_SRC/fp_setup.sql" ]; then
-    FP_SCRIPTS=()
-    FP_NAMES=""
+# ---- 5: fingerprint and expiry benchmarks of the other issues ----------------------
+bench_fingerprint() {
+    if [ ! -f "$BENCH_SRC/fp_setup.sql" ]; then
+        meta fp_missing "test/bench/fp_setup.sql is not in this branch yet"
+        return 0
+    fi
+    local s scripts=() names=""
     for s in fp_canonical_small fp_builtin_small fp_canonical_large fp_builtin_large; do
-        if [ -f "$S/$s.sql" ]; then FP_SCRIPTS+=("$s.sql"); FP_NAMES+=${FP_NAMES:+,}$s; fi
+        if [ -f "$S/$s.sql" ]; then scripts+=("$s.sql"); names+=${names:+,}$s; fi
     done
-    say "fingerprints: ${FP_NAMES//,/ }, ${T_FP}s"
+    say "fingerprints: ${names//,/ }, ${T_FP}s"
     psql_db bench -f "$S/fp_setup.sql" >/dev/null
-    run_pgbench fp bench 1 "$T_FP" "${FP_SCRIPTS[@]}"
-    latency fingerprint "$FP_NAMES" fp
-else
-    meta fp_missing "test/bench/fp_setup.sql is not in this branch yet"
-fi
-if [ -f "$BENCH_SRC/expiry.sh" ] || [ -f "$BENCH_SRC/expiry.sql" ]; then
+    run_pgbench fp bench 1 "$T_FP" "${scripts[@]}"
+    latency fingerprint "$names" fp
+}
+
+bench_expiry() {
+    if [ ! -f "$BENCH_SRC/expiry.sh" ] && [ ! -f "$BENCH_SRC/expiry.sql" ]; then
+        meta expiry_missing "test/bench/expiry.sh (or expiry.sql) is not in this branch yet"
+        return 0
+    fi
     say "expiry"
     psql_db postgres -c 'CREATE DATABASE s_expiry'
-    psql_db s_expiry -c 'CREATE EXTENSION idempotency CASCADE'
+    psql_db s_expiry -c 'CREATE EXTENSION idempotency CASCADE' 2>/dev/null
+    local rc
     set +e
     if [ -f "$BENCH_SRC/expiry.sh" ]; then
         as_pg env PGHOST="$BENCH_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" PGDATABASE=s_expiry \
@@ -256,18 +269,97 @@ if [ -f "$BENCH_SRC/expiry.sh" ] || [ -f "$BENCH_SRC/expiry.sql" ]; then
     [ $rc = 0 ] || echo "(exit status $rc)" >>"$BENCH_DIR/expiry.out"
     printf 'block\texpiry\t%s\n' "$BENCH_DIR/expiry.out" >>"$RESULTS"
     sed 's/^/    /' "$BENCH_DIR/expiry.out"
-else
-    meta expiry_missing "test/bench/expiry.sh (or expiry.sql) is not in this branch yet"
-fi
+}
 
-# ---- report ----------------------------------------------------------------------
+# ---- BENCH_CALLGRIND=1: instruction counts ------------------------------------------
+# Restarts the cluster under valgrind's callgrind and runs each script with
+# 1 client for 100 and then 600 transactions; the difference of the two
+# backends' instruction counts over 500 is the server-side cost of one
+# transaction, free of connection start-up and stable on a noisy machine.
+CG_DIR=$BENCH_DIR/callgrind
+# true while a profile written since the listing $1 lacks its totals line
+cg_incomplete() {
+    local f
+    for f in $(comm -13 <(echo "$1") <(ls "$CG_DIR")); do
+        case $f in cg.*) grep -q '^totals:' "$CG_DIR/$f" || return 0 ;; esac
+    done
+    return 1
+}
+# cg_run DB N SCRIPT RUN: prints the callgrind file of the client's backend
+cg_run() {
+    local db=$1 n=$2 script=$3 run=$4 before f t best=0 bestf="" tries=0 pm children
+    pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
+    children=$(pgrep -c -P "$pm")
+    before=$(ls "$CG_DIR")
+    as_pg pgbench -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -n -M prepared -c 1 -t "$n" \
+        -D run="$run" -D n=0 -D nreplay="$NREPLAY" -D body="$BODY" -D resp="$RESP" -D fp="$FP" \
+        -f "$S/$script" "$db" >"$CG_DIR/pgbench.out" 2>&1 \
+        || { cat "$CG_DIR/pgbench.out" >&2; die "pgbench under callgrind failed"; }
+    # a backend writes its profile when it exits: wait for pgbench's
+    # backends to be gone, then for their profiles to be complete
+    while [ "$(pgrep -c -P "$pm")" -gt "$children" ] || cg_incomplete "$before"; do
+        tries=$((tries + 1)); [ $tries -gt 300 ] && die "callgrind profiles not written"
+        sleep 0.2
+    done
+    for f in $(comm -13 <(echo "$before") <(ls "$CG_DIR")); do
+        case $f in cg.*) ;; *) continue ;; esac
+        t=$(awk '/^totals:/ {print $2}' "$CG_DIR/$f")
+        if [ "$t" -gt "$best" ]; then best=$t; bestf=$f; fi
+    done
+    echo "$bestf"
+}
+# inclusive instructions of the functions that matter, from one profile
+cg_functions() {
+    callgrind_annotate --inclusive=yes --threshold=100 "$CG_DIR/$1" 2>/dev/null \
+        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|fmgr_security_definer|IdemLoadRow|IdemInsertRow|ExecConstraints) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; print "$fn $n\n" }'
+}
+bench_callgrind() {
+    command -v valgrind >/dev/null || { meta callgrind "valgrind is not installed: no instruction counts"; return 0; }
+    say "instruction counts under callgrind (BENCH_CALLGRIND=1)"
+    as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null
+    own_dir "$CG_DIR"
+    as_pg valgrind --tool=callgrind --callgrind-out-file="$CG_DIR/cg.%p" \
+        postgres -D "$BENCH_DIR/data" -c autovacuum=off >"$CG_DIR/postmaster.log" 2>&1 &
+    local i db script f1 f2 t1 t2 fn n1 n2
+    for i in $(seq 1 120); do as_pg pg_isready -q -h "$BENCH_DIR" -p "$PORT" && break; sleep 1; done
+    # the first connection after a start rebuilds the relation cache file:
+    # connect once to each database before measuring
+    for db in bench s_base s_parts; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done
+    local runs=()
+    for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
+    [ $EXT = 1 ] && runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql")
+    for i in "${runs[@]}"; do
+        db=${i%%:*}; script=${i#*:}
+        RUN=$((RUN + 2))
+        f1=$(cg_run "$db" 100 "$script" $((RUN - 1))); f2=$(cg_run "$db" 600 "$script" "$RUN")
+        t1=$(awk '/^totals:/ {print $2}' "$CG_DIR/$f1"); t2=$(awk '/^totals:/ {print $2}' "$CG_DIR/$f2")
+        printf 'ins\t%s\t%s\t%d\n' "$db" "${script%.sql}" $(( (t2 - t1) / 500 )) >>"$RESULTS"
+        join <(cg_functions "$f1" | sort) <(cg_functions "$f2" | sort) | while read -r fn n1 n2; do
+            printf 'insfn\t%s\t%s\t%s\t%d\n' "$db" "${script%.sql}" "$fn" $(( (n2 - n1) / 500 )) >>"$RESULTS"
+        done
+        printf '    %s/%s: %d instructions per transaction\n' "$db" "${script%.sql}" $(( (t2 - t1) / 500 ))
+    done
+    as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null
+}
+
+bench_main
+if [ $EXT = 1 ]; then
+    bench_scale
+    bench_contention
+fi
+bench_fingerprint
+bench_expiry
+
+# ---- report ------------------------------------------------------------------------
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
 meta version "$(val bench 'SELECT version()')"
 meta nproc "$(nproc)"
 meta load "$(cut -d' ' -f1-3 /proc/loadavg)"
+meta parts_main "$(tail -n 1 "$BENCH_DIR/parts_main")"
 meta mode "$([ $QUICK = 1 ] && echo "BENCH_QUICK=1 (short runs, $SCALE_KEYS keys for the scale scenario)" || echo full)"
 meta durations "main runs ${T_MAIN}s each; scale ${SCALE_ROUNDS} rounds of ${T_SCALE}s per database; contention ${T_CONT}s; fingerprints ${T_FP}s"
-meta settings "$(printf '%s; ' "$SETTINGS" | tr '\n' ';' | sed 's/;/; /g; s/;  */; /g; s/; $//')"
+meta settings "$(printf '%s' "$SETTINGS" | paste -sd';' | sed 's/;/; /g')"
+[ "${BENCH_CALLGRIND:-0}" = 1 ] && bench_callgrind
 meta elapsed "$(( $(date +%s) - STARTED )) s"
 echo
 perl "$PROJECT_DIR/test/bench/report.pl" render "$RESULTS" "$PROJECT_DIR/test/bench/RESULTS.md"

@@ -46,6 +46,7 @@ sub latency
 
 # What each script does, for the report.
 my %WHAT = (
+	floor_roundtrip => 'floor_execute plus one empty statement (SELECT 1): what one more round trip costs, since claim and finish are two statements where the floor has one',
 	floor_execute => 'business insert + one plain INSERT of the key row (constant fingerprint, response) into an unpartitioned table with a unique index; no check',
 	plpgsql_execute => 'PL/pgSQL reference: claim (sha256 of body::text, INSERT ... ON CONFLICT DO NOTHING RETURNING) + business insert + finish (UPDATE to completed)',
 	ext_execute => 'extension, atomic mode: idem_claim (fingerprint: see below) + business insert + idem_finish',
@@ -60,6 +61,7 @@ my @RATIOS = (
 	[ 'Execute: extension / floor, 1 client', '1 client', 'ext_execute', '1 client', 'floor_execute', 1.10 ],
 	[ 'Execute: extension / PL/pgSQL reference, 1 client', '1 client', 'ext_execute', '1 client', 'plpgsql_execute', 0.85 ],
 	[ 'Replay: extension / plain lookup, 1 client', '1 client', 'ext_replay', '1 client', 'plain_replay', 1.10 ],
+	[ 'Floor + one round trip / floor, 1 client', '1 client', 'floor_roundtrip', '1 client', 'floor_execute', undef ],
 	[ 'Execute: PL/pgSQL reference / floor, 1 client', '1 client', 'plpgsql_execute', '1 client', 'floor_execute', undef ],
 	[ 'Execute: extension / floor, 8 clients', '8 clients', 'ext_execute', '8 clients', 'floor_execute', undef ],
 	[ 'Execute: extension / PL/pgSQL reference, 8 clients', '8 clients', 'ext_execute', '8 clients', 'plpgsql_execute', undef ],
@@ -74,7 +76,7 @@ my @RATIOS = (
 sub render
 {
 	my ($tsv, $md) = @_;
-	my (%lat, @lat, %meta, @blocks);
+	my (%lat, @lat, %meta, @blocks, %ins, @ins, %insfn);
 	open my $fh, '<', $tsv or die "$tsv: $!\n";
 	while (<$fh>)
 	{
@@ -86,6 +88,8 @@ sub render
 			push @lat, [ @c[ 1 .. 5 ] ];
 		}
 		elsif ($c[0] eq 'meta') { $meta{ $c[1] } = $c[2] }
+		elsif ($c[0] eq 'ins') { $ins{"$c[1]/$c[2]"} = $c[3]; push @ins, "$c[1]/$c[2]" }
+		elsif ($c[0] eq 'insfn') { $insfn{"$c[1]/$c[2]"}{ $c[3] } = $c[4] }
 		elsif ($c[0] eq 'block') { push @blocks, [ $c[1], $c[2] ] }
 	}
 	close $fh;
@@ -103,6 +107,8 @@ sub render
 	  "- mode: $meta{mode}; $meta{durations}; took $meta{elapsed}",
 	  "- cluster settings (same for every script): $meta{settings}",
 	  "- pgbench: `-M prepared`, per-transaction logs (`-l`), scripts of one table row mixed in one run (`-f script\@1` each)";
+	push @out, "- idempotency.keys in database bench (execute, replay, contention): $meta{parts_main} dated partitions and the default partition"
+	  if defined $meta{parts_main};
 	for my $k (qw(fingerprint partitions scale_load scale_keys_size core_missing fp_missing expiry_missing))
 	{
 		push @out, "- $k: $meta{$k}" if defined $meta{$k};
@@ -149,6 +155,36 @@ sub render
 	}
 	push @out, '';
 
+	if (@ins)
+	{
+		push @out, '## Instruction counts (BENCH_CALLGRIND=1)', '',
+		  'Server-side instructions per transaction under callgrind (difference of runs of 100 and 600',
+		  'transactions of one client, so connection start-up is left out).  Stable on a noisy machine,',
+		  'but blind to waits: WAL flushes, round trips and cache misses are not in them.', '',
+		  '| database/script | instructions | idem_claim | idem_finish | SECURITY DEFINER and SET search_path | claim lookup (SPI) | finish insert (SPI) | of which CHECK constraints |',
+		  '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |';
+		for my $k (@ins)
+		{
+			my $f = $insfn{$k} // {};
+			my $sd = defined $f->{fmgr_security_definer}
+			  ? ($f->{fmgr_security_definer} - ($f->{idem_claim} // 0) - ($f->{idem_finish} // 0)) : undef;
+			push @out, sprintf('| %s | %s | %s | %s | %s | %s | %s | %s |', $k, map { defined $_ ? fmt_int($_) : '' }
+				$ins{$k}, $f->{idem_claim}, $f->{idem_finish}, $sd, $f->{IdemLoadRow}, $f->{IdemInsertRow},
+				($k =~ /ext_execute/ ? $f->{ExecConstraints} : undef));
+		}
+		push @out, '', '| comparison | instruction ratio |', '| --- | ---: |';
+		for my $r ([ 'Execute: extension / floor', 'bench/ext_execute', 'bench/floor_execute' ],
+			[ 'Execute: extension / PL/pgSQL reference', 'bench/ext_execute', 'bench/plpgsql_execute' ],
+			[ 'Replay: extension / plain lookup', 'bench/ext_replay', 'bench/plain_replay' ],
+			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ])
+		{
+			my ($t, $x, $y) = @$r;
+			next unless $ins{$x} && $ins{$y};
+			push @out, sprintf('| %s | %.2f× |', $t, $ins{$x} / $ins{$y});
+		}
+		push @out, '';
+	}
+
 	if (defined $meta{cont_actions})
 	{
 		my @a = map { [ split /=/ ] } split / /, $meta{cont_actions};
@@ -177,7 +213,7 @@ sub render
 	push @out, '- Every script that executes a request writes the same business row: one `INSERT INTO payments (id, tenant, amount, currency, idempotency_key)`.',
 	  '- New keys: `\'k\' || hash_murmur2(u)` where `u` is unique per transaction (run, client and a per-client counter, computed by pgbench, so no script pays for it on the server); murmur2 is a bijection on 64-bit values, so keys never repeat and land at random places in the indexes, as UUID keys do.',
 	  '- The request body (about 300 bytes) and the response body (about 80 bytes) are bound parameters, the same in every script.';
-	for my $s (qw(floor_execute plpgsql_execute ext_execute plain_replay plpgsql_replay ext_replay contention))
+	for my $s (qw(floor_execute floor_roundtrip plpgsql_execute ext_execute plain_replay plpgsql_replay ext_replay contention))
 	{
 		push @out, "- `$s`: $WHAT{$s}";
 	}
@@ -203,6 +239,13 @@ sub render
 		$show = 0 if /^## What each script does/;
 		print "$_\n" if $show;
 	}
+}
+
+sub fmt_int
+{
+	my $n = reverse shift;
+	$n =~ s/(\d{3})(?=\d)/$1,/g;
+	return scalar reverse $n;
 }
 
 sub fmt_count
