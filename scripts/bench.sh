@@ -84,7 +84,7 @@ BODY='{"amount": 1000, "currency": "EUR", "customer": {"id": "cus_8f3a2b", "emai
 RESP='{"id": "pay_4711", "status": "succeeded", "amount": 1000, "currency": "EUR"}'
 
 psql_db postgres -c 'CREATE DATABASE bench'
-psql_db bench -c 'CREATE EXTENSION idempotency CASCADE'
+psql_db bench -c 'SET client_min_messages = warning' -c 'CREATE EXTENSION idempotency CASCADE'
 has_proc() { [ "$(val "$1" "SELECT to_regprocedure('$2') IS NOT NULL")" = t ]; }
 # Without the core (idem_claim) only the floor and PL/pgSQL scripts run.
 EXT=1
@@ -287,9 +287,8 @@ cg_incomplete() {
 }
 # cg_run DB N SCRIPT RUN: prints the callgrind file of the client's backend
 cg_run() {
-    local db=$1 n=$2 script=$3 run=$4 before f t best=0 bestf="" tries=0 pm children
+    local db=$1 n=$2 script=$3 run=$4 before f t best=0 bestf="" tries=0 pm
     pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
-    children=$(pgrep -c -P "$pm")
     before=$(ls "$CG_DIR")
     as_pg pgbench -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -n -M prepared -c 1 -t "$n" \
         -D run="$run" -D n=0 -D nreplay="$NREPLAY" -D body="$BODY" -D resp="$RESP" -D fp="$FP" \
@@ -297,7 +296,7 @@ cg_run() {
         || { cat "$CG_DIR/pgbench.out" >&2; die "pgbench under callgrind failed"; }
     # a backend writes its profile when it exits: wait for pgbench's
     # backends to be gone, then for their profiles to be complete
-    while [ "$(pgrep -c -P "$pm")" -gt "$children" ] || cg_incomplete "$before"; do
+    while [ "$(pgrep -c -P "$pm")" -gt "$CG_CHILDREN" ] || cg_incomplete "$before"; do
         tries=$((tries + 1)); [ $tries -gt 300 ] && die "callgrind profiles not written"
         sleep 0.2
     done
@@ -321,10 +320,20 @@ bench_callgrind() {
     as_pg valgrind --tool=callgrind --callgrind-out-file="$CG_DIR/cg.%p" \
         postgres -D "$BENCH_DIR/data" -c autovacuum=off >"$CG_DIR/postmaster.log" 2>&1 &
     local i db script f1 f2 t1 t2 fn n1 n2
+    CG_CHILDREN=0
     for i in $(seq 1 120); do as_pg pg_isready -q -h "$BENCH_DIR" -p "$PORT" && break; sleep 1; done
     # the first connection after a start rebuilds the relation cache file:
     # connect once to each database before measuring
     for db in bench s_base s_parts; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done
+    # then count the server's own processes, once those backends are gone
+    local pm prev=-1 stable=0
+    pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
+    while [ $stable -lt 4 ]; do
+        CG_CHILDREN=$(pgrep -c -P "$pm")
+        if [ "$CG_CHILDREN" = "$prev" ]; then stable=$((stable + 1)); else stable=0; fi
+        prev=$CG_CHILDREN
+        sleep 0.5
+    done
     local runs=()
     for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
     [ $EXT = 1 ] && runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql")
