@@ -697,8 +697,8 @@ static Datum
 IdemClaimResultDatum(FunctionCallInfo fcinfo, const ClaimResult *r)
 {
 	TupleDesc	desc;
-	Datum		values[11];
-	bool		nulls[11];
+	Datum		values[12];
+	bool		nulls[12];
 
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
@@ -725,6 +725,8 @@ IdemClaimResultDatum(FunctionCallInfo fcinfo, const ClaimResult *r)
 	values[9] = TimestampTzGetDatum(r->expires_at);
 	nulls[9] = r->expires_at == 0;
 	values[10] = BoolGetDatum(r->replayed);
+	values[11] = PointerGetDatum(r->resp.body_ref);
+	nulls[11] = r->resp.body_ref == NULL;
 	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }
 
@@ -1232,6 +1234,34 @@ idem_finish_bytes(PG_FUNCTION_ARGS)
 		resp.body_kind = IDEM_BODY_BYTES;
 		resp.body = PG_GETARG_BYTEA_P_COPY(4);
 	}
+	IdemFinishCommon(fcinfo, &scope, &resp, 6);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(idem_finish_ref);
+
+/*
+ * idem_finish_ref(tenant, endpoint, key, status int, body_ref text,
+ *				   headers jsonb, lease_token bigint) RETURNS void
+ *		Finish with a reference to a body kept elsewhere (object storage),
+ *		for bodies larger than the stored-response cap; a replay returns the
+ *		reference in response_body_ref.
+ */
+Datum
+idem_finish_ref(PG_FUNCTION_ARGS)
+{
+	IdemScope	scope;
+	IdemResponse resp;
+
+	IdemGetScope(fcinfo, &scope, false);
+	IdemGetResponse(fcinfo, 3, 5, &resp);
+	if (PG_ARGISNULL(4) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(4)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("body_ref must not be NULL or empty"),
+				 errhint("Use idem_finish without a body when the response has none.")));
+	resp.body_kind = IDEM_BODY_REF;
+	resp.body_ref = PG_GETARG_TEXT_P_COPY(4);
 	IdemFinishCommon(fcinfo, &scope, &resp, 6);
 	PG_RETURN_VOID();
 }

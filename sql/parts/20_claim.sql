@@ -14,7 +14,8 @@ CREATE TYPE idempotency.claim_result AS (
     response_json    jsonb,         -- replay: the stored body, when it was JSON
     lease_token      bigint,        -- execute in lease mode: present it to finish
     expires_at       timestamptz,   -- when the key is forgotten
-    replayed         boolean
+    replayed         boolean,
+    response_body_ref text          -- replay: where the body is, when it was stored as a reference
 );
 
 CREATE FUNCTION idempotency.idem_claim(
@@ -39,6 +40,13 @@ CREATE FUNCTION idempotency.idem_finish_bytes(
     lease_token bigint DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_finish_bytes'
+LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE FUNCTION idempotency.idem_finish_ref(
+    tenant text, endpoint text, key text, status integer, body_ref text,
+    headers jsonb DEFAULT NULL, lease_token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_finish_ref'
 LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 
 CREATE FUNCTION idempotency.idem_fail(

@@ -125,6 +125,16 @@ COMMIT;
 SELECT action, http_status, response_body, response_json, response_headers
 FROM idempotency.idem_claim('acme', 'POST /payments', 'k-4', fp('a'));
 
+-- a body kept elsewhere: the replay returns the reference
+BEGIN;
+SELECT action FROM claim('acme', 'POST /exports', 'x-1', 'a');
+SELECT idempotency.idem_finish_ref('acme', 'POST /exports', 'x-1', 200,
+    's3://exports/x-1.csv', '{"Content-Type": "text/csv"}');
+COMMIT;
+SELECT action, http_status, response_body, response_body_ref
+FROM idempotency.idem_claim('acme', 'POST /exports', 'x-1', fp('a'));
+SELECT try($$SELECT idempotency.idem_finish_ref('acme', 'POST /exports', 'x-2', 200, '')$$);
+
 -- release: the next claim executes
 BEGIN;
 SELECT action FROM claim('acme', 'POST /payments', 'k-5', 'a');

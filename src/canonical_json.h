@@ -1,0 +1,50 @@
+/*-------------------------------------------------------------------------
+ *
+ * canonical_json.h
+ *	  RFC 8785 (JSON Canonicalization Scheme) serialization of jsonb values
+ *	  and of raw JSON text, with members dropped by JSON Pointer (RFC 6901).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef CANONICAL_JSON_H
+#define CANONICAL_JSON_H
+
+#include "postgres.h"
+
+#include "common/cryptohash.h"
+#include "lib/stringinfo.h"
+#include "utils/array.h"
+#include "utils/jsonb.h"
+
+/* parsed list of JSON Pointers naming what to leave out */
+typedef struct IdemExclusions IdemExclusions;
+
+/*
+ * Parse a text[] of JSON Pointers; NULL when the array is NULL or empty.
+ * "*" as a whole reference token matches every member or element at its
+ * level.  Malformed pointers, the empty pointer (the whole document) and
+ * NULL elements are errors.
+ */
+extern IdemExclusions *IdemParseExclusions(ArrayType *pointers);
+
+/*
+ * Append the canonical UTF-8 form of jb to out.  When sink is not NULL the
+ * bytes are fed to that (initialized) hash context as they are produced,
+ * in chunks, and out is used only as a buffer: it is empty on return.
+ */
+extern void IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb,
+								  const IdemExclusions *ex,
+								  pg_cryptohash_ctx *sink);
+
+/*
+ * Parse raw JSON text into jsonb after checking that no object has two
+ * members with the same name (error 22030 otherwise).
+ */
+extern Jsonb *IdemJsonTextToJsonbUnique(text *json);
+
+/*
+ * Convert canonical UTF-8 bytes to a text datum in the database encoding.
+ */
+extern text *IdemCanonicalToText(const char *utf8, int len);
+
+#endif							/* CANONICAL_JSON_H */

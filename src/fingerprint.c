@@ -1,0 +1,247 @@
+/*-------------------------------------------------------------------------
+ *
+ * fingerprint.c
+ *	  SQL-callable canonicalization and fingerprint functions:
+ *	  idem_canonical_json[_sha256], idem_canonical_json_text[_sha256],
+ *	  idem_fingerprint, and idem_number_text (ECMAScript form of a float8).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "common/cryptohash.h"
+#include "fmgr.h"
+#include "mb/pg_wchar.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+
+#include "idempotency.h"
+#include "canonical_json.h"
+#include "fingerprint.h"
+#include "number_format.h"
+
+PG_FUNCTION_INFO_V1(idem_canonical_json);
+PG_FUNCTION_INFO_V1(idem_canonical_json_sha256);
+PG_FUNCTION_INFO_V1(idem_canonical_json_text);
+PG_FUNCTION_INFO_V1(idem_canonical_json_text_sha256);
+PG_FUNCTION_INFO_V1(idem_fingerprint);
+PG_FUNCTION_INFO_V1(idem_number_text);
+
+static pg_cryptohash_ctx *
+sha256_begin(void)
+{
+	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
+
+	if (pg_cryptohash_init(ctx) < 0)
+		elog(ERROR, "could not initialize SHA-256 context: %s",
+			 pg_cryptohash_error(ctx));
+	return ctx;
+}
+
+static void
+sha256_update(pg_cryptohash_ctx *ctx, const char *data, size_t len)
+{
+	if (pg_cryptohash_update(ctx, (const uint8 *) data, len) < 0)
+		elog(ERROR, "could not update SHA-256 context: %s",
+			 pg_cryptohash_error(ctx));
+}
+
+static void
+sha256_end(pg_cryptohash_ctx *ctx, uint8 *digest)
+{
+	if (pg_cryptohash_final(ctx, digest, IDEM_FINGERPRINT_LEN) < 0)
+		elog(ERROR, "could not finalize SHA-256 context: %s",
+			 pg_cryptohash_error(ctx));
+	pg_cryptohash_free(ctx);
+}
+
+static bytea *
+digest_to_bytea(const uint8 *digest)
+{
+	bytea	   *result = palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
+
+	SET_VARSIZE(result, VARHDRSZ + IDEM_FINGERPRINT_LEN);
+	memcpy(VARDATA(result), digest, IDEM_FINGERPRINT_LEN);
+	return result;
+}
+
+/*
+ * The exclusion list, when the call has one.  Each function also exists
+ * without it: a call through an argument default costs the parser and the
+ * planner more than canonicalizing a small body.
+ */
+#define EXCLUDE_ARG(n) \
+	(PG_NARGS() > (n) && !PG_ARGISNULL(n) ? PG_GETARG_ARRAYTYPE_P(n) : NULL)
+
+static text *
+canonical_text(Jsonb *jb, ArrayType *exclude)
+{
+	IdemExclusions *ex = IdemParseExclusions(exclude);
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	IdemCanonicalizeJsonb(&buf, jb, ex, NULL);
+	return IdemCanonicalToText(buf.data, buf.len);
+}
+
+static bytea *
+canonical_sha256(Jsonb *jb, ArrayType *exclude)
+{
+	IdemExclusions *ex = IdemParseExclusions(exclude);
+	StringInfoData buf;
+	pg_cryptohash_ctx *ctx;
+	uint8		digest[IDEM_FINGERPRINT_LEN];
+
+	initStringInfo(&buf);
+	ctx = sha256_begin();
+	IdemCanonicalizeJsonb(&buf, jb, ex, ctx);
+	sha256_end(ctx, digest);
+	return digest_to_bytea(digest);
+}
+
+/* idem_canonical_json(body jsonb [, exclude text[]]) returns text */
+Datum
+idem_canonical_json(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_TEXT_P(canonical_text(PG_GETARG_JSONB_P(0),
+									EXCLUDE_ARG(1)));
+}
+
+/* idem_canonical_json_sha256(body jsonb [, exclude text[]]) returns bytea */
+Datum
+idem_canonical_json_sha256(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BYTEA_P(canonical_sha256(PG_GETARG_JSONB_P(0),
+									   EXCLUDE_ARG(1)));
+}
+
+/* idem_canonical_json_text(body text [, exclude text[]]) returns text */
+Datum
+idem_canonical_json_text(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *jb = IdemJsonTextToJsonbUnique(PG_GETARG_TEXT_PP(0));
+
+	PG_RETURN_TEXT_P(canonical_text(jb, EXCLUDE_ARG(1)));
+}
+
+/* idem_canonical_json_text_sha256(body text [, exclude text[]]) returns bytea */
+Datum
+idem_canonical_json_text_sha256(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *jb = IdemJsonTextToJsonbUnique(PG_GETARG_TEXT_PP(0));
+
+	PG_RETURN_BYTEA_P(canonical_sha256(jb, EXCLUDE_ARG(1)));
+}
+
+/* RFC 9110 tchar */
+static bool
+is_tchar(unsigned char c)
+{
+	if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+		(c >= '0' && c <= '9'))
+		return true;
+	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+void
+IdemFingerprint(const char *method, const char *path, Jsonb *body,
+				const IdemExclusions *ex, uint8 *digest)
+{
+	pg_cryptohash_ctx *ctx;
+	char	   *upper;
+	size_t		mlen = strlen(method);
+	const char *upath;
+
+	if (mlen == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_INVALID_KEY),
+				 errmsg("request method must not be empty")));
+	upper = palloc(mlen + 1);
+	for (size_t i = 0; i < mlen; i++)
+	{
+		unsigned char c = (unsigned char) method[i];
+
+		if (!is_tchar(c))
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_INVALID_KEY),
+					 errmsg("invalid request method \"%s\"", method),
+					 errdetail("A method is an HTTP token: letters, digits and !#$%%&'*+-.^_`|~.")));
+		upper[i] = (c >= 'a' && c <= 'z') ? c - ('a' - 'A') : c;
+	}
+	upper[mlen] = '\0';
+
+	if (path[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_INVALID_KEY),
+				 errmsg("request path must not be empty")));
+	for (const char *p = path; *p; p++)
+		if ((unsigned char) *p < 0x20 || *p == 0x7f)
+			ereport(ERROR,
+					(errcode(ERRCODE_IDEM_INVALID_KEY),
+					 errmsg("request path must not contain control characters")));
+	upath = pg_server_to_any(path, strlen(path), PG_UTF8);
+
+	ctx = sha256_begin();
+	sha256_update(ctx, IDEM_FINGERPRINT_MAGIC, strlen(IDEM_FINGERPRINT_MAGIC));
+	sha256_update(ctx, upper, mlen);
+	sha256_update(ctx, "\n", 1);
+	sha256_update(ctx, upath, strlen(upath));
+	sha256_update(ctx, "\n", 1);
+	if (body)
+	{
+		StringInfoData buf;
+
+		initStringInfo(&buf);
+		IdemCanonicalizeJsonb(&buf, body, ex, ctx);
+		pfree(buf.data);
+	}
+	sha256_end(ctx, digest);
+	pfree(upper);
+}
+
+/*
+ * idem_fingerprint(method text, path text, body jsonb [, exclude text[]])
+ * returns bytea.  Not strict: a NULL body is a request without one, a NULL
+ * exclusion list excludes nothing; NULL method or path is an error.
+ */
+Datum
+idem_fingerprint(PG_FUNCTION_ARGS)
+{
+	uint8		digest[IDEM_FINGERPRINT_LEN];
+	IdemExclusions *ex = NULL;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("request method must not be NULL")));
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("request path must not be NULL")));
+	ex = IdemParseExclusions(EXCLUDE_ARG(3));
+
+	IdemFingerprint(text_to_cstring(PG_GETARG_TEXT_PP(0)),
+					text_to_cstring(PG_GETARG_TEXT_PP(1)),
+					PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2),
+					ex, digest);
+	PG_RETURN_BYTEA_P(digest_to_bytea(digest));
+}
+
+/* idem_number_text(float8) returns text: the ECMAScript form */
+Datum
+idem_number_text(PG_FUNCTION_ARGS)
+{
+	float8		value = PG_GETARG_FLOAT8(0);
+	char		buf[IDEM_NUMBER_BUFLEN];
+	int			len;
+
+	if (isnan(value) || isinf(value))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("%s has no JSON representation",
+						isnan(value) ? "NaN" : "infinity")));
+	len = IdemFormatDouble(value, buf);
+	PG_RETURN_TEXT_P(cstring_to_text_with_len(buf, len));
+}

@@ -1,0 +1,3 @@
+-- what a user would write without the extension (neither canonical nor
+-- number-normalizing), on the large body
+SELECT sha256(convert_to(body::text, 'UTF8')) FROM bench_bodies WHERE name = 'large';

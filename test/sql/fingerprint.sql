@@ -1,0 +1,193 @@
+--
+-- Request fingerprints: RFC 8785 canonical JSON, its SHA-256, exclusions by
+-- JSON Pointer, raw JSON text, idem_fingerprint's framing, bad input.
+--
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+RESET client_min_messages;
+SET search_path = idempotency, public;
+
+-- errors shown as SQLSTATE and message
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE q;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+-- member order: UTF-16 code units, not jsonb's shortest-first order
+SELECT idem_canonical_json('{"bb": 1, "a": 2, "ab": 3, "": 4, "B": 5, "b": 6}');
+-- U+FB33 (one UTF-16 unit, EF AC B3) sorts after U+1F602 (surrogate pair
+-- D83D DE02), although its code point is smaller; U+00F6 and U+20AC before
+SELECT idem_canonical_json(jsonb_build_object(
+    U&'\FB33', 1, U&'\+01F602', 2, U&'\00F6', 3, U&'\20AC', 4, 'z', 5));
+-- same lead surrogate, different trail: code point order
+SELECT idem_canonical_json(jsonb_build_object(U&'\+01F603', 1, U&'\+01F602', 2, U&'\E000', 3));
+
+-- nested structures, literals, no white space
+SELECT idem_canonical_json('{"z": [true, false, null, {"y": {}, "x": []}], "a": {"c": "d"}}');
+SELECT idem_canonical_json('"just a string"'), idem_canonical_json('null'),
+       idem_canonical_json('true'), idem_canonical_json('[]'), idem_canonical_json('{}');
+
+-- numbers through the double, in ECMAScript form
+SELECT n, idem_canonical_json(n::jsonb) AS canonical
+FROM (VALUES ('4200'), ('4200.0'), ('4.2e3'), ('42e2'), ('1e21'), ('1e20'),
+             ('123456789012345678901'), ('0.0000001'), ('1e-7'), ('0.000001'),
+             ('-0'), ('-0.0'), ('0e10'), ('-1.5'), ('0.1'), ('1.0000000000000001'),
+             ('333333333.33333329'), ('9007199254740993'), ('1e308'),
+             ('1.7976931348623157e308'), ('5e-324'), ('2.5e-324'),
+             ('123.456e-300'), ('1E+2'), ('100000000000000000000000')) AS t(n);
+-- hundreds of digits: still the nearest double
+SELECT idem_canonical_json(('0.' || repeat('3', 400))::jsonb) AS third,
+       idem_canonical_json(('-' || repeat('9', 300) || '.5')::jsonb) AS nines,
+       idem_canonical_json(('1' || repeat('0', 22) || '.' || repeat('0', 30) || '1')::jsonb) AS big_plus_tiny;
+-- same number, same text, however it was written
+SELECT count(DISTINCT idem_canonical_json(n::jsonb)) AS distinct_forms
+FROM (VALUES ('4200'), ('4200.0'), ('4.2e3'), ('4200.000'), ('0.42e4'), ('42e2')) AS t(n);
+
+-- numbers beyond the double range are errors, not Infinity or 0
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json('1e309')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json('{"a": [-1.8e308]}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json('1e-400')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json_text('[2e-324]')$$);
+
+-- the float8 formatter
+SELECT x, idem_number_text(x)
+FROM (VALUES (0::float8), ('-0'::float8), (1), (-1), (0.1), (1e21), (1e-7), (123e-20),
+             ('1.7976931348623157e308'), ('5e-324'), (2^53), (2^53 + 2),
+             (1/3::float8)) AS t(x);
+SELECT pg_temp.err($$SELECT idempotency.idem_number_text('NaN')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_number_text('-Infinity')$$);
+
+-- strings: minimal escaping, everything else literal
+SELECT idem_canonical_json(to_jsonb(E'q"b\\s/\b\f\n\r\t\x01\x1f\x7f' || U&'\00e9\2028\+01F600'));
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json_text('"\u0000"')$$);
+
+-- exclusions by JSON Pointer
+SELECT idem_canonical_json('{"amount": 100, "client_ts": "2026-01-01", "meta": {"trace_id": "x", "v": 1}}',
+                           '{/client_ts,/meta/trace_id}');
+SELECT idem_canonical_json('{"items": [{"sku": "a", "added_at": 1}, {"sku": "b", "added_at": 2}], "n": 2}',
+                           '{/items/*/added_at}');
+SELECT idem_canonical_json('{"items": [10, 20, 30]}', '{/items/1}');
+SELECT idem_canonical_json('{"items": [10, 20, 30]}', '{/items/*}');
+SELECT idem_canonical_json('{"a": {"x": 1, "y": 2}, "b": {"x": 3}}', '{/*/x}');
+-- ~1 is "/", ~0 is "~"
+SELECT idem_canonical_json('{"a/b": 1, "m~n": 2, "c": 3}', '{/a~1b,/m~0n}');
+-- pointers that match nothing are fine; "01" and "-" are not indexes
+SELECT idem_canonical_json('{"a": [1, 2], "b": "x"}', '{/nope,/a/5,/a/01,/a/-,/b/c,/a/x}');
+-- a pointer to a member that holds a scalar, under a scalar
+SELECT idem_canonical_json('"scalar"', '{/a}');
+-- the empty member name
+SELECT idem_canonical_json('{"": 1, "a": {"": 2, "b": 3}}', '{/a/}');
+-- malformed pointers and NULL elements are errors
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json('{}', '{a}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json('{}', '{/a~2}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json('{}', '{/a~}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json('{}', '{""}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json('{}', ARRAY['/a', NULL])$$);
+
+-- SHA-256 of the UTF-8 canonical bytes
+SELECT idem_canonical_json_sha256('{"b": 2, "a": 1}') =
+       sha256(convert_to('{"a":1,"b":2}', 'UTF8')) AS sha_matches;
+SELECT encode(idem_canonical_json_sha256(jsonb_build_object('k', U&'\00e9')), 'hex') =
+       encode(sha256('\x7b226b223a22c3a9227d'::bytea), 'hex') AS sha_is_over_utf8;
+SELECT idem_canonical_json_sha256('{"a": 1, "ts": 5}', '{/ts}') =
+       idem_canonical_json_sha256('{"a": 1.0}') AS sha_with_exclusion;
+
+-- raw JSON text: same result as jsonb, duplicates refused
+SELECT idem_canonical_json_text('{ "b" : [ 1.50 , 2e0 ], "a" : "\u00e9" }');
+SELECT idem_canonical_json_text('{"b": 1, "a": {"x": 1, "y": 2}}', '{/a/y}');
+SELECT idem_canonical_json_text_sha256('{"b": 2, "a": 1}') =
+       idem_canonical_json_sha256('{"a": 1, "b": 2}') AS text_sha_matches;
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json_text('{"a": 1, "b": 2, "a": 3}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json_text('[{"x": {"k": 1, "k": 1}}]')$$);
+-- names equal only after unescaping are duplicates too
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json_text('{"a": 1, "\u0061": 2}')$$);
+-- the same names in different objects are fine
+SELECT idem_canonical_json_text('{"a": {"a": 1}, "b": {"a": 2}}');
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json_text('{"a": ')$$);
+-- an untyped literal is never ambiguous: each name takes one type
+SELECT idem_canonical_json('{"a": 1, "a": 2}') AS jsonb_keeps_last;
+
+-- deep nesting fails cleanly
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json_text(repeat('[', 100000) || repeat(']', 100000))$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json((repeat('[', 100000) || repeat(']', 100000))::jsonb)$$);
+-- a deep jsonb built without the parser reaches our own recursion check
+CREATE TEMP TABLE deep (j jsonb);
+DO $$
+DECLARE d jsonb := '1';
+BEGIN
+    FOR i IN 1..3000 LOOP
+        d := jsonb_build_array(d);
+    END LOOP;
+    INSERT INTO deep VALUES (d);
+END $$;
+SELECT length(idem_canonical_json(j)) AS deep_length FROM deep;
+-- objects 3000 deep are fine with the default max_stack_depth
+SELECT length(idem_canonical_json((repeat('{"a":', 3000) || '1' || repeat('}', 3000))::jsonb)) AS deep_objects;
+SET max_stack_depth = '100kB';
+SELECT pg_temp.err($$SELECT idempotency.idem_canonical_json(j) FROM deep$$);
+RESET max_stack_depth;
+
+-- NULL arguments
+SELECT idem_canonical_json(NULL) IS NULL AS null_body,
+       idem_canonical_json('{}', NULL) IS NULL AS null_exclude,
+       idem_canonical_json_sha256(NULL) IS NULL AS null_body_sha,
+       idem_canonical_json_text(NULL) IS NULL AS null_text,
+       idem_number_text(NULL) IS NULL AS null_number;
+
+-- idem_fingerprint: framing documented in the README
+SELECT idem_fingerprint('POST', '/v1/payments', '{"currency": "EUR", "amount": 1000}') =
+       sha256(convert_to(E'idem-fingerprint-v1\nPOST\n/v1/payments\n{"amount":1000,"currency":"EUR"}', 'UTF8'))
+       AS framing_with_body;
+SELECT idem_fingerprint('get', '/v1/payments/42', NULL) =
+       sha256(convert_to(E'idem-fingerprint-v1\nGET\n/v1/payments/42\n', 'UTF8')) AS framing_without_body;
+-- the README's worked examples
+SELECT encode(idem_fingerprint('POST', '/v1/payments',
+       '{"amount": 1000, "currency": "EUR", "client_ts": "2026-11-30T10:00:00Z"}', '{/client_ts}'), 'hex')
+       AS readme_example_1;
+SELECT encode(idem_fingerprint('delete', '/v1/payments/pay_42', NULL), 'hex') AS readme_example_2;
+-- method case does not matter, the path and the body do; JSON null is a body
+SELECT idem_fingerprint('post', '/p', '{"a": 1}') = idem_fingerprint('POST', '/p', '{"a": 1.0}') AS same,
+       idem_fingerprint('POST', '/p', '{"a": 1}') = idem_fingerprint('POST', '/P', '{"a": 1}') AS path_case,
+       idem_fingerprint('POST', '/p', NULL) = idem_fingerprint('POST', '/p', 'null') AS null_vs_json_null,
+       idem_fingerprint('POST', '/p', '{"a": 1, "t": 2}', '{/t}') = idem_fingerprint('POST', '/p', '{"a": 1}') AS excluded,
+       idem_fingerprint('POST', '/p', '{"a": 1}', NULL) = idem_fingerprint('POST', '/p', '{"a": 1}') AS null_exclude,
+       length(idem_fingerprint('POST', '/p', NULL)) AS bytes;
+SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint(NULL, '/p', '{}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint('POST', NULL, '{}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint('', '/p', '{}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint('PO ST', '/p', '{}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint('POST', '', '{}')$$);
+SELECT pg_temp.err($$SELECT idempotency.idem_fingerprint('POST', E'/p\nGET', '{}')$$);
+
+-- volatility and strictness as documented; each with and without exclude
+SELECT proname, pg_get_function_arguments(oid) AS args, provolatile, proparallel, proisstrict
+FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace
+  AND (proname LIKE 'idem_canonical%' OR proname IN ('idem_fingerprint', 'idem_number_text'))
+ORDER BY proname, pronargs;
+-- named arguments
+SELECT idem_canonical_json(body => '{"b": 1, "a": 2}') AS named,
+       idem_canonical_json(exclude => '{/a}', body => '{"b": 1, "a": 2}') AS named_exclude,
+       encode(idem_fingerprint(method => 'GET', path => '/x', body => NULL), 'hex') =
+       encode(sha256(convert_to(E'idem-fingerprint-v1\nGET\n/x\n', 'UTF8')), 'hex') AS named_fingerprint;
+
+-- a body of more than 10 MB: canonical length as predicted, SHA-256 (fed
+-- in chunks) equal to the hash of the whole text
+CREATE TEMP TABLE big AS
+SELECT jsonb_build_object('items', jsonb_agg(jsonb_build_object(
+           'price', i * 1.25, 'name', 'item ' || i, 'id', i) ORDER BY i),
+       'count', count(*)) AS body
+FROM generate_series(1, 250000) AS i;
+SELECT length(idem_canonical_json(body)) > 10000000 AS over_10mb,
+       length(idem_canonical_json(body)) =
+         (SELECT sum(length(format('{"id":%s,"name":"item %s","price":%s}', i, i,
+                      trim(trailing '.' FROM trim(trailing '0' FROM (i * 1.25)::text)))))
+                 + 249999 + length('{"count":250000,"items":[]}')
+          FROM generate_series(1, 250000) AS i) AS length_as_predicted,
+       idem_canonical_json_sha256(body) = sha256(convert_to(idem_canonical_json(body), 'UTF8')) AS chunked_sha
+FROM big;
+-- the same body without the 250,000 names
+SELECT length(idem_canonical_json(body, '{/items/*/name}')) AS without_names
+FROM big;
