@@ -96,7 +96,7 @@ fi
 
 # The extension's fingerprint: the canonical JSON digest when the build has
 # it, else a constant computed once here.
-if has_proc bench 'idempotency.idem_canonical_json_sha256(jsonb,text[])'; then
+if has_proc bench 'idempotency.idem_canonical_json_sha256(jsonb)'; then
     FP_EXPR='idempotency.idem_canonical_json_sha256(:body::jsonb)'
     FP=$(as_pg "${PSQL[@]}" -d bench -At -v body="$BODY" \
         <<<"SELECT idempotency.idem_canonical_json_sha256(:'body'::jsonb)")
