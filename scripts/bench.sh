@@ -122,7 +122,8 @@ S=$BENCH_DIR/scripts
 make_partitions() {
     local db=$1 n=$2
     if has_proc "$db" 'idempotency.idem_maintenance(timestamptz)'; then
-        psql_db postgres -c "ALTER DATABASE $db SET idempotency.max_ttl = '$((n - 1))d'"
+        # a pass premakes from today to today + max_ttl and one more
+        psql_db postgres -c "ALTER DATABASE $db SET idempotency.max_ttl = '$((n - 2))d'"
         psql_db "$db" -c 'SELECT count(*) FROM idempotency.idem_maintenance()' >/dev/null
     else
         psql_db "$db" -v nparts="$n" -f "$S/partitions.sql"
@@ -263,13 +264,17 @@ bench_expiry() {
         as_pg env PGHOST="$BENCH_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" PGDATABASE=s_expiry \
             BENCH_QUICK=$QUICK EXPIRY_ROWS="$EXPIRY_ROWS" bash "$BENCH_SRC/expiry.sh" >"$BENCH_DIR/expiry.out" 2>&1
     else
-        as_pg psql -X -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -d s_expiry -v ON_ERROR_STOP=1 \
+        as_pg psql -X -q -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -d s_expiry -v ON_ERROR_STOP=1 \
             -v rows="$EXPIRY_ROWS" -f "$S/expiry.sql" >"$BENCH_DIR/expiry.out" 2>&1
     fi
     rc=$?
     set -e
     [ $rc = 0 ] || echo "(exit status $rc)" >>"$BENCH_DIR/expiry.out"
     printf 'block\texpiry\t%s\n' "$BENCH_DIR/expiry.out" >>"$RESULTS"
+    # its summary, when it prints one: "drop_vs_delete | ..." then a value
+    # row; "drop partitions ... | seconds | rows | dead tuples"
+    meta expiry_speedup "$(awk -F'|' '/drop_vs_delete/ {getline; getline; gsub(/ /, "", $1); print $1; exit}' "$BENCH_DIR/expiry.out")"
+    meta expiry_drop_dead "$(awk -F'|' '/^ *drop partitions/ {gsub(/ /, "", $4); print $4; exit}' "$BENCH_DIR/expiry.out")"
     sed 's/^/    /' "$BENCH_DIR/expiry.out"
 }
 

@@ -135,6 +135,16 @@ sub render
 		my $res = !defined $target ? 'information' : ($ratio <= $target ? 'met' : '**missed**');
 		push @out, sprintf('| %s | %.2f× | %.2f× | %s | %s |', $title, $ratio, $p99, $t, $res);
 	}
+	if (defined $meta{expiry_speedup} && $meta{expiry_speedup} =~ /^[\d.]+$/)
+	{
+		push @out, sprintf('| Expiry: dropping partitions against a batched DELETE (times faster) | %s× | | ≥ 50× | %s |',
+			$meta{expiry_speedup}, $meta{expiry_speedup} >= 50 ? 'met' : '**missed**');
+	}
+	if (defined $meta{expiry_drop_dead} && $meta{expiry_drop_dead} =~ /^\d+$/)
+	{
+		push @out, sprintf('| Expiry: dead tuples left by dropping partitions | %s | | 0 | %s |',
+			$meta{expiry_drop_dead}, $meta{expiry_drop_dead} == 0 ? 'met' : '**missed**');
+	}
 	if (defined $meta{cont_duplicates})
 	{
 		push @out, sprintf('| Contention: duplicate executions | %s | | 0 | %s |',
