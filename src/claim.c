@@ -123,7 +123,6 @@ static PendingClaim *pending_claims = NULL;
 typedef enum IdemStmt
 {
 	STMT_LOOKUP_FOR_UPDATE,
-	STMT_INSERT,
 	STMT_DELETE_EXPIRED,
 	STMT_DELETE_LIVE,
 	STMT_COMPLETE,
@@ -154,15 +153,6 @@ static const IdemStmtDef stmt_defs[NUM_STMTS] = {
 	[STMT_LOOKUP_FOR_UPDATE] = {
 		"SELECT " ROW_COLUMNS " FROM idempotency.keys" LIVE_WHERE " FOR UPDATE",
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
-	},
-	[STMT_INSERT] = {
-		"INSERT INTO idempotency.keys (tenant, endpoint, key, created_at,"
-		" fingerprint, state, lease_token, locked_until, response_status,"
-		" response_headers, body_kind, body_encrypted, response_body, body_ref,"
-		" fail_reason, completed_at, expires_at) VALUES"
-		" ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
-		17, {SCOPE_TYPES, TIMESTAMPTZOID, BYTEAOID, TEXTOID, INT8OID,
-		TIMESTAMPTZOID, RESPONSE_TYPES, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
 	},
 	[STMT_DELETE_EXPIRED] = {
 		"DELETE FROM idempotency.keys" SCOPE_WHERE " AND expires_at <= $4",
@@ -625,7 +615,17 @@ IdemResponseValues(const IdemResponse *resp, Datum *values, char *nulls)
 	nulls[5] = resp->body_ref ? ' ' : 'n';
 }
 
-/* Insert the row of a scope. */
+/* the columns of a row, in the order IdemInsertRow fills them */
+static const char *const insert_columns[] = {
+	"tenant", "endpoint", "key", "created_at", "fingerprint", "state",
+	"lease_token", "locked_until", "response_status", "response_headers",
+	"body_kind", "body_encrypted", "response_body", "body_ref", "fail_reason",
+	"completed_at", "expires_at"
+};
+
+#define NUM_INSERT_COLUMNS lengthof(insert_columns)
+
+/* Insert the row of a scope, straight into its partition (keyscan.c). */
 static void
 IdemInsertRow(const IdemScope *scope, TimestampTz created_at,
 			  const bytea *fingerprint, IdemState state,
@@ -633,26 +633,45 @@ IdemInsertRow(const IdemScope *scope, TimestampTz created_at,
 			  const IdemResponse *resp, const char *fail_reason,
 			  const TimestampTz *completed_at, TimestampTz expires_at)
 {
-	Datum		values[17];
-	char		nulls[17];
+	Datum		v[NUM_INSERT_COLUMNS];
+	char		cn[NUM_INSERT_COLUMNS];
 	IdemResponse none = {-1, NULL, IDEM_BODY_NONE, NULL, NULL, false};
+	int			natts = 0;
+	Datum	   *values;
+	bool	   *nulls;
+	int			i;
 
-	memset(nulls, ' ', sizeof(nulls));
-	IdemScopeValues(scope, values);
-	values[3] = TimestampTzGetDatum(created_at);
-	values[4] = PointerGetDatum(fingerprint);
-	values[5] = CStringGetTextDatum(IdemStateName(state));
-	values[6] = lease_token ? Int64GetDatum(*lease_token) : (Datum) 0;
-	nulls[6] = lease_token ? ' ' : 'n';
-	values[7] = locked_until ? TimestampTzGetDatum(*locked_until) : (Datum) 0;
-	nulls[7] = locked_until ? ' ' : 'n';
-	IdemResponseValues(resp ? resp : &none, values + 8, nulls + 8);
-	values[14] = fail_reason ? CStringGetTextDatum(fail_reason) : (Datum) 0;
-	nulls[14] = fail_reason ? ' ' : 'n';
-	values[15] = completed_at ? TimestampTzGetDatum(*completed_at) : (Datum) 0;
-	nulls[15] = completed_at ? ' ' : 'n';
-	values[16] = TimestampTzGetDatum(expires_at);
-	IdemExec(STMT_INSERT, values, nulls, SPI_OK_INSERT);
+	memset(cn, ' ', sizeof(cn));
+	IdemScopeValues(scope, v);
+	v[3] = TimestampTzGetDatum(created_at);
+	v[4] = PointerGetDatum(fingerprint);
+	v[5] = CStringGetTextDatum(IdemStateName(state));
+	v[6] = lease_token ? Int64GetDatum(*lease_token) : (Datum) 0;
+	cn[6] = lease_token ? ' ' : 'n';
+	v[7] = locked_until ? TimestampTzGetDatum(*locked_until) : (Datum) 0;
+	cn[7] = locked_until ? ' ' : 'n';
+	IdemResponseValues(resp ? resp : &none, v + 8, cn + 8);
+	v[14] = fail_reason ? CStringGetTextDatum(fail_reason) : (Datum) 0;
+	cn[14] = fail_reason ? ' ' : 'n';
+	v[15] = completed_at ? TimestampTzGetDatum(*completed_at) : (Datum) 0;
+	cn[15] = completed_at ? ' ' : 'n';
+	v[16] = TimestampTzGetDatum(expires_at);
+
+	/* lay the values out by the table's attribute numbers */
+	for (i = 0; i < (int) NUM_INSERT_COLUMNS; i++)
+		natts = Max(natts, IdemKeysAttnum(insert_columns[i]));
+	natts = Max(natts, IdemKeysNatts());
+	values = palloc0(sizeof(Datum) * natts);
+	nulls = palloc(sizeof(bool) * natts);
+	memset(nulls, true, sizeof(bool) * natts);
+	for (i = 0; i < (int) NUM_INSERT_COLUMNS; i++)
+	{
+		AttrNumber	att = IdemKeysAttnum(insert_columns[i]);
+
+		values[att - 1] = v[i];
+		nulls[att - 1] = cn[i] == 'n';
+	}
+	IdemInsertKeyRow(values, nulls);
 }
 
 static void

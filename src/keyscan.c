@@ -1,11 +1,17 @@
 /*-------------------------------------------------------------------------
  *
  * keyscan.c
- *	  Reading the rows of one (tenant, endpoint, key) scope straight from
- *	  the unique index of every partition of idempotency.keys.
+ *	  Direct access to idempotency.keys on the hot paths: reading the rows
+ *	  of one (tenant, endpoint, key) scope straight from the unique index of
+ *	  every partition, and inserting a row straight into the partition that
+ *	  covers its expiry time.
  *
- *	  This is the claim's hot path: a probe of each partition's unique
- *	  index costs a fraction of an executor run over the partitioned table.
+ *	  A probe of each partition's unique index costs a fraction of an
+ *	  executor run over the partitioned table, and so does an insert that
+ *	  skips the executor's start-up and tuple routing.  Rows are only ever
+ *	  made by the extension's own code, which fills every column with valid
+ *	  values: the table's CHECK constraints are a statement of what the code
+ *	  writes, and are not evaluated here; the unique index still is.
  *	  Per partition, the index to probe and the map from the partition's
  *	  columns to the parent's are cached per backend and forgotten at any
  *	  relcache invalidation of that partition.
@@ -20,6 +26,10 @@
 #include "access/tupconvert.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_index.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "partitioning/partbounds.h"
+#include "utils/partcache.h"
 #include "executor/executor.h"
 #include "partitioning/partdesc.h"
 #include "utils/fmgroids.h"
@@ -96,6 +106,13 @@ IdemKeysRelid(void)
 		keys_relid = relid;
 	}
 	return keys_relid;
+}
+
+int
+IdemKeysNatts(void)
+{
+	(void) IdemKeysRelid();
+	return keys_desc->natts;
 }
 
 AttrNumber
@@ -178,7 +195,7 @@ IdemGetProbe(Relation part)
 
 		(void) IdemKeysRelid();
 		old = MemoryContextSwitchTo(CacheMemoryContext);
-		map = build_attrmap_by_name_if_req(keys_desc, RelationGetDescr(part));
+		map = build_attrmap_by_name_if_req(RelationGetDescr(part), keys_desc);
 		MemoryContextSwitchTo(old);
 		if (probe_cache == NULL)
 		{
@@ -254,4 +271,92 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 		ExecDropSingleTupleTableSlot(parent_slot);
 	pfree(oids);
 	table_close(parent, NoLock);
+}
+
+/*
+ * Insert one row, given in the parent's layout (values and nulls indexed by
+ * attribute number - 1), into the partition that covers its expires_at, or
+ * into the default partition.  Uniqueness of (tenant, endpoint, key) within
+ * the partition is checked by its unique index, as an INSERT would.
+ */
+void
+IdemInsertKeyRow(Datum *values, bool *nulls)
+{
+	Relation	parent;
+	Relation	part;
+	PartitionKey key;
+	PartitionDesc pd;
+	PartitionBoundInfo bounds;
+	AttrNumber	expires_attnum;
+	Datum		expires_at;
+	bool		equal;
+	int			offset;
+	int			index;
+	Oid			partoid;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	TupleTableSlot *slot;
+	TupleTableSlot *parent_slot;
+	AttrMap    *map;
+
+	parent = table_open(IdemKeysRelid(), RowExclusiveLock);
+	key = RelationGetPartitionKey(parent);
+	pd = RelationGetPartitionDesc(parent, true);
+	bounds = pd->boundinfo;
+
+	expires_attnum = IdemKeysAttnum("expires_at");
+	Assert(!nulls[expires_attnum - 1]);
+	expires_at = values[expires_attnum - 1];
+
+	index = -1;
+	if (bounds != NULL && bounds->ndatums > 0)
+	{
+		offset = partition_range_datum_bsearch(key->partsupfunc,
+											   key->partcollation,
+											   bounds, 1, &expires_at, &equal);
+		index = bounds->indexes[offset + 1];
+	}
+	if (index < 0)
+		index = bounds ? bounds->default_index : -1;
+	if (index < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_CHECK_VIOLATION),
+				 errmsg("no partition of idempotency.keys covers the key's expiry time"),
+				 errhint("The default partition idempotency.keys_default must exist; reinstall the extension.")));
+	partoid = pd->oids[index];
+	part = table_open(partoid, RowExclusiveLock);
+
+	estate = CreateExecutorState();
+	rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(rri, part, 1, NULL, 0);
+	ExecOpenIndices(rri, false);
+
+	parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent), &TTSOpsVirtual);
+	ExecClearTuple(parent_slot);
+	memcpy(parent_slot->tts_values, values, sizeof(Datum) * parent_slot->tts_tupleDescriptor->natts);
+	memcpy(parent_slot->tts_isnull, nulls, sizeof(bool) * parent_slot->tts_tupleDescriptor->natts);
+	ExecStoreVirtualTuple(parent_slot);
+
+	slot = table_slot_create(part, NULL);
+	map = build_attrmap_by_name_if_req(RelationGetDescr(parent), RelationGetDescr(part));
+	if (map != NULL)
+		execute_attr_map_slot(map, parent_slot, slot);
+	else
+		ExecCopySlot(slot, parent_slot);
+
+	table_tuple_insert(part, slot, GetCurrentCommandId(true), 0, NULL);
+	if (rri->ri_NumIndices > 0)
+		(void) ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL);
+
+	ExecDropSingleTupleTableSlot(slot);
+	ExecDropSingleTupleTableSlot(parent_slot);
+	if (map != NULL)
+		free_attrmap(map);
+	ExecCloseIndices(rri);
+	FreeExecutorState(estate);
+	table_close(part, NoLock);
+	table_close(parent, NoLock);
+
+	/* later reads of this transaction see the row */
+	CommandCounterIncrement();
 }

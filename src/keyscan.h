@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * keyscan.h
- *	  Reading the rows of one (tenant, endpoint, key) scope straight from
- *	  the unique index of every partition of idempotency.keys.
+ *	  Direct access to idempotency.keys on the hot paths: reading one scope's
+ *	  rows from each partition's unique index, inserting a row.
  *
  *-------------------------------------------------------------------------
  */
@@ -19,7 +19,11 @@ extern void IdemScanScope(const text *tenant, const text *endpoint,
 						  const text *key, Snapshot snapshot,
 						  IdemScopeRowCallback callback, void *arg);
 
+/* Insert one row (in the parent's layout) into the partition that covers it. */
+extern void IdemInsertKeyRow(Datum *values, bool *nulls);
+
 /* Attribute number of a column of idempotency.keys (the parent). */
 extern AttrNumber IdemKeysAttnum(const char *column);
+extern int	IdemKeysNatts(void);
 
 #endif							/* IDEM_KEYSCAN_H */

@@ -1,0 +1,67 @@
+--
+-- Claims and finishes write straight into the partition that covers the
+-- key's expiry time, also when that partition's columns are laid out
+-- differently from the parent's, and read the scope from every partition.
+--
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+RESET client_min_messages;
+
+-- a partition whose column order differs from the parent's, with a dropped column
+CREATE TABLE idempotency.keys_routing_test (
+    dropped_later int,
+    expires_at timestamptz NOT NULL,
+    key text NOT NULL,
+    endpoint text NOT NULL,
+    tenant text NOT NULL,
+    fingerprint bytea NOT NULL,
+    state text NOT NULL,
+    lease_token bigint,
+    locked_until timestamptz,
+    response_status integer,
+    response_headers jsonb,
+    body_kind text,
+    body_encrypted boolean NOT NULL DEFAULT false,
+    response_body bytea,
+    body_ref text,
+    fail_reason text,
+    created_at timestamptz NOT NULL,
+    completed_at timestamptz,
+    UNIQUE (tenant, endpoint, key),
+    CONSTRAINT keys_state_check
+        CHECK (state IN ('in_progress', 'completed', 'failed', 'unknown')),
+    CONSTRAINT keys_body_kind_check
+        CHECK (body_kind IN ('json', 'bytes', 'ref', 'omitted'))
+);
+ALTER TABLE idempotency.keys_routing_test DROP COLUMN dropped_later;
+ALTER TABLE idempotency.keys ATTACH PARTITION idempotency.keys_routing_test
+    FOR VALUES FROM (now() + interval '1 hour') TO (now() + interval '3 hours');
+
+-- a key that expires in two hours goes there, one that expires in a day does not
+BEGIN;
+SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-1', sha256('\x01'), ttl => '2 hours');
+SELECT idempotency.idem_finish('acme', 'POST /r', 'r-1', 201, '{"in": "dated partition"}');
+SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-2', sha256('\x01'), ttl => '1 day');
+SELECT idempotency.idem_finish('acme', 'POST /r', 'r-2', 201, '{"in": "default partition"}');
+COMMIT;
+SELECT key, tableoid::regclass AS partition, state, response_status
+FROM idempotency.keys WHERE endpoint = 'POST /r' ORDER BY key;
+
+-- both replay, each found in its own partition
+SELECT action, response_json
+FROM idempotency.idem_claim('acme', 'POST /r', 'r-1', sha256('\x01')) ;
+SELECT action, response_json
+FROM idempotency.idem_claim('acme', 'POST /r', 'r-2', sha256('\x01'));
+-- a leased claim is routed too, and its lease works across the layouts
+SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /r', 'r-3', sha256('\x01'), ttl => '2 hours', lease => '1 min') \gset
+SELECT state, lease_held FROM idempotency.idem_lookup('acme', 'POST /r', 'r-3');
+SELECT idempotency.idem_finish('acme', 'POST /r', 'r-3', 200, lease_token => :token);
+SELECT key, tableoid::regclass AS partition, state FROM idempotency.keys WHERE key = 'r-3';
+
+-- the unique index of the partition is the safety net: a second live row
+-- of the scope cannot be written, even behind the claim's back
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+VALUES ('acme', 'POST /r', 'r-1', sha256('\x01'), 'completed', now(), now() + interval '2 hours');
+
+DROP TABLE idempotency.keys_routing_test;
+DELETE FROM idempotency.keys WHERE endpoint = 'POST /r';
