@@ -1,0 +1,382 @@
+#!/usr/bin/env bash
+# make bench: install what is missing, build, start a throwaway cluster with
+# the library preloaded, and run the benchmarks of test/bench with pgbench:
+# several scripts mixed in one run (so that their latencies are measured under
+# the same conditions), once with 1 client and once with 8; then the scale,
+# contention, fingerprint and expiry scenarios.  Prints a table of per-script
+# average and p99 latencies and the ratios against their targets, and writes
+# it to test/bench/RESULTS.md.  Benchmarks only report: nothing here fails
+# because a target is missed.
+#
+# BENCH_QUICK=1 runs shorter, with 1 million keys instead of 10 million for
+# the scale scenario and 200,000 instead of 1 million for expiry (under 2
+# minutes on 2 cores); the full run takes under 10 minutes.
+# BENCH_CALLGRIND=1 adds instruction counts under valgrind's callgrind.
+
+. "$(dirname "$0")/common.sh"
+
+QUICK=${BENCH_QUICK:-0}
+[ "$QUICK" = 0 ] || QUICK=1
+if [ $QUICK = 1 ]; then
+    T_WARM=2 T_MAIN=15 T_SCALE=4 SCALE_ROUNDS=2 T_CONT=8 T_FP=10
+    SCALE_KEYS=1000000 NREPLAY=2000 EXPIRY_ROWS=200000
+else
+    T_WARM=5 T_MAIN=60 T_SCALE=10 SCALE_ROUNDS=3 T_CONT=30 T_FP=30
+    SCALE_KEYS=10000000 NREPLAY=10000 EXPIRY_ROWS=1000000
+fi
+FEW_PARTS=8 MANY_PARTS=31
+
+ensure_deps
+build_local_install
+stage_tests
+BENCH_SRC=$STAGE/test/bench
+BENCH_DIR=$BUILD_DIR/bench
+STARTED=$(date +%s)
+
+if [ -f "$BENCH_DIR/data/postmaster.pid" ]; then
+    as_pg pg_ctl -D "$BENCH_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
+fi
+rm -rf "$BENCH_DIR"
+own_dir "$BENCH_DIR"
+own_dir "$BENCH_DIR/logs"
+own_dir "$BENCH_DIR/scripts"
+
+# The settings of the benchmark cluster, the same for every script.  WAL is
+# flushed at every commit (synchronous_commit = on, as in production), so
+# every latency includes one WAL flush.  shared_buffers holds the whole
+# working set of the scale scenario; checkpoints are spaced so that none
+# falls in a short run; the maintenance worker is off (the benchmark runs the
+# maintenance pass itself, so no pass lands in the middle of a measurement);
+# JIT is off (it only ever kicks in for the bulk set-up queries).
+SETTINGS="shared_buffers = 2GB
+max_wal_size = 8GB
+checkpoint_timeout = 30min
+maintenance_work_mem = 512MB
+synchronous_commit = on
+jit = off
+max_connections = 100
+idempotency.enable_worker = off"
+
+PORT=$(free_port)
+say "starting a throwaway cluster in $BENCH_DIR/data on port $PORT"
+as_pg initdb -D "$BENCH_DIR/data" -A trust -E UTF8 --locale=C.UTF-8 >"$BENCH_DIR/initdb.log" 2>&1 \
+    || { cat "$BENCH_DIR/initdb.log"; die "initdb failed"; }
+cat >>"$BENCH_DIR/data/postgresql.conf" <<CONF
+port = $PORT
+listen_addresses = 'localhost'
+unix_socket_directories = '$BENCH_DIR'
+shared_preload_libraries = 'idempotency'
+$SETTINGS
+CONF
+as_pg pg_ctl -D "$BENCH_DIR/data" -l "$BENCH_DIR/postgres.log" -w start >/dev/null \
+    || { tail -n 20 "$BENCH_DIR/postgres.log"; die "the server did not start"; }
+trap 'as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null 2>&1 || true' EXIT
+
+PSQL=(psql -X -q -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -v ON_ERROR_STOP=1)
+psql_db() { local db=$1; shift; as_pg "${PSQL[@]}" -d "$db" "$@"; }
+val() { psql_db "$1" -At -c "$2"; }
+
+RESULTS=$BENCH_DIR/results.tsv
+: >"$RESULTS"
+meta() { printf 'meta\t%s\t%s\n' "$1" "$2" >>"$RESULTS"; }
+
+# ---- the request of every script --------------------------------------------
+# A payment request body of about 300 bytes and the response the API stores.
+BODY='{"amount": 1000, "currency": "EUR", "customer": {"id": "cus_8f3a2b", "email": "ada@example.com", "name": "Ada Lovelace"}, "description": "Order 4711: 2 items", "metadata": {"order_id": "4711", "channel": "web", "client_ts": "2026-11-30T10:00:00Z"}, "payment_method": {"type": "card", "token": "tok_visa_4242", "exp": "12/29"}, "capture": true}'
+RESP='{"id": "pay_4711", "status": "succeeded", "amount": 1000, "currency": "EUR"}'
+
+psql_db postgres -c 'CREATE DATABASE bench'
+psql_db bench -c 'SET client_min_messages = warning' -c 'CREATE EXTENSION idempotency CASCADE'
+has_proc() { [ "$(val "$1" "SELECT to_regprocedure('$2') IS NOT NULL")" = t ]; }
+# Without the core (idem_claim) only the floor and PL/pgSQL scripts run.
+EXT=1
+if ! has_proc bench 'idempotency.idem_claim(text,text,text,bytea,interval,interval,interval)'; then
+    EXT=0
+    meta core_missing "this build has no \`idem_claim\`: only the floor, plain and PL/pgSQL scripts ran"
+    say "this build has no idempotency.idem_claim: running only the scripts that do not need it"
+fi
+
+# The extension's fingerprint: the canonical JSON digest when the build has
+# it, else a constant computed once here.
+if has_proc bench 'idempotency.idem_canonical_json_sha256(jsonb)'; then
+    FP_EXPR='idempotency.idem_canonical_json_sha256(:body::jsonb)'
+    FP=$(as_pg "${PSQL[@]}" -d bench -At -v body="$BODY" \
+        <<<"SELECT idempotency.idem_canonical_json_sha256(:'body'::jsonb)")
+    meta fingerprint "extension scripts compute \`idem_canonical_json_sha256(body)\` on every request"
+else
+    FP_EXPR=':fp::bytea'
+    FP=$(as_pg "${PSQL[@]}" -d bench -At -v body="$BODY" \
+        <<<"SELECT sha256(convert_to(:'body', 'UTF8'))")
+    meta fingerprint "this build has no \`idem_canonical_json_sha256\`: extension scripts send a precomputed constant fingerprint"
+fi
+for f in "$BENCH_SRC"/*.sql; do
+    sed "s/@FP@/$FP_EXPR/g" "$f" >"$BENCH_DIR/scripts/$(basename "$f")"
+done
+own_dir "$BENCH_DIR/scripts"
+S=$BENCH_DIR/scripts
+
+# Dated partitions: by the maintenance pass when the build has it (with
+# idempotency.max_ttl set so that it makes about $2 of them), else by
+# partitions.sql.  Prints the number of dated partitions of idempotency.keys
+# (the default partition comes on top).
+make_partitions() {
+    local db=$1 n=$2
+    if has_proc "$db" 'idempotency.idem_maintenance(timestamptz)'; then
+        # a pass premakes from today to today + max_ttl and one more
+        psql_db postgres -c "ALTER DATABASE $db SET idempotency.max_ttl = '$((n - 2))d'"
+        psql_db "$db" -c 'SELECT count(*) FROM idempotency.idem_maintenance()' >/dev/null
+    else
+        psql_db "$db" -v nparts="$n" -f "$S/partitions.sql"
+    fi
+    val "$db" "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+               WHERE i.inhparent = 'idempotency.keys'::regclass
+                 AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'"
+}
+if has_proc bench 'idempotency.idem_maintenance(timestamptz)'; then
+    meta partitions "made by \`idempotency.idem_maintenance()\` (with \`idempotency.max_ttl\` set per database)"
+else
+    meta partitions "this build has no \`idem_maintenance\`: daily partitions made by test/bench/partitions.sql"
+fi
+
+setup_db() {
+    local db=$1 parts=$2
+    [ "$db" = bench ] || { psql_db postgres -c "CREATE DATABASE $db"; }
+    psql_db "$db" -f "$S/setup.sql"
+    psql_db "$db" -f "$S/plpgsql_reference.sql"
+    make_partitions "$db" "$parts"
+}
+
+# ---- pgbench ------------------------------------------------------------------
+RUN=0
+# run_pgbench NAME DB CLIENTS SECONDS SCRIPT... : one pgbench run, logged
+# per transaction into $BENCH_DIR/logs/NAME.*, output in NAME.out.
+run_pgbench() {
+    local name=$1 db=$2 clients=$3 secs=$4; shift 4
+    local args=() s threads=1
+    RUN=$((RUN + 1))
+    for s in "$@"; do args+=(-f "$S/$s@1"); done
+    [ "$clients" -ge 8 ] && threads=2
+    if ! as_pg pgbench -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -n -M prepared \
+        -c "$clients" -j "$threads" -T "$secs" -l --log-prefix="$BENCH_DIR/logs/$name" \
+        -D run="$RUN" -D n=0 -D nreplay="$NREPLAY" -D body="$BODY" -D resp="$RESP" -D fp="$FP" \
+        "${args[@]}" "$db" >"$BENCH_DIR/logs/$name.out" 2>&1; then
+        tail -n 30 "$BENCH_DIR/logs/$name.out"
+        die "pgbench run $name failed"
+    fi
+    grep -E '^(tps|number of (failed|transactions actually))' "$BENCH_DIR/logs/$name.out" | sed "s/^/    $name: /"
+}
+# latency LABEL NAME,NAME,... LOGPREFIX...: per-script latencies into $RESULTS
+latency() {
+    local label=$1 names=$2 p files=(); shift 2
+    for p in "$@"; do files+=("$BENCH_DIR/logs/$p".[0-9]*); done
+    perl "$PROJECT_DIR/test/bench/report.pl" latency "$label" "$names" "${files[@]}" >>"$RESULTS"
+}
+
+# ---- 1, 2: execute and replay paths, mixed in one run --------------------------
+bench_main() {
+    say "setting up database bench ($NREPLAY completed keys for the replay scripts)"
+    setup_db bench "$FEW_PARTS" >"$BENCH_DIR/parts_main"
+    [ $EXT = 1 ] || sed -i '/idempotency\.idem_/d' "$S/replay_setup.sql"
+    as_pg "${PSQL[@]}" -d bench -v nreplay="$NREPLAY" \
+        -c "SELECT set_config('bench.body', \$\$$BODY\$\$, false), set_config('bench.resp', \$\$$RESP\$\$, false), set_config('bench.fp', '$FP', false)" \
+        -f "$S/replay_setup.sql" >/dev/null
+    MAIN=(floor_execute.sql floor_roundtrip.sql plpgsql_execute.sql)
+    [ $EXT = 1 ] && MAIN+=(ext_execute.sql)
+    MAIN+=(plain_replay.sql plpgsql_replay.sql)
+    [ $EXT = 1 ] && MAIN+=(ext_replay.sql)
+    MAIN_NAMES=$(printf '%s\n' "${MAIN[@]}" | sed 's/\.sql$//' | paste -sd,)
+    say "execute and replay paths: warm-up, then 1 client, then 8 clients, ${T_MAIN}s each"
+    run_pgbench warmup bench 1 "$T_WARM" "${MAIN[@]}" >/dev/null
+    run_pgbench main_1c bench 1 "$T_MAIN" "${MAIN[@]}"
+    run_pgbench main_8c bench 8 "$T_MAIN" "${MAIN[@]}"
+    latency "1 client" "$MAIN_NAMES" main_1c
+    latency "8 clients" "$MAIN_NAMES" main_8c
+}
+
+# ---- 3: scale --------------------------------------------------------------------
+bench_scale() {
+    say "scale: $FEW_PARTS partitions (empty), $FEW_PARTS partitions and $SCALE_KEYS live keys, $MANY_PARTS partitions"
+    setup_db s_base "$FEW_PARTS" >"$BENCH_DIR/parts_base"
+    setup_db s_keys "$FEW_PARTS" >"$BENCH_DIR/parts_keys"
+    setup_db s_parts "$MANY_PARTS" >"$BENCH_DIR/parts_many"
+    local t0 r i db
+    t0=$(date +%s)
+    as_pg "${PSQL[@]}" -d s_keys -v nkeys="$SCALE_KEYS" \
+        -c "SELECT set_config('bench.resp', \$\$$RESP\$\$, false)" -f "$S/scale_load.sql" >/dev/null
+    meta scale_load "$SCALE_KEYS live keys loaded in $(( $(date +%s) - t0 )) s by one INSERT ... SELECT FROM generate_series"
+    meta scale_keys "$(val s_keys "SELECT count(*) FROM idempotency.keys WHERE expires_at > now()")"
+    meta scale_keys_size "$(val s_keys "SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass")"
+    meta parts_few "$(tail -n 1 "$BENCH_DIR/parts_base")"
+    meta parts_many "$(tail -n 1 "$BENCH_DIR/parts_many")"
+    psql_db postgres -c CHECKPOINT
+    # pgbench runs against one database, so the three are measured in short
+    # alternating rounds (the order rotates), all with 1 client.
+    DBS=(s_base s_keys s_parts)
+    for r in $(seq 1 "$SCALE_ROUNDS"); do
+        for i in 0 1 2; do
+            db=${DBS[$(( (i + r) % 3 ))]}
+            run_pgbench "scale_${db}_$r" "$db" 1 "$T_SCALE" ext_execute.sql >/dev/null
+        done
+    done
+    for db in "${DBS[@]}"; do
+        latency scale "$db" $(for r in $(seq 1 "$SCALE_ROUNDS"); do echo "scale_${db}_$r"; done)
+    done
+}
+
+# ---- 4: contention ---------------------------------------------------------------
+bench_contention() {
+    say "contention: 32 clients on 16 hot keys, ${T_CONT}s"
+    run_pgbench contention bench 32 "$T_CONT" contention.sql
+    latency contention contention contention
+    meta cont_actions "$(val bench "SELECT string_agg(action || '=' || n, ' ' ORDER BY action) FROM (SELECT action, count(*) n FROM bench_actions GROUP BY 1) a")"
+    meta cont_keys "$(val bench "SELECT count(DISTINCT key) FROM bench_actions")"
+    meta cont_business_rows "$(val bench "SELECT count(*) FROM payments WHERE tenant = 'hot'")"
+    meta cont_duplicates "$(val bench "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) n FROM payments WHERE tenant = 'hot' GROUP BY idempotency_key) p")"
+}
+
+# ---- 5: fingerprint and expiry benchmarks of the other issues ----------------------
+bench_fingerprint() {
+    if [ ! -f "$BENCH_SRC/fp_setup.sql" ]; then
+        meta fp_missing "test/bench/fp_setup.sql is not in this branch yet"
+        return 0
+    fi
+    local s scripts=() names=""
+    for s in fp_canonical_small fp_builtin_small fp_canonical_large fp_builtin_large; do
+        if [ -f "$S/$s.sql" ]; then scripts+=("$s.sql"); names+=${names:+,}$s; fi
+    done
+    say "fingerprints: ${names//,/ }, ${T_FP}s"
+    psql_db bench -f "$S/fp_setup.sql" >/dev/null
+    run_pgbench fp bench 1 "$T_FP" "${scripts[@]}"
+    latency fingerprint "$names" fp
+}
+
+bench_expiry() {
+    if [ ! -f "$BENCH_SRC/expiry.sh" ] && [ ! -f "$BENCH_SRC/expiry.sql" ]; then
+        meta expiry_missing "test/bench/expiry.sh (or expiry.sql) is not in this branch yet"
+        return 0
+    fi
+    say "expiry: $EXPIRY_ROWS keys"
+    psql_db postgres -c 'CREATE DATABASE s_expiry'
+    psql_db s_expiry -c 'CREATE EXTENSION idempotency CASCADE' 2>/dev/null
+    local rc
+    set +e
+    if [ -f "$BENCH_SRC/expiry.sh" ]; then
+        as_pg env PGHOST="$BENCH_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" PGDATABASE=s_expiry \
+            BENCH_QUICK=$QUICK EXPIRY_ROWS="$EXPIRY_ROWS" bash "$BENCH_SRC/expiry.sh" >"$BENCH_DIR/expiry.out" 2>&1
+    else
+        as_pg psql -X -q -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -d s_expiry -v ON_ERROR_STOP=1 \
+            -v rows="$EXPIRY_ROWS" -f "$S/expiry.sql" >"$BENCH_DIR/expiry.out" 2>&1
+    fi
+    rc=$?
+    set -e
+    [ $rc = 0 ] || echo "(exit status $rc)" >>"$BENCH_DIR/expiry.out"
+    printf 'block\texpiry\t%s\n' "$BENCH_DIR/expiry.out" >>"$RESULTS"
+    # its summary, when it prints one: "drop_vs_delete | ..." then a value
+    # row; "drop partitions ... | seconds | rows | dead tuples"
+    meta expiry_speedup "$(awk -F'|' '/drop_vs_delete/ {getline; getline; gsub(/ /, "", $1); print $1; exit}' "$BENCH_DIR/expiry.out")"
+    meta expiry_drop_dead "$(awk -F'|' '/^ *drop partitions/ {gsub(/ /, "", $4); print $4; exit}' "$BENCH_DIR/expiry.out")"
+    sed 's/^/    /' "$BENCH_DIR/expiry.out"
+}
+
+# ---- BENCH_CALLGRIND=1: instruction counts ------------------------------------------
+# Restarts the cluster under valgrind's callgrind and runs each script with
+# 1 client for 100 and then 600 transactions; the difference of the two
+# backends' instruction counts over 500 is the server-side cost of one
+# transaction, free of connection start-up and stable on a noisy machine.
+CG_DIR=$BENCH_DIR/callgrind
+# true while a profile written since the listing $1 lacks its totals line
+cg_incomplete() {
+    local f
+    for f in $(comm -13 <(echo "$1") <(ls "$CG_DIR")); do
+        case $f in cg.*) grep -q '^totals:' "$CG_DIR/$f" || return 0 ;; esac
+    done
+    return 1
+}
+# cg_run DB N SCRIPT RUN: prints the callgrind file of the client's backend
+cg_run() {
+    local db=$1 n=$2 script=$3 run=$4 before f t best=0 bestf="" tries=0 pm
+    pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
+    before=$(ls "$CG_DIR")
+    as_pg pgbench -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -n -M prepared -c 1 -t "$n" \
+        -D run="$run" -D n=0 -D nreplay="$NREPLAY" -D body="$BODY" -D resp="$RESP" -D fp="$FP" \
+        -f "$S/$script" "$db" >"$CG_DIR/pgbench.out" 2>&1 \
+        || { cat "$CG_DIR/pgbench.out" >&2; die "pgbench under callgrind failed"; }
+    # a backend writes its profile when it exits: wait for pgbench's
+    # backends to be gone, then for their profiles to be complete
+    while [ "$(pgrep -c -P "$pm")" -gt "$CG_CHILDREN" ] || cg_incomplete "$before"; do
+        tries=$((tries + 1)); [ $tries -gt 300 ] && die "callgrind profiles not written"
+        sleep 0.2
+    done
+    for f in $(comm -13 <(echo "$before") <(ls "$CG_DIR")); do
+        case $f in cg.*) ;; *) continue ;; esac
+        t=$(awk '/^totals:/ {print $2}' "$CG_DIR/$f")
+        if [ "$t" -gt "$best" ]; then best=$t; bestf=$f; fi
+    done
+    echo "$bestf"
+}
+# inclusive instructions of the functions that matter, from one profile
+cg_functions() {
+    callgrind_annotate --inclusive=yes --threshold=100 "$CG_DIR/$1" 2>/dev/null \
+        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|fmgr_security_definer|IdemLoadRow|IdemInsertRow|ExecConstraints|idem_canonical_json_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; print "$fn $n\n" }'
+}
+bench_callgrind() {
+    command -v valgrind >/dev/null || { meta callgrind "valgrind is not installed: no instruction counts"; return 0; }
+    say "instruction counts under callgrind (BENCH_CALLGRIND=1)"
+    as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null
+    own_dir "$CG_DIR"
+    as_pg valgrind --tool=callgrind --callgrind-out-file="$CG_DIR/cg.%p" \
+        postgres -D "$BENCH_DIR/data" -c autovacuum=off >"$CG_DIR/postmaster.log" 2>&1 &
+    local i db script f1 f2 t1 t2 fn n1 n2
+    CG_CHILDREN=0
+    for i in $(seq 1 120); do as_pg pg_isready -q -h "$BENCH_DIR" -p "$PORT" && break; sleep 1; done
+    # the first connection after a start rebuilds the relation cache file:
+    # connect once to each database before measuring
+    for db in bench s_base s_parts; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done
+    # then count the server's own processes, once those backends are gone
+    local pm prev=-1 stable=0
+    pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
+    while [ $stable -lt 4 ]; do
+        CG_CHILDREN=$(pgrep -c -P "$pm")
+        if [ "$CG_CHILDREN" = "$prev" ]; then stable=$((stable + 1)); else stable=0; fi
+        prev=$CG_CHILDREN
+        sleep 0.5
+    done
+    local runs=()
+    for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
+    [ $EXT = 1 ] && runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql")
+    for i in "${runs[@]}"; do
+        db=${i%%:*}; script=${i#*:}
+        RUN=$((RUN + 2))
+        f1=$(cg_run "$db" 100 "$script" $((RUN - 1))); f2=$(cg_run "$db" 600 "$script" "$RUN")
+        t1=$(awk '/^totals:/ {print $2}' "$CG_DIR/$f1"); t2=$(awk '/^totals:/ {print $2}' "$CG_DIR/$f2")
+        printf 'ins\t%s\t%s\t%d\n' "$db" "${script%.sql}" $(( (t2 - t1) / 500 )) >>"$RESULTS"
+        join <(cg_functions "$f1" | sort) <(cg_functions "$f2" | sort) | while read -r fn n1 n2; do
+            printf 'insfn\t%s\t%s\t%s\t%d\n' "$db" "${script%.sql}" "$fn" $(( (n2 - n1) / 500 )) >>"$RESULTS"
+        done
+        printf '    %s/%s: %d instructions per transaction\n' "$db" "${script%.sql}" $(( (t2 - t1) / 500 ))
+    done
+    as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null
+}
+
+bench_main
+if [ $EXT = 1 ]; then
+    bench_scale
+    bench_contention
+fi
+bench_fingerprint
+bench_expiry
+
+# ---- report ------------------------------------------------------------------------
+meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
+meta version "$(val bench 'SELECT version()')"
+meta nproc "$(nproc)"
+meta load "$(cut -d' ' -f1-3 /proc/loadavg)"
+meta parts_main "$(tail -n 1 "$BENCH_DIR/parts_main")"
+meta mode "$([ $QUICK = 1 ] && echo "BENCH_QUICK=1 (short runs, $SCALE_KEYS keys for the scale scenario, $EXPIRY_ROWS for expiry)" || echo full)"
+meta durations "main runs ${T_MAIN}s each; scale ${SCALE_ROUNDS} rounds of ${T_SCALE}s per database; contention ${T_CONT}s; fingerprints ${T_FP}s"
+meta settings "$(printf '%s' "$SETTINGS" | paste -sd';' | sed 's/;/; /g')"
+[ "${BENCH_CALLGRIND:-0}" = 1 ] && bench_callgrind
+meta elapsed "$(( $(date +%s) - STARTED )) s"
+echo
+perl "$PROJECT_DIR/test/bench/report.pl" render "$RESULTS" "$PROJECT_DIR/test/bench/RESULTS.md"
+say "written to test/bench/RESULTS.md"
