@@ -534,7 +534,7 @@ typedef struct ScanRowState
 	AttrNumber	attnums[NUM_ROW_COLUMNS];
 } ScanRowState;
 
-static void
+static bool
 IdemScanRowCallback(TupleTableSlot *slot, void *arg)
 {
 	ScanRowState *st = (ScanRowState *) arg;
@@ -545,17 +545,20 @@ IdemScanRowCallback(TupleTableSlot *slot, void *arg)
 	for (i = 0; i < (int) NUM_ROW_COLUMNS; i++)
 		v[i] = slot_getattr(slot, st->attnums[i], &n[i]);
 	IdemTakeRow(st->row, v, n, st->now, st->cxt);
+	/* there is at most one live row: once found, nothing else matters */
+	return st->row->found;
 }
 
 /*
  * Read the scope's rows with the latest snapshot: fill row with the live
  * one, note whether expired ones exist.  for_update reads (and locks) the
  * live row only, through SPI; otherwise each partition's unique index is
- * probed directly (see keyscan.c).
+ * probed directly (see keyscan.c), the partition covering hint (where the
+ * live row is most likely) first, until the live row is found.
  */
 static void
-IdemLoadRow(const IdemScope *scope, TimestampTz now, bool for_update,
-			IdemRow *row, MemoryContext cxt)
+IdemLoadRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+			bool for_update, IdemRow *row, MemoryContext cxt)
 {
 	memset(row, 0, sizeof(*row));
 	if (for_update)
@@ -588,7 +591,7 @@ IdemLoadRow(const IdemScope *scope, TimestampTz now, bool for_update,
 		st.cxt = cxt;
 		for (i = 0; i < (int) NUM_ROW_COLUMNS; i++)
 			st.attnums[i] = IdemKeysAttnum(row_columns[i]);
-		IdemScanScope(scope->tenant, scope->endpoint, scope->key,
+		IdemScanScope(scope->tenant, scope->endpoint, scope->key, now, hint,
 					  IdemScanRowCallback, &st);
 	}
 }
@@ -965,7 +968,7 @@ idem_claim(PG_FUNCTION_ARGS)
 
 	for (;;)
 	{
-		IdemLoadRow(&scope, now, false, &row, cxt);
+		IdemLoadRow(&scope, now, expires_at, false, &row, cxt);
 
 		if (!row.found)
 			break;
@@ -1086,7 +1089,7 @@ IdemLeasedRow(const IdemScope *scope, TimestampTz now, bool has_token,
 			  int64 token, int allowed, const char *what, IdemRow *row,
 			  MemoryContext cxt)
 {
-	IdemLoadRow(scope, now, true, row, cxt);
+	IdemLoadRow(scope, now, now, true, row, cxt);
 	if (!row->found)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
@@ -1484,7 +1487,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	IdemLoadRow(&scope, now, true, &row, cxt);
+	IdemLoadRow(&scope, now, now, true, &row, cxt);
 	if (!row.found)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
@@ -1548,10 +1551,12 @@ idem_lookup(PG_FUNCTION_ARGS)
 	else
 	{
 		IdemRow		row;
+		TimestampTz now = GetCurrentTimestamp();
 
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
-		IdemLoadRow(&scope, GetCurrentTimestamp(), false, &row, cxt);
+		IdemLoadRow(&scope, now, now + (int64) idem_default_ttl * USECS_PER_SEC,
+					false, &row, cxt);
 		SPI_finish();
 		if (row.found)
 		{

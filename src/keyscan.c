@@ -216,30 +216,86 @@ IdemGetProbe(Relation part)
 }
 
 /*
- * Call callback for every row of the scope, read with the latest snapshot,
- * which is taken after the parent is locked (and so after the invalidations
- * of a partition attached meanwhile are processed).
+ * Index, in the partition descriptor, of the partition that covers ts (the
+ * default partition where none does); -1 when there is none at all.
+ */
+static int
+IdemPartitionFor(Relation parent, PartitionDesc pd, TimestampTz ts)
+{
+	PartitionBoundInfo bounds = pd->boundinfo;
+	int			index = -1;
+
+	if (bounds == NULL)
+		return -1;
+	if (bounds->ndatums > 0)
+	{
+		PartitionKey key = RelationGetPartitionKey(parent);
+		Datum		value = TimestampTzGetDatum(ts);
+		bool		equal;
+		int			offset;
+
+		offset = partition_range_datum_bsearch(key->partsupfunc,
+											   key->partcollation,
+											   bounds, 1, &value, &equal);
+		index = bounds->indexes[offset + 1];
+	}
+	return index >= 0 ? index : bounds->default_index;
+}
+
+/*
+ * Call callback for every row of the scope until it returns true, reading
+ * with the latest snapshot, which is taken after the parent is locked (and
+ * so after the invalidations of a partition attached meanwhile are
+ * processed).  Partitions whose range ended at or before now hold only
+ * expired rows and are skipped.  The partition that covers hint is probed
+ * first, since a live row is most likely there.
  */
 void
 IdemScanScope(const text *tenant, const text *endpoint, const text *key,
+			  TimestampTz now, TimestampTz hint,
 			  IdemScopeRowCallback callback, void *arg)
 {
 	Relation	parent;
 	PartitionDesc pd;
+	PartitionBoundInfo bounds;
 	TupleTableSlot *parent_slot = NULL;
 	Snapshot	snapshot;
 	Oid		   *oids;
 	int			nparts;
-	int			i;
+	int			first;
+	int			n;
+	bool		stop = false;
 
 	parent = table_open(IdemKeysRelid(), AccessShareLock);
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	pd = RelationGetPartitionDesc(parent, true);
+	bounds = pd->boundinfo;
 	nparts = pd->nparts;
-	oids = palloc(sizeof(Oid) * Max(nparts, 1));
-	memcpy(oids, pd->oids, sizeof(Oid) * nparts);
 
-	for (i = 0; i < nparts; i++)
+	/* the partitions to probe, the one that covers hint first */
+	oids = palloc(sizeof(Oid) * Max(nparts, 1));
+	first = IdemPartitionFor(parent, pd, hint);
+	n = 0;
+	if (first >= 0)
+		oids[n++] = pd->oids[first];
+	for (int p = 0; p < nparts; p++)
+	{
+		bool		ended = false;
+
+		if (p == first)
+			continue;
+		for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
+		{
+			if (bounds->indexes[j] == p &&
+				bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
+				DatumGetTimestampTz(bounds->datums[j][0]) <= now)
+				ended = true;
+		}
+		if (!ended)
+			oids[n++] = pd->oids[p];
+	}
+
+	for (int i = 0; i < n && !stop; i++)
 	{
 		Relation	part = table_open(oids[i], AccessShareLock);
 		Relation	idx = index_open(IdemGetProbe(part)->indexoid, AccessShareLock);
@@ -258,16 +314,16 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 								   F_TEXTEQ, PointerGetDatum(vals[k]));
 		scan = index_beginscan(part, idx, snapshot, 3, 0);
 		index_rescan(scan, skey, 3, NULL, 0);
-		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		while (!stop && index_getnext_slot(scan, ForwardScanDirection, slot))
 		{
 			if (map == NULL)
-				callback(slot, arg);
+				stop = callback(slot, arg);
 			else
 			{
 				if (parent_slot == NULL)
 					parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent),
 														   &TTSOpsVirtual);
-				callback(execute_attr_map_slot(map, slot, parent_slot), arg);
+				stop = callback(execute_attr_map_slot(map, slot, parent_slot), arg);
 			}
 		}
 		index_endscan(scan);
@@ -293,13 +349,8 @@ IdemInsertKeyRow(Datum *values, bool *nulls)
 {
 	Relation	parent;
 	Relation	part;
-	PartitionKey key;
 	PartitionDesc pd;
-	PartitionBoundInfo bounds;
 	AttrNumber	expires_attnum;
-	Datum		expires_at;
-	bool		equal;
-	int			offset;
 	int			index;
 	Oid			partoid;
 	EState	   *estate;
@@ -309,24 +360,11 @@ IdemInsertKeyRow(Datum *values, bool *nulls)
 	AttrMap    *map;
 
 	parent = table_open(IdemKeysRelid(), RowExclusiveLock);
-	key = RelationGetPartitionKey(parent);
 	pd = RelationGetPartitionDesc(parent, true);
-	bounds = pd->boundinfo;
-
 	expires_attnum = IdemKeysAttnum("expires_at");
 	Assert(!nulls[expires_attnum - 1]);
-	expires_at = values[expires_attnum - 1];
-
-	index = -1;
-	if (bounds != NULL && bounds->ndatums > 0)
-	{
-		offset = partition_range_datum_bsearch(key->partsupfunc,
-											   key->partcollation,
-											   bounds, 1, &expires_at, &equal);
-		index = bounds->indexes[offset + 1];
-	}
-	if (index < 0)
-		index = bounds ? bounds->default_index : -1;
+	index = IdemPartitionFor(parent, pd,
+							 DatumGetTimestampTz(values[expires_attnum - 1]));
 	if (index < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_CHECK_VIOLATION),

@@ -10,14 +10,18 @@
 #define IDEM_KEYSCAN_H
 
 #include "executor/tuptable.h"
+#include "datatype/timestamp.h"
 #include "utils/snapshot.h"
 
-/* Called for every row of the scope, with the row in the parent's layout. */
-typedef void (*IdemScopeRowCallback) (TupleTableSlot *slot, void *arg);
+/*
+ * Called for every row of the scope, with the row in the parent's layout;
+ * returns true to stop the scan.
+ */
+typedef bool (*IdemScopeRowCallback) (TupleTableSlot *slot, void *arg);
 
 extern void IdemScanScope(const text *tenant, const text *endpoint,
-						  const text *key, IdemScopeRowCallback callback,
-						  void *arg);
+						  const text *key, TimestampTz now, TimestampTz hint,
+						  IdemScopeRowCallback callback, void *arg);
 
 /* Insert one row (in the parent's layout) into the partition that covers it. */
 extern void IdemInsertKeyRow(Datum *values, bool *nulls);

@@ -63,5 +63,20 @@ SELECT key, tableoid::regclass AS partition, state FROM idempotency.keys WHERE k
 INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
 VALUES ('acme', 'POST /r', 'r-1', sha256('\x01'), 'completed', now(), now() + interval '5 days 2 hours');
 
-DROP TABLE idempotency.keys_routing_test;
+-- a partition whose range has ended holds only expired rows: a claim of a
+-- scope with a row there starts afresh
+CREATE TABLE idempotency.keys_routing_past (LIKE idempotency.keys INCLUDING ALL);
+ALTER TABLE idempotency.keys ATTACH PARTITION idempotency.keys_routing_past
+    FOR VALUES FROM (now() - interval '3 days') TO (now() - interval '2 days');
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at, response_status)
+VALUES ('acme', 'POST /r', 'r-old', sha256('\x01'), 'completed', now() - interval '4 days', now() - interval '2 days 12 hours', 299);
+SELECT count(*) AS visible FROM idempotency.idem_lookup('acme', 'POST /r', 'r-old');
+BEGIN;
+SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-old', sha256('\x02'));
+SELECT idempotency.idem_finish('acme', 'POST /r', 'r-old', 201);
+COMMIT;
+SELECT tableoid::regclass AS partition, state, response_status
+FROM idempotency.keys WHERE key = 'r-old' ORDER BY expires_at;
+
+DROP TABLE idempotency.keys_routing_test, idempotency.keys_routing_past;
 DELETE FROM idempotency.keys WHERE endpoint = 'POST /r';
