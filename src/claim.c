@@ -791,50 +791,36 @@ IdemReplayResult(const IdemScope *scope, IdemRow *row, ClaimResult *r)
 	r->replayed = true;
 }
 
+static void
+IdemLockScopeWaiting(void *tag)
+{
+	(void) IdemLockScope((const LOCKTAG *) tag, false);
+}
+
 /*
  * Wait at most wait_ms for the scope lock held by a concurrent claim.  The
  * lock manager's own wait is used, bounded by lock_timeout, inside a
- * subtransaction so that the timeout error can be caught.
+ * subtransaction so that the timeout error can be caught; the lock then
+ * passes to the enclosing (sub)transaction.
  */
 static bool
 IdemWaitForLock(const LOCKTAG *tag, int64 wait_ms)
 {
-	MemoryContext cxt = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
 	int			save_timeout = LockTimeout;
-	volatile bool acquired = false;
+	ErrorData  *edata;
 
 	if (wait_ms <= 0)
 		return false;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(cxt);
-	PG_TRY();
-	{
-		LockTimeout = (int) Min(wait_ms, INT_MAX);
-		(void) IdemLockScope(tag, false);
-		LockTimeout = save_timeout;
-		acquired = true;
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		LockTimeout = save_timeout;
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-			PG_RE_THROW();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
-	}
-	PG_END_TRY();
-	return acquired;
+	LockTimeout = (int) Min(wait_ms, INT_MAX);
+	edata = IdemRunInSubtransaction(IdemLockScopeWaiting, (void *) tag);
+	LockTimeout = save_timeout;
+	if (edata == NULL)
+		return true;
+	if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+		ReThrowError(edata);
+	FreeErrorData(edata);
+	return false;
 }
 
 static bool
@@ -1215,6 +1201,38 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 	IdemStatsCount(scope->endpoint_str, IDEM_COUNT_FINISHES);
 }
 
+/*
+ * The three finish functions differ only in the type of their fifth
+ * argument, the body: jsonb, bytea, or a reference (text) to a body kept
+ * elsewhere.
+ */
+static void
+IdemFinishWithBody(FunctionCallInfo fcinfo, IdemBodyKind kind)
+{
+	IdemScope	scope;
+	IdemResponse resp;
+
+	IdemGetScope(fcinfo, &scope, false);
+	IdemGetResponse(fcinfo, 3, 5, &resp);
+	if (kind == IDEM_BODY_REF &&
+		(PG_ARGISNULL(4) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(4)) == 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("body_ref must not be NULL or empty"),
+				 errhint("Use idem_finish without a body when the response has none.")));
+	if (!PG_ARGISNULL(4))
+	{
+		if (kind == IDEM_BODY_JSON)
+			IdemJsonBody(PG_GETARG_JSONB_P(4), &resp);
+		else if (kind == IDEM_BODY_BYTES)
+			resp.body = PG_GETARG_BYTEA_P_COPY(4);
+		else
+			resp.body_ref = PG_GETARG_TEXT_P_COPY(4);
+		resp.body_kind = kind;
+	}
+	IdemFinishCommon(fcinfo, &scope, &resp, 6);
+}
+
 PG_FUNCTION_INFO_V1(idem_finish);
 
 /*
@@ -1224,14 +1242,7 @@ PG_FUNCTION_INFO_V1(idem_finish);
 Datum
 idem_finish(PG_FUNCTION_ARGS)
 {
-	IdemScope	scope;
-	IdemResponse resp;
-
-	IdemGetScope(fcinfo, &scope, false);
-	IdemGetResponse(fcinfo, 3, 5, &resp);
-	if (!PG_ARGISNULL(4))
-		IdemJsonBody(PG_GETARG_JSONB_P(4), &resp);
-	IdemFinishCommon(fcinfo, &scope, &resp, 6);
+	IdemFinishWithBody(fcinfo, IDEM_BODY_JSON);
 	PG_RETURN_VOID();
 }
 
@@ -1244,17 +1255,7 @@ PG_FUNCTION_INFO_V1(idem_finish_bytes);
 Datum
 idem_finish_bytes(PG_FUNCTION_ARGS)
 {
-	IdemScope	scope;
-	IdemResponse resp;
-
-	IdemGetScope(fcinfo, &scope, false);
-	IdemGetResponse(fcinfo, 3, 5, &resp);
-	if (!PG_ARGISNULL(4))
-	{
-		resp.body_kind = IDEM_BODY_BYTES;
-		resp.body = PG_GETARG_BYTEA_P_COPY(4);
-	}
-	IdemFinishCommon(fcinfo, &scope, &resp, 6);
+	IdemFinishWithBody(fcinfo, IDEM_BODY_BYTES);
 	PG_RETURN_VOID();
 }
 
@@ -1270,19 +1271,7 @@ PG_FUNCTION_INFO_V1(idem_finish_ref);
 Datum
 idem_finish_ref(PG_FUNCTION_ARGS)
 {
-	IdemScope	scope;
-	IdemResponse resp;
-
-	IdemGetScope(fcinfo, &scope, false);
-	IdemGetResponse(fcinfo, 3, 5, &resp);
-	if (PG_ARGISNULL(4) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(4)) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("body_ref must not be NULL or empty"),
-				 errhint("Use idem_finish without a body when the response has none.")));
-	resp.body_kind = IDEM_BODY_REF;
-	resp.body_ref = PG_GETARG_TEXT_P_COPY(4);
-	IdemFinishCommon(fcinfo, &scope, &resp, 6);
+	IdemFinishWithBody(fcinfo, IDEM_BODY_REF);
 	PG_RETURN_VOID();
 }
 

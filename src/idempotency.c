@@ -8,8 +8,11 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
 
 #include "idempotency.h"
 #include "claim.h"
@@ -48,4 +51,31 @@ IdemRequirePreload(const char *feature)
 				 errmsg("%s requires idempotency to be loaded via shared_preload_libraries",
 						feature),
 				 errhint("Add idempotency to shared_preload_libraries in postgresql.conf and restart the server.")));
+}
+
+ErrorData *
+IdemRunInSubtransaction(void (*fn) (void *arg), void *arg)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	ErrorData  *volatile edata = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		fn(arg);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(oldcxt);
+	CurrentResourceOwner = oldowner;
+	return edata;
 }

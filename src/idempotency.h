@@ -29,4 +29,11 @@ extern bool IdemPreloaded;
 
 extern void IdemRequirePreload(const char *feature);
 
+/*
+ * Run fn(arg) in a subtransaction.  Returns NULL when it succeeded; when it
+ * raised an error, rolls the subtransaction back and returns a copy of the
+ * error (the caller logs it, or raises it again with ReThrowError).
+ */
+extern ErrorData *IdemRunInSubtransaction(void (*fn) (void *arg), void *arg);
+
 #endif							/* IDEMPOTENCY_H */

@@ -158,6 +158,21 @@ Emit(MaintPass *p, const char *kind, const char *object, int64 rows)
 	p->emit(p->arg, kind, object, rows);
 }
 
+typedef struct LockTimeoutCall
+{
+	MaintPass  *p;
+	void		(*fn) (MaintPass *p, void *arg);
+	void	   *arg;
+} LockTimeoutCall;
+
+static void
+CallWithPass(void *arg)
+{
+	LockTimeoutCall *c = (LockTimeoutCall *) arg;
+
+	c->fn(c->p, c->arg);
+}
+
 /*
  * Run fn in a subtransaction.  When it fails for want of a lock
  * (lock_timeout), roll it back, log, report a "skipped" action and return
@@ -167,46 +182,21 @@ static bool
 RunWithLockTimeout(MaintPass *p, const char *what, const char *object,
 				   void (*fn) (MaintPass *p, void *arg), void *arg)
 {
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
-	volatile bool ok = true;
+	LockTimeoutCall c = {p, fn, arg};
+	ErrorData  *edata = IdemRunInSubtransaction(CallWithPass, &c);
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
+	if (edata == NULL)
+		return true;
+	if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+		ReThrowError(edata);
 
-	PG_TRY();
-	{
-		fn(p, arg);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
-
-		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-			ReThrowError(edata);
-
-		ereport(LOG,
-				(errmsg("idempotency maintenance skipped %s of \"%s\": %s",
-						what, object, edata->message),
-				 errdetail("The next maintenance pass tries again.")));
-		FreeErrorData(edata);
-		ok = false;
-	}
-	PG_END_TRY();
-
-	if (!ok)
-		Emit(p, "skipped", object, -1);
-	return ok;
+	ereport(LOG,
+			(errmsg("idempotency maintenance skipped %s of \"%s\": %s",
+					what, object, edata->message),
+			 errdetail("The next maintenance pass tries again.")));
+	FreeErrorData(edata);
+	Emit(p, "skipped", object, -1);
+	return false;
 }
 
 static void
@@ -728,6 +718,9 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	char	   *status_type;
 	char	   *status_text;
 	IdemResponse resp;
+	Oid			owner;
+	Oid			save_userid;
+	int			save_sec_context;
 	Datum		upd_values[7];
 	Oid			upd_types[7] = {INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID, TIMESTAMPTZOID};
 	char		upd_nulls[7];
@@ -748,6 +741,7 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("resolver %s of endpoint \"%s\" must take (text, text, text) and return jsonb",
 						format_procedure(resolver), l->endpoint)));
+	owner = proc->proowner;
 	ReleaseSysCache(proctup);
 
 	fmgr_info(resolver, &flinfo);
@@ -758,7 +752,20 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	fcinfo->args[1].isnull = false;
 	fcinfo->args[2].value = CStringGetTextDatum(l->key);
 	fcinfo->args[2].isnull = false;
+
+	/*
+	 * The resolver runs with the privileges of its owner, not of the pass
+	 * (the extension's owner), and may not change session state: whoever
+	 * may edit idempotency.endpoints can name a resolver, but not run code
+	 * with rights its author did not have.  An error restores the user with
+	 * the subtransaction.
+	 */
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
 	answer = FunctionCallInvoke(fcinfo);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
 
 	if (fcinfo->isnull)
 	{
@@ -863,6 +870,20 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	}
 }
 
+typedef struct ResolveCall
+{
+	MaintPass  *p;
+	ResolveArgs *a;
+} ResolveCall;
+
+static void
+CallResolveLease(void *arg)
+{
+	ResolveCall *c = (ResolveCall *) arg;
+
+	ResolveLease(c->p, c->a);
+}
+
 /*
  * Settle one stale lease through the endpoint's resolver.  A resolver that
  * raises leaves the row as it was: the error is logged and the pass goes on.
@@ -871,35 +892,18 @@ static LeaseOutcome
 ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
 					const IdemEndpointPolicy *policy, int *status)
 {
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
 	ResolveArgs a;
+	ResolveCall c = {p, &a};
+	ErrorData  *edata;
 
 	a.lease = l;
 	a.policy = policy;
 	a.outcome = LEASE_RESOLVER_ERROR;
 	a.status = -1;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
-	PG_TRY();
+	edata = IdemRunInSubtransaction(CallResolveLease, &c);
+	if (edata != NULL)
 	{
-		ResolveLease(p, &a);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
-
 		/* a cancel or shutdown stops the pass */
 		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED ||
 			edata->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN)
@@ -912,7 +916,6 @@ ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
 		FreeErrorData(edata);
 		a.outcome = LEASE_RESOLVER_ERROR;
 	}
-	PG_END_TRY();
 
 	*status = a.status;
 	return a.outcome;

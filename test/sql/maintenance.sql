@@ -131,6 +131,24 @@ ORDER BY endpoint, key;
 -- the rows the resolver could not settle are tried again by the next pass
 SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00') ORDER BY kind, object;
 
+-- A resolver runs with its owner's rights, not with the extension owner's:
+-- one owned by a role without access to idempotency.keys cannot read it.
+CREATE ROLE idem_resolver_owner NOLOGIN;
+CREATE FUNCTION public.peek_keys(tenant text, endpoint text, key text)
+RETURNS jsonb LANGUAGE sql
+AS $$ SELECT jsonb_build_object('status', 200, 'body', count(*)) FROM idempotency.keys $$;
+ALTER FUNCTION public.peek_keys(text, text, text) OWNER TO idem_resolver_owner;
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('peek', 'resolve', 'public.peek_keys(text,text,text)');
+SELECT pg_temp.put('t1', 'peek', 'p1', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00')
+WHERE kind LIKE 'lease%' OR kind = 'resolver_error' ORDER BY kind, object;
+SELECT key, state FROM idempotency.keys WHERE endpoint = 'peek';
+DELETE FROM idempotency.keys WHERE endpoint = 'peek';
+DELETE FROM idempotency.endpoints WHERE endpoint = 'peek';
+DROP FUNCTION public.peek_keys(text, text, text);
+DROP ROLE idem_resolver_owner;
+
 -- With the core's own functions: a claim in lease mode whose holder vanished.
 -- Once maintenance saw the lease expire, a duplicate gets outcome_pending
 -- instead of running the operation a second time.
