@@ -57,19 +57,7 @@ jit = off
 max_connections = 100
 idempotency.enable_worker = off"
 
-PORT=$(free_port)
-say "starting a throwaway cluster in $BENCH_DIR/data on port $PORT"
-as_pg initdb -D "$BENCH_DIR/data" -A trust -E UTF8 --locale=C.UTF-8 >"$BENCH_DIR/initdb.log" 2>&1 \
-    || { cat "$BENCH_DIR/initdb.log"; die "initdb failed"; }
-cat >>"$BENCH_DIR/data/postgresql.conf" <<CONF
-port = $PORT
-listen_addresses = 'localhost'
-unix_socket_directories = '$BENCH_DIR'
-shared_preload_libraries = 'idempotency'
-$SETTINGS
-CONF
-as_pg pg_ctl -D "$BENCH_DIR/data" -l "$BENCH_DIR/postgres.log" -w start >/dev/null \
-    || { tail -n 20 "$BENCH_DIR/postgres.log"; die "the server did not start"; }
+start_cluster "$BENCH_DIR" "$SETTINGS"
 trap 'as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null 2>&1 || true' EXIT
 
 PSQL=(psql -X -q -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -v ON_ERROR_STOP=1)

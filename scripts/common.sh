@@ -131,3 +131,23 @@ free_port() {
     done
     die "no free TCP port found"
 }
+
+# Start a throwaway cluster in $1/data, owned by the cluster owner, with the
+# library preloaded, listening on a free local port and on a socket in $1;
+# $2 holds more postgresql.conf lines.  Sets PORT.
+start_cluster() {
+    local dir=$1 extra=${2:-}
+    PORT=$(free_port)
+    say "starting a throwaway cluster in $dir/data on port $PORT"
+    as_pg initdb -D "$dir/data" -A trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
+        || { cat "$dir/initdb.log"; die "initdb failed"; }
+    cat >>"$dir/data/postgresql.conf" <<CONF
+port = $PORT
+listen_addresses = 'localhost'
+unix_socket_directories = '$dir'
+shared_preload_libraries = 'idempotency'
+$extra
+CONF
+    as_pg pg_ctl -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null \
+        || { tail -n 20 "$dir/postgres.log"; die "the server did not start"; }
+}

@@ -28,18 +28,7 @@ rm -rf "$RUN_DIR"
 own_dir "$RUN_DIR"
 stage_tests
 
-PORT=$(free_port)
-say "starting a throwaway cluster in $RUN_DIR/data on port $PORT"
-as_pg initdb -D "$RUN_DIR/data" -A trust -E UTF8 --locale=C.UTF-8 >"$RUN_DIR/initdb.log" 2>&1 \
-    || { cat "$RUN_DIR/initdb.log"; die "initdb failed"; }
-cat >>"$RUN_DIR/data/postgresql.conf" <<CONF
-port = $PORT
-listen_addresses = 'localhost'
-unix_socket_directories = '$RUN_DIR'
-shared_preload_libraries = 'idempotency'
-CONF
-as_pg pg_ctl -D "$RUN_DIR/data" -l "$RUN_DIR/postgres.log" -w start >/dev/null \
-    || { tail -n 20 "$RUN_DIR/postgres.log"; die "the server did not start"; }
+start_cluster "$RUN_DIR"
 echo "$PORT" >"$RUN_DIR/port"
 
 PSQL=(psql -X -h "$RUN_DIR" -p "$PORT" -U "$PGOS_USER" -v ON_ERROR_STOP=1)
