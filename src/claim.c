@@ -1107,6 +1107,17 @@ IdemLeasedRow(const IdemScope *scope, TimestampTz now, bool has_token,
 
 #define STATE_BIT(s)	(1 << (s))
 
+/* A claim of this transaction in atomic mode has no token to present. */
+static void
+IdemRefuseToken(FunctionCallInfo fcinfo, int tokenarg)
+{
+	if (!PG_ARGISNULL(tokenarg))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
+				 errmsg("lease token does not match the claim"),
+				 errdetail("This transaction claimed the key without a lease.")));
+}
+
 /*
  * Read the response arguments status (argument statusarg) and headers
  * (argument headersarg) and check them.
@@ -1167,11 +1178,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 	pc = IdemFindPending(scope, &link);
 	if (pc != NULL)
 	{
-		if (!PG_ARGISNULL(tokenarg))
-			ereport(ERROR,
-					(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
-					 errmsg("lease token does not match the claim"),
-					 errdetail("This transaction claimed the key without a lease.")));
+		IdemRefuseToken(fcinfo, tokenarg);
 		IdemInsertRow(scope, pc->created_at, pc->fingerprint,
 					  IDEM_STATE_COMPLETED, NULL, NULL, resp, NULL, &now,
 					  pc->expires_at);
@@ -1314,11 +1321,7 @@ idem_fail(PG_FUNCTION_ARGS)
 	pc = IdemFindPending(&scope, &link);
 	if (pc != NULL)
 	{
-		if (!PG_ARGISNULL(5))
-			ereport(ERROR,
-					(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
-					 errmsg("lease token does not match the claim"),
-					 errdetail("This transaction claimed the key without a lease.")));
+		IdemRefuseToken(fcinfo, 5);
 		IdemInsertRow(&scope, pc->created_at, pc->fingerprint, outcome,
 					  NULL, NULL, NULL, reason, NULL, pc->expires_at);
 		IdemReport(&scope, pc->fingerprint, "in_progress",
@@ -1368,11 +1371,7 @@ idem_release(PG_FUNCTION_ARGS)
 	pc = IdemFindPending(&scope, &link);
 	if (pc != NULL)
 	{
-		if (!PG_ARGISNULL(3))
-			ereport(ERROR,
-					(errcode(ERRCODE_IDEM_LEASE_MISMATCH),
-					 errmsg("lease token does not match the claim"),
-					 errdetail("This transaction claimed the key without a lease.")));
+		IdemRefuseToken(fcinfo, 3);
 		IdemReport(&scope, pc->fingerprint, "in_progress", NULL, false, -1,
 				   pc->created_at);
 		IdemDropPending(link, true);
