@@ -60,7 +60,7 @@ idempotency.enable_worker = off"
 start_cluster "$BENCH_DIR" "$SETTINGS"
 trap 'as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null 2>&1 || true' EXIT
 
-PSQL=(psql -X -q -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -v ON_ERROR_STOP=1)
+PSQL=(psql -X -q -h "$SOCKET_DIR" -p "$PORT" -U "$PGOS_USER" -v ON_ERROR_STOP=1)
 psql_db() { local db=$1; shift; as_pg "${PSQL[@]}" -d "$db" "$@"; }
 val() { psql_db "$1" -At -c "$2"; }
 
@@ -144,7 +144,7 @@ run_pgbench() {
     RUN=$((RUN + 1))
     for s in "$@"; do args+=(-f "$S/$s@1"); done
     [ "$clients" -ge 8 ] && threads=2
-    if ! as_pg pgbench -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -n -M prepared \
+    if ! as_pg pgbench -h "$SOCKET_DIR" -p "$PORT" -U "$PGOS_USER" -n -M prepared \
         -c "$clients" -j "$threads" -T "$secs" -l --log-prefix="$BENCH_DIR/logs/$name" \
         -D run="$RUN" -D n=0 -D nreplay="$NREPLAY" -D body="$BODY" -D resp="$RESP" -D fp="$FP" \
         "${args[@]}" "$db" >"$BENCH_DIR/logs/$name.out" 2>&1; then
@@ -249,10 +249,10 @@ bench_expiry() {
     local rc
     set +e
     if [ -f "$BENCH_SRC/expiry.sh" ]; then
-        as_pg env PGHOST="$BENCH_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" PGDATABASE=s_expiry \
+        as_pg env PGHOST="$SOCKET_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" PGDATABASE=s_expiry \
             BENCH_QUICK=$QUICK EXPIRY_ROWS="$EXPIRY_ROWS" bash "$BENCH_SRC/expiry.sh" >"$BENCH_DIR/expiry.out" 2>&1
     else
-        as_pg psql -X -q -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -d s_expiry -v ON_ERROR_STOP=1 \
+        as_pg psql -X -q -h "$SOCKET_DIR" -p "$PORT" -U "$PGOS_USER" -d s_expiry -v ON_ERROR_STOP=1 \
             -v rows="$EXPIRY_ROWS" -f "$S/expiry.sql" >"$BENCH_DIR/expiry.out" 2>&1
     fi
     rc=$?
@@ -285,7 +285,7 @@ cg_run() {
     local db=$1 n=$2 script=$3 run=$4 before f t best=0 bestf="" tries=0 pm
     pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
     before=$(ls "$CG_DIR")
-    as_pg pgbench -h "$BENCH_DIR" -p "$PORT" -U "$PGOS_USER" -n -M prepared -c 1 -t "$n" \
+    as_pg pgbench -h "$SOCKET_DIR" -p "$PORT" -U "$PGOS_USER" -n -M prepared -c 1 -t "$n" \
         -D run="$run" -D n=0 -D nreplay="$NREPLAY" -D body="$BODY" -D resp="$RESP" -D fp="$FP" \
         -f "$S/$script" "$db" >"$CG_DIR/pgbench.out" 2>&1 \
         || { cat "$CG_DIR/pgbench.out" >&2; die "pgbench under callgrind failed"; }
@@ -316,7 +316,7 @@ bench_callgrind() {
         postgres -D "$BENCH_DIR/data" -c autovacuum=off >"$CG_DIR/postmaster.log" 2>&1 &
     local i db script f1 f2 t1 t2 fn n1 n2
     CG_CHILDREN=0
-    for i in $(seq 1 120); do as_pg pg_isready -q -h "$BENCH_DIR" -p "$PORT" && break; sleep 1; done
+    for i in $(seq 1 120); do as_pg pg_isready -q -h "$SOCKET_DIR" -p "$PORT" && break; sleep 1; done
     # the first connection after a start rebuilds the relation cache file:
     # connect once to each database before measuring
     for db in bench s_base s_parts; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done

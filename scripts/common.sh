@@ -133,10 +133,15 @@ free_port() {
 }
 
 # Start a throwaway cluster in $1/data, owned by the cluster owner, with the
-# library preloaded, listening on a free local port and on a socket in $1;
-# $2 holds more postgresql.conf lines.  Sets PORT.
+# library preloaded, listening on a free local port and on a socket in
+# SOCKET_DIR (a short folder below /tmp: a socket path has at most 107
+# bytes, which a deep checkout would exceed); $2 holds more postgresql.conf
+# lines.  Sets PORT and SOCKET_DIR.
 start_cluster() {
     local dir=$1 extra=${2:-}
+    SOCKET_DIR=/tmp/idem-$(printf '%s' "$dir" | md5sum | cut -c1-10)
+    rm -rf "$SOCKET_DIR"
+    own_dir "$SOCKET_DIR"
     PORT=$(free_port)
     say "starting a throwaway cluster in $dir/data on port $PORT"
     as_pg initdb -D "$dir/data" -A trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
@@ -144,7 +149,7 @@ start_cluster() {
     cat >>"$dir/data/postgresql.conf" <<CONF
 port = $PORT
 listen_addresses = 'localhost'
-unix_socket_directories = '$dir'
+unix_socket_directories = '$SOCKET_DIR'
 shared_preload_libraries = 'idempotency'
 $extra
 CONF

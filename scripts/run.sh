@@ -31,7 +31,7 @@ stage_tests
 start_cluster "$RUN_DIR"
 echo "$PORT" >"$RUN_DIR/port"
 
-PSQL=(psql -X -h "$RUN_DIR" -p "$PORT" -U "$PGOS_USER" -v ON_ERROR_STOP=1)
+PSQL=(psql -X -h "$SOCKET_DIR" -p "$PORT" -U "$PGOS_USER" -v ON_ERROR_STOP=1)
 as_pg "${PSQL[@]}" -q -d postgres -c 'CREATE DATABASE demo'
 as_pg "${PSQL[@]}" -q -d demo -c 'CREATE EXTENSION idempotency CASCADE'
 say "running examples/payments.sql"
@@ -40,7 +40,7 @@ as_pg "${PSQL[@]}" -d demo -f "$STAGE/examples/payments.sql"
 cat <<MSG
 
 The cluster is running.  Connect with:
-    psql -h $RUN_DIR -p $PORT -U $PGOS_USER demo
+    psql -h $SOCKET_DIR -p $PORT -U $PGOS_USER demo
 Stop it with:
     make stop
 MSG
