@@ -2,7 +2,8 @@
  *
  * claim.c
  *	  The claim/finish protocol: idem_claim, idem_finish, idem_finish_bytes,
- *	  idem_release, idem_fail, idem_heartbeat, idem_resolve, idem_lookup.
+ *	  idem_finish_ref, idem_release, idem_fail, idem_heartbeat, idem_resolve,
+ *	  idem_lookup.
  *
  *	  Uniqueness.  PostgreSQL cannot enforce one live row per (tenant,
  *	  endpoint, key) with a unique index, since the key does not contain the
@@ -11,7 +12,9 @@
  *	  hash of the scope, and only then reads every partition with the latest
  *	  snapshot (not the transaction's, so that REPEATABLE READ and
  *	  SERIALIZABLE callers see what committed while they waited).  Each
- *	  partition's unique index on the scope is a safety net.
+ *	  partition's unique index on the scope is a safety net.  The reads and
+ *	  the inserts of the hot paths go straight to the partitions' indexes
+ *	  and heaps (keyscan.c); the rarer updates run through SPI.
  *
  *	  Atomic mode (no lease).  The claim inserts nothing: it keeps the scope
  *	  lock and remembers the claim in backend memory; idem_finish inserts the
