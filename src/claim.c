@@ -239,6 +239,13 @@ IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
 }
 
 static void
+IdemSPIConnect(void)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+static void
 IdemScopeValues(const IdemScope *scope, Datum *values)
 {
 	values[0] = PointerGetDatum(scope->tenant);
@@ -952,8 +959,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
 	}
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	IdemSPIConnect();
 
 	for (;;)
 	{
@@ -1074,10 +1080,13 @@ idem_claim(PG_FUNCTION_ARGS)
  * when the state is not one of allowed (a bitmask of 1 << IdemState).
  */
 static void
-IdemLeasedRow(const IdemScope *scope, TimestampTz now, bool has_token,
-			  int64 token, int allowed, const char *what, IdemRow *row,
+IdemLeasedRow(FunctionCallInfo fcinfo, int tokenarg, const IdemScope *scope,
+			  TimestampTz now, int allowed, const char *what, IdemRow *row,
 			  MemoryContext cxt)
 {
+	bool		has_token = !PG_ARGISNULL(tokenarg);
+	int64		token = has_token ? PG_GETARG_INT64(tokenarg) : 0;
+
 	IdemLoadRow(scope, now, now, true, row, cxt);
 	if (!row->found)
 		ereport(ERROR,
@@ -1176,8 +1185,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 
 	IdemResponseForStorage(IdemGetEndpointPolicy(scope->endpoint_str), resp);
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	IdemSPIConnect();
 	pc = IdemFindPending(scope, &link);
 	if (pc != NULL)
 	{
@@ -1195,8 +1203,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 		Datum		values[10];
 		char		nulls[10];
 
-		IdemLeasedRow(scope, now, !PG_ARGISNULL(tokenarg),
-					  PG_ARGISNULL(tokenarg) ? 0 : PG_GETARG_INT64(tokenarg),
+		IdemLeasedRow(fcinfo, tokenarg, scope, now,
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS) | STATE_BIT(IDEM_STATE_UNKNOWN),
 					  "finish", &row, cxt);
 		memset(nulls, ' ', sizeof(nulls));
@@ -1319,8 +1326,7 @@ idem_fail(PG_FUNCTION_ARGS)
 	reason = PG_ARGISNULL(4) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(4));
 	now = GetCurrentTimestamp();
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	IdemSPIConnect();
 	pc = IdemFindPending(&scope, &link);
 	if (pc != NULL)
 	{
@@ -1337,8 +1343,7 @@ idem_fail(PG_FUNCTION_ARGS)
 		Datum		values[6];
 		char		nulls[6];
 
-		IdemLeasedRow(&scope, now, !PG_ARGISNULL(5),
-					  PG_ARGISNULL(5) ? 0 : PG_GETARG_INT64(5),
+		IdemLeasedRow(fcinfo, 5, &scope, now,
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS) | STATE_BIT(IDEM_STATE_UNKNOWN),
 					  "fail", &row, cxt);
 		memset(nulls, ' ', sizeof(nulls));
@@ -1385,10 +1390,8 @@ idem_release(PG_FUNCTION_ARGS)
 		IdemRow		row;
 		Datum		values[4];
 
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		IdemLeasedRow(&scope, now, !PG_ARGISNULL(3),
-					  PG_ARGISNULL(3) ? 0 : PG_GETARG_INT64(3),
+		IdemSPIConnect();
+		IdemLeasedRow(fcinfo, 3, &scope, now,
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS), "release", &row, cxt);
 		IdemScopeValues(&scope, values);
 		values[3] = TimestampTzGetDatum(now);
@@ -1430,10 +1433,8 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("extend must be positive")));
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemLeasedRow(&scope, now, !PG_ARGISNULL(3),
-				  PG_ARGISNULL(3) ? 0 : PG_GETARG_INT64(3),
+	IdemSPIConnect();
+	IdemLeasedRow(fcinfo, 3, &scope, now,
 				  STATE_BIT(IDEM_STATE_IN_PROGRESS), "extend the lease of",
 				  &row, cxt);
 	if (until > row.expires_at)
@@ -1476,8 +1477,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	IdemResponseForStorage(IdemGetEndpointPolicy(scope.endpoint_str), &resp);
 	now = GetCurrentTimestamp();
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
+	IdemSPIConnect();
 	IdemLoadRow(&scope, now, now, true, &row, cxt);
 	if (!row.found)
 		ereport(ERROR,
@@ -1544,8 +1544,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 		IdemRow		row;
 		TimestampTz now = GetCurrentTimestamp();
 
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
+		IdemSPIConnect();
 		IdemLoadRow(&scope, now, now + (int64) idem_default_ttl * USECS_PER_SEC,
 					false, &row, cxt);
 		SPI_finish();

@@ -51,6 +51,20 @@
 /* seconds before the postmaster restarts a launcher that died */
 #define IDEM_LAUNCHER_RESTART_SECS	5
 
+/* What the launcher and the per-database workers have in common. */
+static void
+IdemFillWorker(BackgroundWorker *worker, const char *function,
+			   const char *type, int restart_time)
+{
+	memset(worker, 0, sizeof(*worker));
+	worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker->bgw_restart_time = restart_time;
+	snprintf(worker->bgw_library_name, BGW_MAXLEN, "idempotency");
+	snprintf(worker->bgw_function_name, BGW_MAXLEN, "%s", function);
+	snprintf(worker->bgw_type, BGW_MAXLEN, "%s", type);
+}
+
 void
 IdemWorkerInit(void)
 {
@@ -59,14 +73,9 @@ IdemWorkerInit(void)
 	if (!process_shared_preload_libraries_in_progress || IsBinaryUpgrade)
 		return;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = IDEM_LAUNCHER_RESTART_SECS;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "idempotency");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "IdemLauncherMain");
+	IdemFillWorker(&worker, "IdemLauncherMain", "idempotency maintenance launcher",
+				   IDEM_LAUNCHER_RESTART_SECS);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency maintenance launcher");
-	snprintf(worker.bgw_type, BGW_MAXLEN, "idempotency maintenance launcher");
 	RegisterBackgroundWorker(&worker);
 }
 
@@ -126,14 +135,9 @@ RunDatabaseWorker(Oid dboid)
 	BackgroundWorkerHandle *handle;
 	pid_t		pid;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	snprintf(worker.bgw_library_name, BGW_MAXLEN, "idempotency");
-	snprintf(worker.bgw_function_name, BGW_MAXLEN, "IdemDatabaseWorkerMain");
+	IdemFillWorker(&worker, "IdemDatabaseWorkerMain", "idempotency maintenance worker",
+				   BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency maintenance worker %u", dboid);
-	snprintf(worker.bgw_type, BGW_MAXLEN, "idempotency maintenance worker");
 	worker.bgw_main_arg = ObjectIdGetDatum(dboid);
 	worker.bgw_notify_pid = MyProcPid;
 
