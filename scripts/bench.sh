@@ -12,6 +12,9 @@
 # the scale scenario and 200,000 instead of 1 million for expiry (under 2
 # minutes on 2 cores); the full run takes under 10 minutes.
 # BENCH_CALLGRIND=1 adds instruction counts under valgrind's callgrind.
+# BENCH_ONLY=main,scale,contention,fingerprint,expiry,callgrind runs only the
+# parts named (callgrind implies BENCH_CALLGRIND=1) and writes its report to
+# build/bench/RESULTS.md instead of test/bench/RESULTS.md.
 
 . "$(dirname "$0")/common.sh"
 
@@ -25,6 +28,9 @@ else
     SCALE_KEYS=10000000 NREPLAY=10000 EXPIRY_ROWS=1000000
 fi
 FEW_PARTS=8 MANY_PARTS=31
+ONLY=${BENCH_ONLY:-}
+want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+[[ ",$ONLY," == *",callgrind,"* ]] && BENCH_CALLGRIND=1
 
 ensure_deps
 build_local_install
@@ -86,11 +92,12 @@ fi
 
 # The extension's fingerprint: the canonical JSON digest when the build has
 # it, else a constant computed once here.
-if has_proc bench 'idempotency.idem_canonical_json_sha256(jsonb)'; then
-    FP_EXPR='idempotency.idem_canonical_json_sha256(:body::jsonb)'
+if has_proc bench 'idempotency.idem_canonical_json_text_sha256(text)'; then
+    # the body as the API received it, canonicalized from its text
+    FP_EXPR='idempotency.idem_canonical_json_text_sha256(:body)'
     FP=$(as_pg "${PSQL[@]}" -d bench -At -v body="$BODY" \
-        <<<"SELECT idempotency.idem_canonical_json_sha256(:'body'::jsonb)")
-    meta fingerprint "extension scripts compute \`idem_canonical_json_sha256(body)\` on every request"
+        <<<"SELECT idempotency.idem_canonical_json_text_sha256(:'body')")
+    meta fingerprint "extension scripts compute \`idem_canonical_json_text_sha256(body)\` (the request body's text) on every request"
 else
     FP_EXPR=':fp::bytea'
     FP=$(as_pg "${PSQL[@]}" -d bench -At -v body="$BODY" \
@@ -305,7 +312,7 @@ cg_run() {
 # inclusive instructions of the functions that matter, from one profile
 cg_functions() {
     callgrind_annotate --inclusive=yes --threshold=100 "$CG_DIR/$1" 2>/dev/null \
-        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|fmgr_security_definer|IdemLoadRow|IdemInsertRow|ExecConstraints|idem_canonical_json_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; print "$fn $n\n" }'
+        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|fmgr_security_definer|IdemLoadRow|IdemInsertRow|ExecConstraints|idem_canonical_json_sha256|idem_canonical_json_text_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; print "$fn $n\n" }'
 }
 bench_callgrind() {
     command -v valgrind >/dev/null || { meta callgrind "valgrind is not installed: no instruction counts"; return 0; }
@@ -331,7 +338,7 @@ bench_callgrind() {
     done
     local runs=()
     for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
-    [ $EXT = 1 ] && runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql")
+    if [ $EXT = 1 ] && want scale; then runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql"); fi
     for i in "${runs[@]}"; do
         db=${i%%:*}; script=${i#*:}
         RUN=$((RUN + 2))
@@ -346,13 +353,14 @@ bench_callgrind() {
     as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null
 }
 
-bench_main
+# callgrind needs the database and the scripts of the main run
+if want main || want callgrind; then bench_main; fi
 if [ $EXT = 1 ]; then
-    bench_scale
-    bench_contention
+    want scale && bench_scale
+    want contention && bench_contention
 fi
-bench_fingerprint
-bench_expiry
+want fingerprint && bench_fingerprint
+want expiry && bench_expiry
 
 # ---- report ------------------------------------------------------------------------
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -366,5 +374,11 @@ meta settings "$(printf '%s' "$SETTINGS" | paste -sd';' | sed 's/;/; /g')"
 [ "${BENCH_CALLGRIND:-0}" = 1 ] && bench_callgrind
 meta elapsed "$(( $(date +%s) - STARTED )) s"
 echo
-perl "$PROJECT_DIR/test/bench/report.pl" render "$RESULTS" "$PROJECT_DIR/test/bench/RESULTS.md"
-say "written to test/bench/RESULTS.md"
+if [ -z "$ONLY" ]; then
+    perl "$PROJECT_DIR/test/bench/report.pl" render "$RESULTS" "$PROJECT_DIR/test/bench/RESULTS.md"
+    say "written to test/bench/RESULTS.md"
+else
+    meta mode "BENCH_ONLY=$ONLY"
+    perl "$PROJECT_DIR/test/bench/report.pl" render "$RESULTS" "$BENCH_DIR/RESULTS.md"
+    say "partial run (BENCH_ONLY=$ONLY): written to $BENCH_DIR/RESULTS.md"
+fi

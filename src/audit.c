@@ -121,8 +121,7 @@ IdemAuditTransition(const IdemTransition *t, const char *key_hash,
 					const char *fp_prefix, int64 elapsed_ms)
 {
 	Oid			owner = IdemEventsOwner();
-	Oid			save_userid;
-	int			save_sec_context;
+	IdemOwnerSection section;
 	Datum		values[EVENTS_NARGS];
 	char		nulls[EVENTS_NARGS];
 	char	   *actor;
@@ -165,10 +164,7 @@ IdemAuditTransition(const IdemTransition *t, const char *key_hash,
 	else
 		nulls[10] = 'n';
 
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context |
-						   SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
+	IdemBeginOwnerSection(&section, owner, SECURITY_RESTRICTED_OPERATION);
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
@@ -198,7 +194,7 @@ IdemAuditTransition(const IdemTransition *t, const char *key_hash,
 			 SPI_result_code_string(rc));
 	SPI_finish();
 
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	IdemEndOwnerSection(&section);
 }
 
 void

@@ -52,6 +52,7 @@
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 #include "utils/wait_event.h"
 
 #include "audit.h"
@@ -211,13 +212,15 @@ IdemStateFromName(const char *name)
 /*
  * Run one of the statements with the latest snapshot, so that what
  * committed since the transaction's snapshot was taken is seen (the scope
- * lock orders the writers; see the file header).
+ * lock orders the writers; see the file header), as the owner of the table.
  */
 static void
 IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
 {
+	IdemOwnerSection section;
 	int			rc;
 
+	IdemBeginOwnerSection(&section, IdemKeysOwner(), 0);
 	if (stmt_plans[stmt] == NULL)
 	{
 		SPIPlanPtr	plan;
@@ -236,6 +239,7 @@ IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
 	if (rc != expected)
 		elog(ERROR, "statement on idempotency.keys failed: %s",
 			 SPI_result_code_string(rc));
+	IdemEndOwnerSection(&section);
 }
 
 static void
@@ -723,16 +727,49 @@ typedef struct ClaimResult
 	bool		replayed;
 } ClaimResult;
 
+/* the row type of a call site's result, kept while the type is unchanged */
+typedef struct ResultDescCache
+{
+	uint64		identifier;		/* the type cache's tupDesc_identifier */
+	TupleDesc	desc;
+} ResultDescCache;
+
+static TupleDesc
+IdemResultDesc(FunctionCallInfo fcinfo)
+{
+	ResultDescCache *cache = (ResultDescCache *) fcinfo->flinfo->fn_extra;
+	TypeCacheEntry *tce;
+	TupleDesc	desc;
+	MemoryContext old;
+
+	if (cache != NULL)
+	{
+		tce = lookup_type_cache(cache->desc->tdtypeid, TYPECACHE_TUPDESC);
+		if (tce->tupDesc_identifier == cache->identifier)
+			return cache->desc;
+	}
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE ||
+		desc->tdtypeid == RECORDOID)
+		elog(ERROR, "return type must be a named row type");
+	tce = lookup_type_cache(desc->tdtypeid, TYPECACHE_TUPDESC);
+	old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+	if (cache == NULL)
+		cache = palloc0(sizeof(ResultDescCache));
+	else
+		FreeTupleDesc(cache->desc);
+	cache->desc = CreateTupleDescCopy(desc);
+	cache->identifier = tce->tupDesc_identifier;
+	MemoryContextSwitchTo(old);
+	fcinfo->flinfo->fn_extra = cache;
+	return cache->desc;
+}
+
 static Datum
 IdemClaimResultDatum(FunctionCallInfo fcinfo, const ClaimResult *r)
 {
-	TupleDesc	desc;
+	TupleDesc	desc = IdemResultDesc(fcinfo);
 	Datum		values[12];
 	bool		nulls[12];
-
-	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
-	desc = BlessTupleDesc(desc);
 
 	memset(nulls, 0, sizeof(nulls));
 	values[0] = CStringGetTextDatum(r->action);
@@ -769,20 +806,36 @@ IdemRetryAfter(TimestampTz ts, TimestampTz now)
 	return secs < 1 ? 1 : (secs > INT_MAX ? INT_MAX : (int) secs);
 }
 
+static void
+IdemPushJsonbString(JsonbParseState **state, JsonbIteratorToken token,
+					const char *s, int len)
+{
+	JsonbValue	v;
+
+	v.type = jbvString;
+	v.val.string.val = (char *) s;
+	v.val.string.len = len;
+	(void) pushJsonbValue(state, token, &v);
+}
+
 /* The stored response, made ready for a replay. */
 static void
 IdemReplayResult(const IdemScope *scope, IdemRow *row, ClaimResult *r)
 {
-	StringInfoData extra;
+	JsonbParseState *state = NULL;
 	Datum		marks;
 
 	IdemResponseForReplay(&row->resp);
 
-	initStringInfo(&extra);
-	appendStringInfoString(&extra, "{\"Idempotent-Replayed\": \"true\", \"Idempotency-Key\": ");
-	escape_json(&extra, text_to_cstring(scope->key));
-	appendStringInfoChar(&extra, '}');
-	marks = DirectFunctionCall1(jsonb_in, CStringGetDatum(extra.data));
+	/* {"Idempotent-Replayed": "true", "Idempotency-Key": key}, built directly */
+	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	IdemPushJsonbString(&state, WJB_KEY, "Idempotent-Replayed", 19);
+	IdemPushJsonbString(&state, WJB_VALUE, "true", 4);
+	IdemPushJsonbString(&state, WJB_KEY, "Idempotency-Key", 15);
+	IdemPushJsonbString(&state, WJB_VALUE, VARDATA_ANY(scope->key),
+						VARSIZE_ANY_EXHDR(scope->key));
+	marks = JsonbPGetDatum(JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT,
+															 NULL)));
 
 	r->action = "replay";
 	r->http_status = row->resp.status;

@@ -4,7 +4,8 @@
  *	  Per-endpoint policy from idempotency.endpoints, cached per backend.
  *
  *	  A statement trigger on the table sends a relcache invalidation for it,
- *	  so every backend drops its cache when a policy changes (at commit).
+ *	  so every backend drops its cache when a policy changes (at commit);
+ *	  invalidations of other relations leave the cache alone.
  *
  *-------------------------------------------------------------------------
  */
@@ -22,7 +23,9 @@
 #include "utils/timestamp.h"
 
 #include "endpoint.h"
+#include "idempotency.h"
 #include "keys.h"
+#include "keyscan.h"
 
 typedef struct EndpointCacheEntry
 {
@@ -31,23 +34,31 @@ typedef struct EndpointCacheEntry
 } EndpointCacheEntry;
 
 static HTAB *endpoint_cache = NULL;
+static EndpointCacheEntry *endpoint_last = NULL;	/* the last one asked for */
 static bool endpoint_callback_registered = false;
 static SPIPlanPtr endpoint_plan = NULL;
+static Oid	endpoints_relid = InvalidOid;	/* once known */
 
 static void
 IdemEndpointCacheReset(Datum arg, Oid relid)
 {
-	/* any relation will do: invalidations are rare, lookups are cheap */
+	/* the table's own invalidations, or all of them */
+	if (OidIsValid(relid) && OidIsValid(endpoints_relid) &&
+		relid != endpoints_relid)
+		return;
 	if (endpoint_cache != NULL)
 	{
 		hash_destroy(endpoint_cache);
 		endpoint_cache = NULL;
 	}
+	endpoint_last = NULL;
+	endpoints_relid = InvalidOid;
 }
 
 static void
 IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 {
+	IdemOwnerSection section;
 	Datum		arg;
 	int			rc;
 
@@ -55,8 +66,13 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 	policy->max_response_bytes = -1;
 	policy->store_response = true;
 
+	if (!OidIsValid(endpoints_relid))
+		endpoints_relid = get_relname_relid("endpoints",
+											get_namespace_oid("idempotency", false));
+
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+	IdemBeginOwnerSection(&section, IdemKeysOwner(), 0);
 	if (endpoint_plan == NULL)
 	{
 		Oid			argtypes[1] = {TEXTOID};
@@ -104,6 +120,7 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		d = SPI_getbinval(tup, desc, 6, &isnull);
 		policy->store_response = isnull || DatumGetBool(d);
 	}
+	IdemEndOwnerSection(&section);
 	SPI_finish();
 }
 
@@ -114,6 +131,8 @@ IdemGetEndpointPolicy(const char *endpoint)
 	bool		found;
 	char		keybuf[IDEM_SCOPE_MAX_LEN + 1];
 
+	if (endpoint_last != NULL && strcmp(endpoint_last->endpoint, endpoint) == 0)
+		return &endpoint_last->policy;
 	if (!endpoint_callback_registered)
 	{
 		CacheRegisterRelcacheCallback(IdemEndpointCacheReset, (Datum) 0);
@@ -144,6 +163,7 @@ IdemGetEndpointPolicy(const char *endpoint)
 		entry = hash_search(endpoint_cache, keybuf, HASH_ENTER, &found);
 		entry->policy = policy;
 	}
+	endpoint_last = entry;
 	return &entry->policy;
 }
 

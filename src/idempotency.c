@@ -2,7 +2,8 @@
  *
  * idempotency.c
  *	  Entry point of the idempotency extension: module magic and _PG_init,
- *	  which only hands over to each module's initialisation function.
+ *	  which only hands over to each module's initialisation function; and
+ *	  the few helpers every module shares.
  *
  *-------------------------------------------------------------------------
  */
@@ -11,6 +12,7 @@
 #include "access/xact.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
@@ -78,4 +80,24 @@ IdemRunInSubtransaction(void (*fn) (void *arg), void *arg)
 	MemoryContextSwitchTo(oldcxt);
 	CurrentResourceOwner = oldowner;
 	return edata;
+}
+
+void
+IdemBeginOwnerSection(IdemOwnerSection *section, Oid owner,
+					  int extra_sec_context)
+{
+	GetUserIdAndSecContext(&section->save_userid, &section->save_sec_context);
+	SetUserIdAndSecContext(owner, section->save_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE | extra_sec_context);
+	section->guc_nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+}
+
+void
+IdemEndOwnerSection(IdemOwnerSection *section)
+{
+	AtEOXact_GUC(true, section->guc_nestlevel);
+	SetUserIdAndSecContext(section->save_userid, section->save_sec_context);
 }

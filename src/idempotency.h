@@ -2,7 +2,8 @@
  *
  * idempotency.h
  *	  Declarations shared by every module of the idempotency extension:
- *	  the extension's own SQLSTATEs and the preload check.
+ *	  the extension's own SQLSTATEs, the preload check, subtransactions and
+ *	  sections run as the extension's owner.
  *
  *-------------------------------------------------------------------------
  */
@@ -35,5 +36,24 @@ extern void IdemRequirePreload(const char *feature);
  * error (the caller logs it, or raises it again with ReThrowError).
  */
 extern ErrorData *IdemRunInSubtransaction(void (*fn) (void *arg), void *arg);
+
+/*
+ * The extension's own SQL (SPI) runs as the owner of its tables, with the
+ * search_path pinned to pg_catalog, pg_temp, whoever called: clients need
+ * no rights on the tables, and no object of theirs can stand in for a
+ * built-in one.  The functions themselves are not SECURITY DEFINER (that
+ * cost every call a user and GUC switch); only these sections are.  An
+ * error inside one is undone by the (sub)transaction's abort.
+ */
+typedef struct IdemOwnerSection
+{
+	Oid			save_userid;
+	int			save_sec_context;
+	int			guc_nestlevel;
+} IdemOwnerSection;
+
+extern void IdemBeginOwnerSection(IdemOwnerSection *section, Oid owner,
+								  int extra_sec_context);
+extern void IdemEndOwnerSection(IdemOwnerSection *section);
 
 #endif							/* IDEMPOTENCY_H */

@@ -45,23 +45,41 @@
 typedef struct PartitionProbe
 {
 	Oid			partoid;		/* hash key */
-	Oid			indexoid;		/* unique index on (tenant, endpoint, key) */
+	Oid			indexoid;		/* unique index on the scope's columns */
+	int8		scope_col[3];	/* index column i+1 holds scope value
+								 * scope_col[i]: 0 tenant, 1 endpoint, 2 key */
 	AttrMap    *map;			/* partition to parent columns; NULL when the
 								 * layouts are the same */
 } PartitionProbe;
 
 static HTAB *probe_cache = NULL;
+static uint64 probe_cache_generation = 0;	/* moves at every forgetting */
 static bool probe_callback_registered = false;
 
 /* the parent, whose column numbers the callers use */
 static Oid	keys_relid = InvalidOid;
+static Oid	keys_owner = InvalidOid;
 static TupleDesc keys_desc = NULL;
+
+/*
+ * Column numbers already looked up, by the address of the name: callers
+ * pass names from constant tables, so a hot path finds its columns without
+ * comparing strings.
+ */
+#define IDEM_ATTNUM_CACHE_SIZE	48
+static struct
+{
+	const char *name;
+	AttrNumber	attnum;
+}			attnum_cache[IDEM_ATTNUM_CACHE_SIZE];
+static int	attnum_cache_used = 0;
 
 static void
 IdemProbeCacheInvalidate(Datum arg, Oid relid)
 {
 	if (probe_cache == NULL)
 		return;
+	probe_cache_generation++;
 	if (OidIsValid(relid))
 	{
 		PartitionProbe *probe = hash_search(probe_cache, &relid, HASH_FIND, NULL);
@@ -82,6 +100,7 @@ IdemProbeCacheInvalidate(Datum arg, Oid relid)
 		FreeTupleDesc(keys_desc);
 	keys_desc = NULL;
 	keys_relid = InvalidOid;
+	attnum_cache_used = 0;
 }
 
 static Oid
@@ -103,10 +122,19 @@ IdemKeysRelid(void)
 		old = MemoryContextSwitchTo(CacheMemoryContext);
 		keys_desc = CreateTupleDescCopy(RelationGetDescr(rel));
 		MemoryContextSwitchTo(old);
+		keys_owner = rel->rd_rel->relowner;
 		table_close(rel, NoLock);
 		keys_relid = relid;
 	}
 	return keys_relid;
+}
+
+/* the owner of idempotency.keys: the role the extension's own SQL runs as */
+Oid
+IdemKeysOwner(void)
+{
+	(void) IdemKeysRelid();
+	return keys_owner;
 }
 
 int
@@ -122,20 +150,37 @@ IdemKeysAttnum(const char *column)
 	int			i;
 
 	(void) IdemKeysRelid();
+	for (i = 0; i < attnum_cache_used; i++)
+	{
+		if (attnum_cache[i].name == column)
+			return attnum_cache[i].attnum;
+	}
 	for (i = 0; i < keys_desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(keys_desc, i);
 
 		if (!att->attisdropped && strcmp(NameStr(att->attname), column) == 0)
+		{
+			if (attnum_cache_used < IDEM_ATTNUM_CACHE_SIZE)
+			{
+				attnum_cache[attnum_cache_used].name = column;
+				attnum_cache[attnum_cache_used].attnum = att->attnum;
+				attnum_cache_used++;
+			}
 			return att->attnum;
+		}
 	}
 	elog(ERROR, "column \"%s\" of idempotency.keys does not exist", column);
 	return InvalidAttrNumber;	/* keep compiler quiet */
 }
 
-/* Find the partition's unique index on (tenant, endpoint, key). */
+/*
+ * Find the partition's unique index on the scope's three columns, in any
+ * order (the extension makes them key first, so that a descent decides on
+ * the first column), and note which scope value each index column holds.
+ */
 static Oid
-IdemScopeIndex(Relation part)
+IdemScopeIndex(Relation part, int8 *scope_col)
 {
 	AttrNumber	want[3];
 	List	   *indexes = RelationGetIndexList(part);
@@ -150,14 +195,26 @@ IdemScopeIndex(Relation part)
 	{
 		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
 		Form_pg_index form = idx->rd_index;
+		int			seen = 0;
 
 		if (form->indisunique && form->indisvalid && form->indisready &&
 			form->indnkeyatts == 3 && idx->rd_rel->relam == BTREE_AM_OID &&
 			RelationGetIndexPredicate(idx) == NIL &&
-			RelationGetIndexExpressions(idx) == NIL &&
-			form->indkey.values[0] == want[0] &&
-			form->indkey.values[1] == want[1] &&
-			form->indkey.values[2] == want[2])
+			RelationGetIndexExpressions(idx) == NIL)
+		{
+			for (int k = 0; k < 3; k++)
+			{
+				for (int c = 0; c < 3; c++)
+				{
+					if (form->indkey.values[k] == want[c] && !(seen & (1 << c)))
+					{
+						scope_col[k] = c;
+						seen |= 1 << c;
+					}
+				}
+			}
+		}
+		if (seen == 7)
 			result = RelationGetRelid(idx);
 		index_close(idx, AccessShareLock);
 		if (OidIsValid(result))
@@ -167,7 +224,7 @@ IdemScopeIndex(Relation part)
 	if (!OidIsValid(result))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("partition \"%s\" of idempotency.keys has no unique index on (tenant, endpoint, key)",
+				 errmsg("partition \"%s\" of idempotency.keys has no unique index on (key, endpoint, tenant)",
 						RelationGetRelationName(part)),
 				 errhint("Every partition needs that index; partitions made by idem_maintenance() have it.")));
 	return result;
@@ -189,7 +246,8 @@ IdemGetProbe(Relation part)
 	if (probe == NULL)
 	{
 		/* opening indexes may process invalidations: build first, then enter */
-		Oid			indexoid = IdemScopeIndex(part);
+		int8		scope_col[3];
+		Oid			indexoid = IdemScopeIndex(part, scope_col);
 		MemoryContext old;
 		AttrMap    *map;
 		bool		found;
@@ -210,6 +268,7 @@ IdemGetProbe(Relation part)
 		}
 		probe = hash_search(probe_cache, &partoid, HASH_ENTER, &found);
 		probe->indexoid = indexoid;
+		memcpy(probe->scope_col, scope_col, sizeof(scope_col));
 		probe->map = map;
 	}
 	return probe;
@@ -298,24 +357,31 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 	for (int i = 0; i < n && !stop; i++)
 	{
 		Relation	part = table_open(oids[i], AccessShareLock);
-		Relation	idx = index_open(IdemGetProbe(part)->indexoid, AccessShareLock);
-		AttrMap    *map;
+		PartitionProbe *probe = IdemGetProbe(part);
+		uint64		generation = probe_cache_generation;
+		Relation	idx = index_open(probe->indexoid, AccessShareLock);
 		ScanKeyData skey[3];
 		const text *vals[3] = {tenant, endpoint, key};
 		IndexScanDesc scan;
 		TupleTableSlot *slot = table_slot_create(part, NULL);
+		AttrMap    *map;
+		bool		found = false;
 		int			k;
 
 		/* opening the index may have processed invalidations: look again */
-		map = IdemGetProbe(part)->map;
+		if (generation != probe_cache_generation)
+			probe = IdemGetProbe(part);
+		map = probe->map;
 		for (k = 0; k < 3; k++)
 			ScanKeyEntryInitialize(&skey[k], 0, k + 1, BTEqualStrategyNumber,
 								   InvalidOid, idx->rd_indcollation[k],
-								   F_TEXTEQ, PointerGetDatum(vals[k]));
+								   F_TEXTEQ,
+								   PointerGetDatum(vals[probe->scope_col[k]]));
 		scan = index_beginscan(part, idx, snapshot, 3, 0);
 		index_rescan(scan, skey, 3, NULL, 0);
 		while (!stop && index_getnext_slot(scan, ForwardScanDirection, slot))
 		{
+			found = true;
 			if (map == NULL)
 				stop = callback(slot, arg);
 			else
@@ -328,8 +394,16 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 		}
 		index_endscan(scan);
 		ExecDropSingleTupleTableSlot(slot);
-		index_close(idx, NoLock);
-		table_close(part, NoLock);
+
+		/*
+		 * A partition that holds no row of the scope was only looked at:
+		 * its locks go at once (unless taken before in this transaction),
+		 * so that a claim does not keep one lock per partition until
+		 * commit and the backend's few fast-path lock slots suffice.  The
+		 * scope lock, not these, is what orders claims.
+		 */
+		index_close(idx, found ? NoLock : AccessShareLock);
+		table_close(part, found ? NoLock : AccessShareLock);
 	}
 	if (parent_slot)
 		ExecDropSingleTupleTableSlot(parent_slot);

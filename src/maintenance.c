@@ -454,7 +454,7 @@ CreatePartition(MaintPass *p, void *arg)
 					 "CREATE TABLE %s (LIKE idempotency.keys INCLUDING DEFAULTS"
 					 " INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION,"
 					 " CONSTRAINT %s CHECK (expires_at >= %s AND expires_at < %s),"
-					 " UNIQUE (tenant, endpoint, key))",
+					 " UNIQUE (key, endpoint, tenant))",
 					 qname, quote_identifier(psprintf("%s_range", a->name)), lo, hi);
 	ExecDDL(sql.data);
 

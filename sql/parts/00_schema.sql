@@ -37,13 +37,16 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.endpoints', '');
  *
  * Uniqueness of the live row per (tenant, endpoint, key) is guaranteed by the
  * claim, which serialises on the scope (see src/claim.c); each partition
- * carries a unique index on (tenant, endpoint, key) as a safety net and for
- * lookups.
+ * carries a unique index on (key, endpoint, tenant) as a safety net and for
+ * lookups: key first, so that an index descent decides on the first column.
+ * The scope columns compare byte-wise (COLLATE "C"): keys are identifiers,
+ * never sorted for people, and a descent then compares with memcmp rather
+ * than with the database's locale.
  */
 CREATE TABLE idempotency.keys (
-    tenant          text NOT NULL,
-    endpoint        text NOT NULL,
-    key             text NOT NULL,
+    tenant          text COLLATE "C" NOT NULL,
+    endpoint        text COLLATE "C" NOT NULL,
+    key             text COLLATE "C" NOT NULL,
     fingerprint     bytea NOT NULL,
     state           text NOT NULL
                     CHECK (state IN ('in_progress', 'completed', 'failed', 'unknown')),
@@ -70,7 +73,7 @@ CREATE TABLE idempotency.keys (
  */
 CREATE TABLE idempotency.keys_default PARTITION OF idempotency.keys DEFAULT;
 CREATE UNIQUE INDEX keys_default_scope_idx
-    ON idempotency.keys_default (tenant, endpoint, key);
+    ON idempotency.keys_default (key, endpoint, tenant);
 SELECT pg_catalog.pg_extension_config_dump('idempotency.keys_default', '');
 
 REVOKE ALL ON idempotency.keys, idempotency.keys_default, idempotency.endpoints

@@ -1,7 +1,9 @@
 -- idempotency install script: the claim/finish protocol.
 --
--- The functions run with the privileges of the extension's owner (clients
--- need no rights on idempotency.keys) and with a pinned search_path.
+-- Clients need no rights on idempotency.keys: the functions read and write
+-- it directly, and run what SQL they need as the table's owner with a
+-- pinned search_path (src/idempotency.c).  They are not SECURITY DEFINER,
+-- which would cost every call a switch of user and settings.
 
 CREATE TYPE idempotency.claim_result AS (
     action           text,          -- execute | replay | in_progress | mismatch | pending
@@ -24,7 +26,7 @@ CREATE FUNCTION idempotency.idem_claim(
     wait interval DEFAULT NULL)
 RETURNS idempotency.claim_result
 AS 'MODULE_PATHNAME', 'idem_claim'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION idempotency.idem_finish(
     tenant text, endpoint text, key text, status integer,
@@ -32,7 +34,7 @@ CREATE FUNCTION idempotency.idem_finish(
     lease_token bigint DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_finish'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION idempotency.idem_finish_bytes(
     tenant text, endpoint text, key text, status integer,
@@ -40,14 +42,14 @@ CREATE FUNCTION idempotency.idem_finish_bytes(
     lease_token bigint DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_finish_bytes'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION idempotency.idem_finish_ref(
     tenant text, endpoint text, key text, status integer, body_ref text,
     headers jsonb DEFAULT NULL, lease_token bigint DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_finish_ref'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION idempotency.idem_fail(
     tenant text, endpoint text, key text,
@@ -55,26 +57,26 @@ CREATE FUNCTION idempotency.idem_fail(
     lease_token bigint DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_fail'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION idempotency.idem_release(
     tenant text, endpoint text, key text, lease_token bigint DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_release'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION idempotency.idem_heartbeat(
     tenant text, endpoint text, key text, lease_token bigint, extend interval)
 RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'idem_heartbeat'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION idempotency.idem_resolve(
     tenant text, endpoint text, key text, status integer, body jsonb,
     headers jsonb DEFAULT NULL)
 RETURNS void
 AS 'MODULE_PATHNAME', 'idem_resolve'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+LANGUAGE C VOLATILE;
 
 CREATE FUNCTION idempotency.idem_lookup(tenant text, endpoint text, key text)
 RETURNS TABLE (state text, fingerprint bytea, lease_held boolean,
@@ -82,5 +84,5 @@ RETURNS TABLE (state text, fingerprint bytea, lease_held boolean,
                expires_at timestamptz, locked_until timestamptz,
                response_status integer)
 AS 'MODULE_PATHNAME', 'idem_lookup'
-LANGUAGE C VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE C VOLATILE
 ROWS 1;

@@ -184,7 +184,7 @@ sub render
 			push @out, sprintf('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |', $k, map { defined $_ ? fmt_int($_) : '' }
 				$ins{$k}, $f->{idem_claim}, $f->{IdemLoadRow}, $f->{idem_finish}, $f->{IdemInsertRow},
 				($k =~ /ext_execute/ ? $f->{ExecConstraints} : undef), $sd,
-				$f->{idem_canonical_json_sha256}, $f->{jsonb_in});
+				$f->{idem_canonical_json_sha256} // $f->{idem_canonical_json_text_sha256}, $f->{jsonb_in});
 		}
 		push @out, '', '| comparison | instruction ratio |', '| --- | ---: |';
 		for my $r ([ 'Execute: extension / floor', 'bench/ext_execute', 'bench/floor_execute' ],

@@ -7,13 +7,14 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;
 
--- a partition whose column order differs from the parent's, with a dropped column
+-- a partition whose column order differs from the parent's, with a dropped
+-- column, and whose unique index lists the scope's columns in another order
 CREATE TABLE idempotency.keys_routing_test (
     dropped_later int,
     expires_at timestamptz NOT NULL,
-    key text NOT NULL,
-    endpoint text NOT NULL,
-    tenant text NOT NULL,
+    key text COLLATE "C" NOT NULL,
+    endpoint text COLLATE "C" NOT NULL,
+    tenant text COLLATE "C" NOT NULL,
     fingerprint bytea NOT NULL,
     state text NOT NULL,
     lease_token bigint,

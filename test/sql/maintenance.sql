@@ -52,7 +52,7 @@ SELECT * FROM idempotency.idem_maintenance('2030-01-01 00:00+00') ORDER BY kind,
 SELECT tenant, key, state, lease_token, locked_until, tableoid::regclass AS partition
 FROM idempotency.keys ORDER BY tenant, key;
 
--- every dated partition: its range, and its unique (tenant, endpoint, key)
+-- every dated partition: its range, and its unique (key, endpoint, tenant)
 SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) AS bound,
        (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique) AS unique_indexes
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid

@@ -100,6 +100,33 @@ SELECT action, response_json
 FROM idempotency.idem_claim('acme', 'POST /pay', 'same-key', pg_temp.ten_fp('acme body'));
 RESET ROLE;
 
+-- The functions are not SECURITY DEFINER: the SQL they run (lease mode,
+-- endpoint policies) runs as the extension's owner with a pinned
+-- search_path, so an operator of the caller's that would match every row
+-- is never used (it would say so).
+CREATE SCHEMA regress_idem_evil;
+CREATE FUNCTION regress_idem_evil.texteq(text, text) RETURNS boolean
+LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'the caller''s = operator was used'; RETURN true; END $$;
+CREATE OPERATOR regress_idem_evil.= (LEFTARG = text, RIGHTARG = text,
+                                     FUNCTION = regress_idem_evil.texteq);
+GRANT USAGE ON SCHEMA regress_idem_evil TO regress_idem_tenant_app;
+SET ROLE regress_idem_tenant_app;
+SET search_path = regress_idem_evil, pg_catalog, public;
+SELECT 'a' = 'b' AS callers_operator_in_effect;
+SELECT lease_token AS evil_a FROM idempotency.idem_claim('acme', 'POST /evil', 'evil-a',
+    pg_temp.ten_fp('a'), lease => interval '1 hour') \gset
+SELECT lease_token AS evil_b FROM idempotency.idem_claim('acme', 'POST /evil', 'evil-b',
+    pg_temp.ten_fp('b'), lease => interval '1 hour') \gset
+SELECT idempotency.idem_heartbeat('acme', 'POST /evil', 'evil-b', :evil_b, interval '2 hours') > now() AS extended;
+SELECT idempotency.idem_finish('acme', 'POST /evil', 'evil-a', 201, '{"a": 1}', lease_token => :evil_a);
+-- (a token of another key releases nothing)
+SELECT idempotency.idem_release('acme', 'POST /evil', 'evil-b', :evil_a);
+RESET search_path;
+RESET ROLE;
+SELECT key, state, response_status FROM idempotency.keys WHERE endpoint = 'POST /evil' ORDER BY key;
+DELETE FROM idempotency.keys WHERE endpoint = 'POST /evil';
+DROP SCHEMA regress_idem_evil CASCADE;
+
 -- what the table holds: one row per tenant and key, each its own
 SELECT tenant, key, state, response_status,
        convert_from(response_body, 'UTF8') AS body
