@@ -176,9 +176,9 @@ bench_main() {
         -c "SELECT set_config('bench.body', \$\$$BODY\$\$, false), set_config('bench.resp', \$\$$RESP\$\$, false), set_config('bench.fp', '$FP', false)" \
         -f "$S/replay_setup.sql" >/dev/null
     MAIN=(floor_execute.sql floor_roundtrip.sql plpgsql_execute.sql)
-    [ $EXT = 1 ] && MAIN+=(ext_execute.sql)
+    [ $EXT = 1 ] && MAIN+=(ext_execute.sql ext_execute_merged.sql)
     MAIN+=(plain_replay.sql plpgsql_replay.sql)
-    [ $EXT = 1 ] && MAIN+=(ext_replay.sql)
+    [ $EXT = 1 ] && MAIN+=(ext_replay.sql ext_replay_given_fp.sql)
     MAIN_NAMES=$(printf '%s\n' "${MAIN[@]}" | sed 's/\.sql$//' | paste -sd,)
     say "execute and replay paths: warm-up, then 1 client, then 8 clients, ${T_MAIN}s each"
     run_pgbench warmup bench 1 "$T_WARM" "${MAIN[@]}" >/dev/null

@@ -365,7 +365,6 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 		IndexScanDesc scan;
 		TupleTableSlot *slot = table_slot_create(part, NULL);
 		AttrMap    *map;
-		bool		found = false;
 		int			k;
 
 		/* opening the index may have processed invalidations: look again */
@@ -381,7 +380,6 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 		index_rescan(scan, skey, 3, NULL, 0);
 		while (!stop && index_getnext_slot(scan, ForwardScanDirection, slot))
 		{
-			found = true;
 			if (map == NULL)
 				stop = callback(slot, arg);
 			else
@@ -394,16 +392,8 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 		}
 		index_endscan(scan);
 		ExecDropSingleTupleTableSlot(slot);
-
-		/*
-		 * A partition that holds no row of the scope was only looked at:
-		 * its locks go at once (unless taken before in this transaction),
-		 * so that a claim does not keep one lock per partition until
-		 * commit and the backend's few fast-path lock slots suffice.  The
-		 * scope lock, not these, is what orders claims.
-		 */
-		index_close(idx, found ? NoLock : AccessShareLock);
-		table_close(part, found ? NoLock : AccessShareLock);
+		index_close(idx, NoLock);
+		table_close(part, NoLock);
 	}
 	if (parent_slot)
 		ExecDropSingleTupleTableSlot(parent_slot);
