@@ -12,8 +12,18 @@
  *	  Members and array elements named by JSON Pointers (RFC 6901, with "*"
  *	  for any member or element) are dropped on the way.
  *
- *	  Raw JSON text is first checked for duplicate member names (which jsonb
- *	  would silently collapse), then goes through jsonb.
+ *	  Raw JSON text takes a fast path when it can: a recursive-descent scan
+ *	  of the UTF-8 text writes the canonical form directly, in one pass.
+ *	  Each object's "name":value pairs are written in the text's order, then
+ *	  sorted with the same ordering as above (which also finds duplicate
+ *	  names) and moved into place; numbers go through number_format.c,
+ *	  strings through emit_string.  The scan only tries: on anything it
+ *	  does not take (invalid JSON, duplicate names, \u0000 or lone
+ *	  surrogates, numbers beyond a double or numeric's bounds, deep
+ *	  nesting, long text, a database not in UTF-8) it gives up, writing and
+ *	  hashing nothing, and the text goes the slow way: first checked for
+ *	  duplicate member names (which jsonb would silently collapse), then
+ *	  through jsonb, which gives the same bytes and raises the errors.
  *
  *-------------------------------------------------------------------------
  */
@@ -754,12 +764,12 @@ IdemCanonicalToText(const char *utf8, int len)
  * Bounds of the fast path.  Past them the text goes through jsonb, whose
  * own limits (256 MB containers, numeric's range of scales and weights,
  * the stack check) raise the errors: 4 MB of text stays far from the
- * first, and numbers of at most 64 characters with exponents below 1000
+ * first, and numbers of at most 512 characters with exponents below 1000
  * from the second.
  */
 #define TEXT_MAX_LEN		(4 * 1024 * 1024)
 #define TEXT_MAX_DEPTH		64
-#define TEXT_MAX_NUMBER		64
+#define TEXT_MAX_NUMBER		512
 #define TEXT_MAX_EXPONENT	999
 
 typedef struct TextScan
