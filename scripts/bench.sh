@@ -236,7 +236,7 @@ bench_fingerprint() {
         return 0
     fi
     local s scripts=() names=""
-    for s in fp_canonical_small fp_builtin_small fp_canonical_large fp_builtin_large; do
+    for s in fp_canonical_small fp_canonical_text_small fp_builtin_small fp_canonical_large fp_builtin_large; do
         if [ -f "$S/$s.sql" ]; then scripts+=("$s.sql"); names+=${names:+,}$s; fi
     done
     say "fingerprints: ${names//,/ }, ${T_FP}s"

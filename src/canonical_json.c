@@ -12,8 +12,18 @@
  *	  Members and array elements named by JSON Pointers (RFC 6901, with "*"
  *	  for any member or element) are dropped on the way.
  *
- *	  Raw JSON text is first checked for duplicate member names (which jsonb
- *	  would silently collapse), then goes through jsonb.
+ *	  Raw JSON text takes a fast path when it can: a recursive-descent scan
+ *	  of the UTF-8 text writes the canonical form directly, in one pass.
+ *	  Each object's "name":value pairs are written in the text's order, then
+ *	  sorted with the same ordering as above (which also finds duplicate
+ *	  names) and moved into place; numbers go through number_format.c,
+ *	  strings through emit_string.  The scan only tries: on anything it
+ *	  does not take (invalid JSON, duplicate names, \u0000 or lone
+ *	  surrogates, numbers beyond a double or numeric's bounds, deep
+ *	  nesting, long text, a database not in UTF-8) it gives up, writing and
+ *	  hashing nothing, and the text goes the slow way: first checked for
+ *	  duplicate member names (which jsonb would silently collapse), then
+ *	  through jsonb, which gives the same bytes and raises the errors.
  *
  *-------------------------------------------------------------------------
  */
@@ -57,26 +67,29 @@ struct IdemExclusions
 	JsonPointer    *pointers;
 };
 
-static void
-bad_pointer(const char *ptr, const char *detail)
+/* an error, or (soft) just false */
+static bool
+bad_pointer(const char *ptr, const char *detail, bool soft)
 {
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("invalid JSON pointer \"%s\" in exclusion list", ptr),
-			 errdetail("%s", detail),
-			 errhint("Write RFC 6901 pointers such as \"/meta/trace_id\" or \"/items/*/added_at\", with \"~0\" for \"~\" and \"~1\" for \"/\".")));
+	if (!soft)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid JSON pointer \"%s\" in exclusion list", ptr),
+				 errdetail("%s", detail),
+				 errhint("Write RFC 6901 pointers such as \"/meta/trace_id\" or \"/items/*/added_at\", with \"~0\" for \"~\" and \"~1\" for \"/\".")));
+	return false;
 }
 
-static void
-parse_pointer(const char *ptr, JsonPointer *result)
+static bool
+parse_pointer(const char *ptr, JsonPointer *result, bool soft)
 {
 	int			ntokens = 0;
 	const char *p;
 
 	if (ptr[0] == '\0')
-		bad_pointer(ptr, "The empty pointer names the whole document, which cannot be excluded.");
+		return bad_pointer(ptr, "The empty pointer names the whole document, which cannot be excluded.", soft);
 	if (ptr[0] != '/')
-		bad_pointer(ptr, "A JSON pointer must start with \"/\".");
+		return bad_pointer(ptr, "A JSON pointer must start with \"/\".", soft);
 
 	for (p = ptr; *p; p++)
 		if (*p == '/')
@@ -100,7 +113,7 @@ parse_pointer(const char *ptr, JsonPointer *result)
 				else if (p[1] == '1')
 					appendStringInfoChar(&buf, '/');
 				else
-					bad_pointer(ptr, "\"~\" must be followed by \"0\" or \"1\".");
+					return bad_pointer(ptr, "\"~\" must be followed by \"0\" or \"1\".", soft);
 				p++;
 			}
 			else
@@ -125,22 +138,25 @@ parse_pointer(const char *ptr, JsonPointer *result)
 				tok->index = v;
 		}
 	}
+	return true;
 }
 
-IdemExclusions *
-IdemParseExclusions(ArrayType *pointers)
+/* IdemParseExclusions into *result; soft: false instead of its errors */
+static bool
+parse_exclusions(ArrayType *pointers, bool soft, IdemExclusions **result)
 {
 	Datum	   *elems;
 	bool	   *nulls;
 	int			nelems;
 	IdemExclusions *ex;
 
+	*result = NULL;
 	if (pointers == NULL)
-		return NULL;
+		return true;
 	deconstruct_array(pointers, TEXTOID, -1, false, TYPALIGN_INT,
 					  &elems, &nulls, &nelems);
 	if (nelems == 0)
-		return NULL;
+		return true;
 
 	ex = palloc(sizeof(IdemExclusions));
 	ex->npointers = nelems;
@@ -148,12 +164,34 @@ IdemParseExclusions(ArrayType *pointers)
 	for (int i = 0; i < nelems; i++)
 	{
 		if (nulls[i])
+		{
+			if (soft)
+				return false;
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("exclusion list must not contain NULL elements")));
-		parse_pointer(TextDatumGetCString(elems[i]), &ex->pointers[i]);
+		}
+		if (!parse_pointer(TextDatumGetCString(elems[i]), &ex->pointers[i],
+						   soft))
+			return false;
 	}
+	*result = ex;
+	return true;
+}
+
+IdemExclusions *
+IdemParseExclusions(ArrayType *pointers)
+{
+	IdemExclusions *ex;
+
+	(void) parse_exclusions(pointers, false, &ex);
 	return ex;
+}
+
+bool
+IdemTryParseExclusions(ArrayType *pointers, IdemExclusions **ex)
+{
+	return parse_exclusions(pointers, true, ex);
 }
 
 /* ---------- serialization ---------- */
@@ -199,7 +237,9 @@ typedef struct Member
 {
 	const char *key;			/* UTF-8 */
 	int			keylen;
-	ChildRef	value;
+	ChildRef	value;			/* jsonb: the value */
+	int			out_start;		/* text: "name":value in the output, */
+	int			out_end;		/* out_start -1 when excluded */
 	int		   *active;			/* pointers still matching below it */
 	int			nactive;
 } Member;
@@ -207,18 +247,23 @@ typedef struct Member
 static void emit_value(CanonState *st, const ChildRef *ref, int depth,
 					   const int *active, int nactive);
 
+/* hand the buffered bytes to the hash sink */
+static void
+feed_sink(CanonState *st)
+{
+	if (pg_cryptohash_update(st->sink, (uint8 *) st->out->data,
+							 st->out->len) < 0)
+		elog(ERROR, "could not update SHA-256 context: %s",
+			 pg_cryptohash_error(st->sink));
+	resetStringInfo(st->out);
+}
+
 static void
 maybe_flush(CanonState *st)
 {
 	CHECK_FOR_INTERRUPTS();
 	if (st->sink && st->out->len >= SINK_CHUNK)
-	{
-		if (pg_cryptohash_update(st->sink, (uint8 *) st->out->data,
-								 st->out->len) < 0)
-			elog(ERROR, "could not update SHA-256 context: %s",
-				 pg_cryptohash_error(st->sink));
-		resetStringInfo(st->out);
-	}
+		feed_sink(st);
 }
 
 /* text in the database encoding as UTF-8 (no-op in UTF-8 databases) */
@@ -407,9 +452,12 @@ level_members(CanonState *st, int depth, int n)
 	{
 		int			cap = Max(n, Max(8, st->level_cap[depth] * 2));
 
+		/* kept: the text path grows an object's array member by member */
 		if (st->level_buf[depth])
-			pfree(st->level_buf[depth]);
-		st->level_buf[depth] = palloc(sizeof(Member) * cap);
+			st->level_buf[depth] = repalloc(st->level_buf[depth],
+											sizeof(Member) * cap);
+		else
+			st->level_buf[depth] = palloc(sizeof(Member) * cap);
 		st->level_cap[depth] = cap;
 	}
 	return st->level_buf[depth];
@@ -613,24 +661,61 @@ emit_value(CanonState *st, const ChildRef *ref, int depth,
 	}
 }
 
+static void
+canon_init(CanonState *st, StringInfo out, const IdemExclusions *ex,
+		   pg_cryptohash_ctx *sink)
+{
+	int			encoding = GetDatabaseEncoding();
+
+	st->out = out;
+	st->sink = sink;
+	st->ex = ex;
+	st->convert = (encoding != PG_UTF8 && encoding != PG_SQL_ASCII);
+	st->cache_n = -1;
+	st->level_buf = NULL;
+	st->level_cap = NULL;
+	st->nlevels = 0;
+}
+
+static void
+canon_free(CanonState *st)
+{
+	for (int i = 0; i < st->nlevels; i++)
+		if (st->level_buf[i])
+			pfree(st->level_buf[i]);
+	if (st->nlevels > 0)
+	{
+		pfree(st->level_buf);
+		pfree(st->level_cap);
+	}
+}
+
+/* the pointers active at the root container: all of them */
+static int *
+root_active(const IdemExclusions *ex, int *nactive)
+{
+	int		   *active;
+
+	*nactive = 0;
+	if (ex == NULL)
+		return NULL;
+	*nactive = ex->npointers;
+	active = palloc(sizeof(int) * ex->npointers);
+	for (int i = 0; i < ex->npointers; i++)
+		active[i] = i;
+	return active;
+}
+
 void
 IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb, const IdemExclusions *ex,
 					  pg_cryptohash_ctx *sink)
 {
 	CanonState	st;
 	JsonbContainer *root = &jb->root;
-	int		   *active = NULL;
-	int			nactive = 0;
-	int			encoding = GetDatabaseEncoding();
+	int		   *active;
+	int			nactive;
 
-	st.out = out;
-	st.sink = sink;
-	st.ex = ex;
-	st.convert = (encoding != PG_UTF8 && encoding != PG_SQL_ASCII);
-	st.cache_n = -1;
-	st.level_buf = NULL;
-	st.level_cap = NULL;
-	st.nlevels = 0;
+	canon_init(&st, out, ex, sink);
 
 	if (JsonContainerIsScalar(root))
 	{
@@ -645,13 +730,7 @@ IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb, const IdemExclusions *ex,
 	}
 	else
 	{
-		if (ex)
-		{
-			nactive = ex->npointers;
-			active = palloc(sizeof(int) * nactive);
-			for (int i = 0; i < nactive; i++)
-				active[i] = i;
-		}
+		active = root_active(ex, &nactive);
 		check_stack_depth();
 		if (JsonContainerIsObject(root))
 			emit_object(&st, root, 0, active, nactive);
@@ -659,22 +738,9 @@ IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb, const IdemExclusions *ex,
 			emit_array(&st, root, 0, active, nactive);
 	}
 
-	for (int i = 0; i < st.nlevels; i++)
-		if (st.level_buf[i])
-			pfree(st.level_buf[i]);
-	if (st.nlevels > 0)
-	{
-		pfree(st.level_buf);
-		pfree(st.level_cap);
-	}
-
+	canon_free(&st);
 	if (sink && out->len > 0)
-	{
-		if (pg_cryptohash_update(sink, (uint8 *) out->data, out->len) < 0)
-			elog(ERROR, "could not update SHA-256 context: %s",
-				 pg_cryptohash_error(sink));
-		resetStringInfo(out);
-	}
+		feed_sink(&st);
 }
 
 text *
@@ -690,6 +756,608 @@ IdemCanonicalToText(const char *utf8, int len)
 			return cstring_to_text(conv);
 	}
 	return cstring_to_text_with_len(utf8, len);
+}
+
+/* ---------- raw JSON text, directly ---------- */
+
+/*
+ * Bounds of the fast path.  Past them the text goes through jsonb, whose
+ * own limits (256 MB containers, numeric's range of scales and weights,
+ * the stack check) raise the errors: 4 MB of text stays far from the
+ * first, and numbers of at most 512 characters with exponents below 1000
+ * from the second.
+ */
+#define TEXT_MAX_LEN		(4 * 1024 * 1024)
+#define TEXT_MAX_DEPTH		64
+#define TEXT_MAX_NUMBER		512
+#define TEXT_MAX_EXPONENT	999
+
+typedef struct TextScan
+{
+	CanonState	st;
+	const char *p;				/* next byte of the text */
+	const char *end;
+	StringInfoData scratch;		/* a string with escapes, unescaped */
+	StringInfoData tmp;			/* an object's members, being reordered */
+} TextScan;
+
+static bool text_value(TextScan *ts, int depth, const int *active,
+					   int nactive);
+
+/* the JSON white space jsonb's parser skips */
+static inline void
+skip_space(TextScan *ts)
+{
+	while (ts->p < ts->end && (unsigned char) *ts->p <= ' ' &&
+		   (*ts->p == ' ' || *ts->p == '\n' || *ts->p == '\r' || *ts->p == '\t'))
+		ts->p++;
+}
+
+/* room for n more bytes (and the terminator) in out */
+static inline void
+reserve(StringInfo out, int n)
+{
+	if (unlikely(out->len + n >= out->maxlen))
+		enlargeStringInfo(out, n);
+}
+
+/*
+ * Bytes that stand for themselves in a string, in the text and in the
+ * output: ASCII that emit_string does not escape.
+ */
+static bool plain_byte[256];
+static bool plain_ready = false;
+
+static void
+init_plain_bytes(void)
+{
+	for (int c = 0; c < 0x80; c++)
+		plain_byte[c] = (escape_class[c] == 0);
+	plain_ready = true;
+}
+
+/* a buffer of the scan, allocated on first use, emptied */
+static StringInfo
+scan_buffer(StringInfo buf)
+{
+	if (buf->data == NULL)
+		initStringInfo(buf);
+	else
+		resetStringInfo(buf);
+	return buf;
+}
+
+/* four hex digits at p into *cp */
+static bool
+hex4(const char *p, const char *end, pg_wchar *cp)
+{
+	pg_wchar	v = 0;
+
+	if (end - p < 4)
+		return false;
+	for (int i = 0; i < 4; i++)
+	{
+		char		c = p[i];
+
+		if (c >= '0' && c <= '9')
+			v = (v << 4) | (c - '0');
+		else if (c >= 'a' && c <= 'f')
+			v = (v << 4) | (c - 'a' + 10);
+		else if (c >= 'A' && c <= 'F')
+			v = (v << 4) | (c - 'A' + 10);
+		else
+			return false;
+	}
+	*cp = v;
+	return true;
+}
+
+/*
+ * The escape after the backslash at *pp, unescaped onto buf; *pp is left on
+ * its last byte.  \u0000 and lone surrogates are for jsonb's parser to
+ * refuse.
+ */
+static bool
+unescape(const char **pp, const char *end, StringInfo buf)
+{
+	const char *p = *pp + 1;
+	char		c;
+
+	if (p >= end)
+		return false;
+	switch (*p)
+	{
+		case '"':
+		case '\\':
+		case '/':
+			c = *p;
+			break;
+		case 'b':
+			c = '\b';
+			break;
+		case 'f':
+			c = '\f';
+			break;
+		case 'n':
+			c = '\n';
+			break;
+		case 'r':
+			c = '\r';
+			break;
+		case 't':
+			c = '\t';
+			break;
+		case 'u':
+			{
+				pg_wchar	cp;
+				pg_wchar	lo;
+
+				if (!hex4(p + 1, end, &cp))
+					return false;
+				p += 4;
+				if (cp >= 0xD800 && cp <= 0xDBFF)
+				{
+					/* a high surrogate: its low one must follow */
+					if (end - p < 3 || p[1] != '\\' || p[2] != 'u' ||
+						!hex4(p + 3, end, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+						return false;
+					cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+					p += 6;
+				}
+				else if (cp == 0 || (cp >= 0xDC00 && cp <= 0xDFFF))
+					return false;
+				enlargeStringInfo(buf, 4);
+				unicode_to_utf8(cp, (unsigned char *) buf->data + buf->len);
+				buf->len += pg_utf_mblen((unsigned char *) buf->data + buf->len);
+				buf->data[buf->len] = '\0';
+				*pp = p;
+				return true;
+			}
+		default:
+			return false;
+	}
+	appendStringInfoCharMacro(buf, c);
+	*pp = p;
+	return true;
+}
+
+/*
+ * The string whose opening quote is at ts->p: *s and *len its unescaped
+ * UTF-8, in the text itself when it has no escapes (*escaped false), else
+ * in ts->scratch.  False for what jsonb's parser would refuse (control
+ * characters, bad escapes) and for text that is not valid UTF-8.
+ */
+static bool
+text_string(TextScan *ts, const char **s, int *len, bool *escaped)
+{
+	const char *p = ts->p + 1;
+	const char *end = ts->end;
+	const char *run = p;
+	StringInfo	buf = NULL;
+
+	for (;;)
+	{
+		unsigned char c;
+
+		while (end - p >= 4 &&
+			   plain_byte[(unsigned char) p[0]] &&
+			   plain_byte[(unsigned char) p[1]] &&
+			   plain_byte[(unsigned char) p[2]] &&
+			   plain_byte[(unsigned char) p[3]])
+			p += 4;
+		while (p < end && plain_byte[(unsigned char) *p])
+			p++;
+		if (p >= end)
+			return false;
+		c = (unsigned char) *p;
+		if (c == '"')
+			break;
+		if (c >= 0x80)
+		{
+			int			l = pg_utf_mblen((const unsigned char *) p);
+
+			if (l > end - p || !pg_utf8_islegal((const unsigned char *) p, l))
+				return false;
+			p += l;
+			continue;
+		}
+		if (c != '\\')
+			return false;		/* a raw control character */
+		if (buf == NULL)
+			buf = scan_buffer(&ts->scratch);
+		appendBinaryStringInfo(buf, run, p - run);
+		if (!unescape(&p, end, buf))
+			return false;
+		run = ++p;
+	}
+	if (buf)
+	{
+		appendBinaryStringInfo(buf, run, p - run);
+		*s = buf->data;
+		*len = buf->len;
+	}
+	else
+	{
+		*s = run;
+		*len = p - run;
+	}
+	*escaped = (buf != NULL);
+	ts->p = p + 1;
+	return true;
+}
+
+static void
+text_emit_string(TextScan *ts, const char *s, int len, bool escaped)
+{
+	StringInfo	out = ts->st.out;
+
+	if (escaped)
+	{
+		emit_string(&ts->st, s, len);
+		return;
+	}
+	/* as it was written: nothing in it needs escaping */
+	reserve(out, len + 2);
+	out->data[out->len++] = '"';
+	memcpy(out->data + out->len, s, len);
+	out->len += len;
+	out->data[out->len++] = '"';
+	out->data[out->len] = '\0';
+}
+
+/* the JSON number grammar, then the number through number_format.c */
+static bool
+text_number(TextScan *ts)
+{
+	const char *s = ts->p;
+	const char *p = s;
+	const char *end = ts->end;
+	int			exponent = 0;
+
+	if (p < end && *p == '-')
+		p++;
+	if (p >= end || *p < '0' || *p > '9')
+		return false;
+	if (*p++ != '0')
+		while (p < end && *p >= '0' && *p <= '9')
+			p++;
+	if (p < end && *p == '.')
+	{
+		p++;
+		if (p >= end || *p < '0' || *p > '9')
+			return false;
+		while (p < end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p < end && (*p == 'e' || *p == 'E'))
+	{
+		p++;
+		if (p < end && (*p == '+' || *p == '-'))
+			p++;
+		if (p >= end || *p < '0' || *p > '9')
+			return false;
+		for (; p < end && *p >= '0' && *p <= '9'; p++)
+		{
+			exponent = exponent * 10 + (*p - '0');
+			if (exponent > TEXT_MAX_EXPONENT)
+				return false;
+		}
+	}
+	if (p - s > TEXT_MAX_NUMBER ||
+		!IdemTryAppendCanonicalNumber(ts->st.out, s, p - s))
+		return false;
+	ts->p = p;
+	return true;
+}
+
+static bool
+text_literal(TextScan *ts, const char *word, int len)
+{
+	if (ts->end - ts->p < len || memcmp(ts->p, word, len) != 0)
+		return false;
+	appendBinaryStringInfo(ts->st.out, word, len);
+	ts->p += len;
+	return true;
+}
+
+/* "," to go on (true) or the closing byte (false, *ok) after a child */
+static bool
+text_next(TextScan *ts, char close, bool *ok)
+{
+	skip_space(ts);
+	*ok = false;
+	if (ts->p < ts->end && *ts->p == ',')
+	{
+		ts->p++;
+		skip_space(ts);
+		return true;
+	}
+	if (ts->p < ts->end && *ts->p == close)
+	{
+		ts->p++;
+		*ok = true;
+	}
+	return false;
+}
+
+/*
+ * An object: each member's "name":value is written in the text's order,
+ * then the members are sorted as in emit_object, duplicate names are
+ * refused, and the bytes are reordered when they are out of order.
+ */
+static bool
+text_object(TextScan *ts, int depth, const int *active, int nactive)
+{
+	CanonState *st = &ts->st;
+	StringInfo	out = st->out;
+	int		   *child = nactive > 0 ? palloc(sizeof(int) * nactive) : NULL;
+	Member	   *members = NULL;
+	int			n = 0;
+	int			cap = 0;
+	int			body;
+	int			last = -1;
+	bool		sorted = true;
+	bool		ok = false;
+	uint8		order[ORDER_CACHE_MAX];
+
+	ts->p++;
+	appendStringInfoCharMacro(out, '{');
+	body = out->len;
+	skip_space(ts);
+	if (ts->p < ts->end && *ts->p == '}')
+	{
+		ts->p++;
+		ok = true;
+	}
+	else
+		for (;;)
+		{
+			Member	   *m;
+			const char *key;
+			int			keylen;
+			bool		escaped;
+			int			mark = out->len;
+			int			nchild = 0;
+			bool		drop;
+
+			if (ts->p >= ts->end || *ts->p != '"' ||
+				!text_string(ts, &key, &keylen, &escaped))
+				goto done;
+			if (escaped)
+			{
+				/* scratch is reused: the name must outlive the object */
+				char	   *copy = palloc(keylen + 1);
+
+				memcpy(copy, key, keylen);
+				copy[keylen] = '\0';
+				key = copy;
+			}
+			skip_space(ts);
+			if (ts->p >= ts->end || *ts->p != ':')
+				goto done;
+			ts->p++;
+			skip_space(ts);
+
+			drop = nactive > 0 &&
+				match_pointers(st->ex, depth, active, nactive,
+							   key, keylen, -1, child, &nchild);
+			if (out->len > body)
+				appendStringInfoCharMacro(out, ',');
+			if (n == cap)
+			{
+				members = level_members(st, depth, n + 1);
+				cap = st->level_cap[depth];
+			}
+			m = &members[n++];
+			m->key = key;
+			m->keylen = keylen;
+			m->out_start = out->len;
+			text_emit_string(ts, key, keylen, escaped);
+			appendStringInfoCharMacro(out, ':');
+			/* an excluded value is still read: it must be valid */
+			if (!text_value(ts, depth + 1, child, drop ? 0 : nchild))
+				goto done;
+			m->out_end = out->len;
+			if (drop)
+			{
+				out->len = mark;
+				m->out_start = -1;
+			}
+			if (!text_next(ts, '}', &ok))
+				break;
+		}
+	if (!ok || n == 0)
+		goto done;
+	ok = false;
+
+	/* sorted order, in which equal names are neighbours */
+	if (n <= ORDER_CACHE_MAX)
+		order_members(st, members, n, order);
+	else
+		qsort(members, n, sizeof(Member), member_cmp);
+	for (int i = 0; i < n; i++)
+	{
+		const Member *m = &members[n <= ORDER_CACHE_MAX ? order[i] : i];
+
+		if (i > 0)
+		{
+			const Member *prev = &members[n <= ORDER_CACHE_MAX ? order[i - 1] : i - 1];
+
+			if (prev->keylen == m->keylen &&
+				memcmp(prev->key, m->key, m->keylen) == 0)
+				goto done;
+		}
+		if (m->out_start < 0)
+			continue;
+		if (m->out_start < last)
+			sorted = false;
+		last = m->out_start;
+	}
+
+	if (!sorted)
+	{
+		/* the same bytes in the sorted order, in place */
+		StringInfo	tmp = scan_buffer(&ts->tmp);
+		char	   *dst = out->data + body;
+
+		appendBinaryStringInfo(tmp, out->data + body, out->len - body);
+		for (int i = 0; i < n; i++)
+		{
+			const Member *m = &members[n <= ORDER_CACHE_MAX ? order[i] : i];
+			int			len = m->out_end - m->out_start;
+
+			if (m->out_start < 0)
+				continue;
+			if (dst > out->data + body)
+				*dst++ = ',';
+			memcpy(dst, tmp->data + (m->out_start - body), len);
+			dst += len;
+		}
+		Assert(dst == out->data + out->len);
+	}
+	ok = true;
+
+done:
+	if (ok)
+		appendStringInfoCharMacro(out, '}');
+	if (child)
+		pfree(child);
+	return ok;
+}
+
+static bool
+text_array(TextScan *ts, int depth, const int *active, int nactive)
+{
+	StringInfo	out = ts->st.out;
+	int		   *child = nactive > 0 ? palloc(sizeof(int) * nactive) : NULL;
+	int			body;
+	int			index = 0;
+	bool		ok = false;
+
+	ts->p++;
+	appendStringInfoCharMacro(out, '[');
+	body = out->len;
+	skip_space(ts);
+	if (ts->p < ts->end && *ts->p == ']')
+	{
+		ts->p++;
+		ok = true;
+	}
+	else
+		for (;;)
+		{
+			int			mark = out->len;
+			int			nchild = 0;
+			bool		drop;
+
+			drop = nactive > 0 &&
+				match_pointers(ts->st.ex, depth, active, nactive,
+							   NULL, 0, index, child, &nchild);
+			index++;
+			if (out->len > body)
+				appendStringInfoCharMacro(out, ',');
+			if (!text_value(ts, depth + 1, child, drop ? 0 : nchild))
+				break;
+			if (drop)
+				out->len = mark;
+			if (!text_next(ts, ']', &ok))
+				break;
+		}
+	if (ok)
+		appendStringInfoCharMacro(out, ']');
+	if (child)
+		pfree(child);
+	return ok;
+}
+
+static bool
+text_value(TextScan *ts, int depth, const int *active, int nactive)
+{
+	if (ts->p >= ts->end)
+		return false;
+	switch (*ts->p)
+	{
+		case '{':
+		case '[':
+			if (depth >= TEXT_MAX_DEPTH)
+				return false;
+			CHECK_FOR_INTERRUPTS();
+			if (*ts->p == '{')
+				return text_object(ts, depth, active, nactive);
+			return text_array(ts, depth, active, nactive);
+		case '"':
+			{
+				const char *s;
+				int			len;
+				bool		escaped;
+
+				if (!text_string(ts, &s, &len, &escaped))
+					return false;
+				text_emit_string(ts, s, len, escaped);
+				return true;
+			}
+		case 't':
+			return text_literal(ts, "true", 4);
+		case 'f':
+			return text_literal(ts, "false", 5);
+		case 'n':
+			return text_literal(ts, "null", 4);
+		default:
+			return text_number(ts);
+	}
+}
+
+bool
+IdemTryCanonicalizeJsonText(StringInfo out, text *json,
+							const IdemExclusions *ex, pg_cryptohash_ctx *sink)
+{
+	TextScan	ts;
+	int			start = out->len;
+	int		   *active;
+	int			nactive;
+	bool		ok;
+
+	if (GetDatabaseEncoding() != PG_UTF8 ||
+		VARSIZE_ANY_EXHDR(json) > TEXT_MAX_LEN)
+		return false;
+	if (!plain_ready)
+		init_plain_bytes();
+	/* the output is about as long as the text: grow once */
+	enlargeStringInfo(out, VARSIZE_ANY_EXHDR(json) + 64);
+
+	/* no sink yet: nothing is hashed before the whole text is read */
+	canon_init(&ts.st, out, ex, NULL);
+	ts.p = VARDATA_ANY(json);
+	ts.end = ts.p + VARSIZE_ANY_EXHDR(json);
+	ts.scratch.data = NULL;
+	ts.tmp.data = NULL;
+	active = root_active(ex, &nactive);
+
+	skip_space(&ts);
+	ok = text_value(&ts, 0, active, nactive);
+	skip_space(&ts);
+	ok = ok && ts.p == ts.end;
+
+	canon_free(&ts.st);
+	if (active)
+		pfree(active);
+	if (ts.scratch.data)
+		pfree(ts.scratch.data);
+	if (ts.tmp.data)
+		pfree(ts.tmp.data);
+
+	if (!ok)
+	{
+		out->len = start;
+		out->data[start] = '\0';
+		return false;
+	}
+	if (sink && out->len > 0)
+	{
+		ts.st.sink = sink;
+		feed_sink(&ts.st);
+	}
+	return true;
 }
 
 /* ---------- raw JSON text: duplicate member names ---------- */

@@ -28,6 +28,12 @@ typedef struct IdemExclusions IdemExclusions;
 extern IdemExclusions *IdemParseExclusions(ArrayType *pointers);
 
 /*
+ * The same into *ex, but false where IdemParseExclusions would raise an
+ * error: callers that must report the body's errors first use this.
+ */
+extern bool IdemTryParseExclusions(ArrayType *pointers, IdemExclusions **ex);
+
+/*
  * Append the canonical UTF-8 form of jb to out.  When sink is not NULL the
  * bytes are fed to that (initialized) hash context as they are produced,
  * in chunks, and out is used only as a buffer: it is empty on return.
@@ -35,6 +41,20 @@ extern IdemExclusions *IdemParseExclusions(ArrayType *pointers);
 extern void IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb,
 								  const IdemExclusions *ex,
 								  pg_cryptohash_ctx *sink);
+
+/*
+ * The fast path for raw JSON text: append its canonical form to out (or,
+ * with a sink, hash it and leave out empty), reading the text directly,
+ * and return true; the bytes are those IdemJsonTextToJsonbUnique and
+ * IdemCanonicalizeJsonb would give.  Returns false, with out as it was and
+ * nothing hashed, for any text it leaves to that path (which then raises
+ * the errors): invalid JSON, duplicate names, \u0000, numbers beyond a
+ * double, deep nesting, very long text, a database not in UTF-8.  It raises
+ * no errors of its own.
+ */
+extern bool IdemTryCanonicalizeJsonText(StringInfo out, text *json,
+										const IdemExclusions *ex,
+										pg_cryptohash_ctx *sink);
 
 /*
  * Parse raw JSON text into jsonb after checking that no object has two

@@ -75,28 +75,50 @@ digest_to_bytea(const uint8 *digest)
 #define EXCLUDE_ARG(n) \
 	(PG_NARGS() > (n) && !PG_ARGISNULL(n) ? PG_GETARG_ARRAYTYPE_P(n) : NULL)
 
-static text *
-canonical_text(Jsonb *jb, ArrayType *exclude)
+/*
+ * Canonicalize a body given as jsonb, or as raw JSON text (jb NULL): the
+ * text directly when the fast path takes it, else through jsonb, with that
+ * path's errors in its order (the text's, then the pointers').
+ */
+static void
+canonical_bytes(StringInfo buf, Jsonb *jb, text *json, ArrayType *exclude,
+			 pg_cryptohash_ctx *sink)
 {
-	IdemExclusions *ex = IdemParseExclusions(exclude);
+	IdemExclusions *ex = NULL;
+	bool		have_ex = false;
+
+	if (jb == NULL)
+	{
+		have_ex = IdemTryParseExclusions(exclude, &ex);
+		if (have_ex && IdemTryCanonicalizeJsonText(buf, json, ex, sink))
+			return;
+		jb = IdemJsonTextToJsonbUnique(json);
+	}
+	if (!have_ex)
+		ex = IdemParseExclusions(exclude);
+	IdemCanonicalizeJsonb(buf, jb, ex, sink);
+}
+
+static text *
+canonical_text(Jsonb *jb, text *json, ArrayType *exclude)
+{
 	StringInfoData buf;
 
 	initStringInfo(&buf);
-	IdemCanonicalizeJsonb(&buf, jb, ex, NULL);
+	canonical_bytes(&buf, jb, json, exclude, NULL);
 	return IdemCanonicalToText(buf.data, buf.len);
 }
 
 static bytea *
-canonical_sha256(Jsonb *jb, ArrayType *exclude)
+canonical_sha256(Jsonb *jb, text *json, ArrayType *exclude)
 {
-	IdemExclusions *ex = IdemParseExclusions(exclude);
 	StringInfoData buf;
 	pg_cryptohash_ctx *ctx;
 	uint8		digest[IDEM_FINGERPRINT_LEN];
 
 	initStringInfo(&buf);
 	ctx = sha256_begin();
-	IdemCanonicalizeJsonb(&buf, jb, ex, ctx);
+	canonical_bytes(&buf, jb, json, exclude, ctx);
 	sha256_end(ctx, digest);
 	return digest_to_bytea(digest);
 }
@@ -105,7 +127,7 @@ canonical_sha256(Jsonb *jb, ArrayType *exclude)
 Datum
 idem_canonical_json(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_TEXT_P(canonical_text(PG_GETARG_JSONB_P(0),
+	PG_RETURN_TEXT_P(canonical_text(PG_GETARG_JSONB_P(0), NULL,
 									EXCLUDE_ARG(1)));
 }
 
@@ -113,7 +135,7 @@ idem_canonical_json(PG_FUNCTION_ARGS)
 Datum
 idem_canonical_json_sha256(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BYTEA_P(canonical_sha256(PG_GETARG_JSONB_P(0),
+	PG_RETURN_BYTEA_P(canonical_sha256(PG_GETARG_JSONB_P(0), NULL,
 									   EXCLUDE_ARG(1)));
 }
 
@@ -121,18 +143,16 @@ idem_canonical_json_sha256(PG_FUNCTION_ARGS)
 Datum
 idem_canonical_json_text(PG_FUNCTION_ARGS)
 {
-	Jsonb	   *jb = IdemJsonTextToJsonbUnique(PG_GETARG_TEXT_PP(0));
-
-	PG_RETURN_TEXT_P(canonical_text(jb, EXCLUDE_ARG(1)));
+	PG_RETURN_TEXT_P(canonical_text(NULL, PG_GETARG_TEXT_PP(0),
+									EXCLUDE_ARG(1)));
 }
 
 /* idem_canonical_json_text_sha256(body text [, exclude text[]]) returns bytea */
 Datum
 idem_canonical_json_text_sha256(PG_FUNCTION_ARGS)
 {
-	Jsonb	   *jb = IdemJsonTextToJsonbUnique(PG_GETARG_TEXT_PP(0));
-
-	PG_RETURN_BYTEA_P(canonical_sha256(jb, EXCLUDE_ARG(1)));
+	PG_RETURN_BYTEA_P(canonical_sha256(NULL, PG_GETARG_TEXT_PP(0),
+									   EXCLUDE_ARG(1)));
 }
 
 /* RFC 9110 tchar */

@@ -648,9 +648,12 @@ out_of_range(const char *what, int len)
 			 errdetail("RFC 8785 represents numbers as IEEE-754 double precision values, whose magnitude lies between about 4.9e-324 and 1.8e308.")));
 }
 
-/* strtod a NUL-terminated decimal, check the range, append its form */
-static void
-append_via_double(StringInfo out, const char *s, int len)
+/*
+ * strtod a NUL-terminated decimal, check the range, append its form.  Out
+ * of range is an error, or (soft) a false return with nothing appended.
+ */
+static bool
+append_via_double(StringInfo out, const char *s, int len, bool soft)
 {
 	char		buf[IDEM_NUMBER_BUFLEN];
 	double		d;
@@ -658,18 +661,24 @@ append_via_double(StringInfo out, const char *s, int len)
 	d = strtod(s, NULL);
 	/* a non-zero number that becomes 0 or infinite is out of range */
 	if (isinf(d) || d == 0)
+	{
+		if (soft)
+			return false;
 		out_of_range(s, len);
+	}
 	appendBinaryStringInfo(out, buf, IdemFormatDouble(d, buf));
+	return true;
 }
 
 /*
  * Append the canonical form of (-1)^negative * 0.DIGITS * 10^n, with k >= 1
  * significant digits of which the last is not zero.  When fallback is not
- * NULL it is the same number as NUL-terminated text, for strtod.
+ * NULL it is the same number as NUL-terminated text, for strtod.  Soft:
+ * false instead of the out-of-range error.
  */
-static void
+static bool
 append_decimal(StringInfo out, bool negative, const char *digits, int k,
-			   long n, const char *fallback, int fallback_len)
+			   long n, const char *fallback, int fallback_len, bool soft)
 {
 	/*
 	 * At most 15 digits (DBL_DIG) and well inside the normal range: the
@@ -681,10 +690,10 @@ append_decimal(StringInfo out, bool negative, const char *digits, int k,
 
 		appendBinaryStringInfo(out, buf,
 							   layout_number(buf, negative, digits, k, (int) n));
-		return;
+		return true;
 	}
 	if (fallback)
-		append_via_double(out, fallback, fallback_len);
+		return append_via_double(out, fallback, fallback_len, soft);
 	else
 	{
 		/* "-D.DIGITSe-NNNNNNNNNN" */
@@ -692,6 +701,7 @@ append_decimal(StringInfo out, bool negative, const char *digits, int k,
 		char		sbuf[96];
 		char	   *s = cap <= (int) sizeof(sbuf) ? sbuf : palloc(cap);
 		int			len;
+		bool		ok;
 
 		char	   *p = s;
 		char		ebuf[24];
@@ -721,24 +731,28 @@ append_decimal(StringInfo out, bool negative, const char *digits, int k,
 			*p++ = ebuf[--elen];
 		*p = '\0';
 		len = (int) (p - s);
-		append_via_double(out, s, len);
+		ok = append_via_double(out, s, len, soft);
 		if (s != sbuf)
 			pfree(s);
+		return ok;
 	}
 }
 
 /* ---------- JSON number text ---------- */
 
-static void
-bad_number(const char *num, int len)
+static bool
+bad_number(const char *num, int len, bool soft)
 {
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_TEXT_REPRESENTATION),
-			 errmsg("invalid JSON number \"%.*s\"", Min(len, 40), num)));
+	if (!soft)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TEXT_REPRESENTATION),
+				 errmsg("invalid JSON number \"%.*s\"", Min(len, 40), num)));
+	return false;
 }
 
-void
-IdemAppendCanonicalNumber(StringInfo out, const char *num, int len)
+/* IdemAppendCanonicalNumber, or (soft) false where it would raise an error */
+static bool
+append_number(StringInfo out, const char *num, int len, bool soft)
 {
 	const char *p = num;
 	const char *end = num + len;
@@ -787,7 +801,7 @@ IdemAppendCanonicalNumber(StringInfo out, const char *num, int len)
 		}
 	}
 	if (!any_digit)
-		bad_number(num, len);
+		return bad_number(num, len, soft);
 	/* exponent */
 	if (p < end && (*p == 'e' || *p == 'E'))
 	{
@@ -805,32 +819,50 @@ IdemAppendCanonicalNumber(StringInfo out, const char *num, int len)
 				e = e * 10 + (*p - '0');
 		}
 		if (!any_exp)
-			bad_number(num, len);
+			return bad_number(num, len, soft);
 		n += eneg ? -e : e;
 	}
 	if (p != end)
-		bad_number(num, len);
+		return bad_number(num, len, soft);
 
 	if (last_nonzero == 0)
 	{
 		/* zero, whatever its sign and exponent */
 		appendStringInfoChar(out, '0');
-		return;
+		return true;
 	}
 	if (last_nonzero <= 15)
-		append_decimal(out, negative, digits, last_nonzero, n, NULL, 0);
+		return append_decimal(out, negative, digits, last_nonzero, n,
+							  NULL, 0, soft);
 	else
 	{
 		char		sbuf[64];
 		char	   *s = len < (int) sizeof(sbuf) ? sbuf : palloc(len + 1);
+		bool		ok;
 
 		memcpy(s, num, len);
 		s[len] = '\0';
-		append_decimal(out, negative, digits, last_nonzero, n, s, len);
+		ok = append_decimal(out, negative, digits, last_nonzero, n,
+							s, len, soft);
 		if (s != sbuf)
 			pfree(s);
+		return ok;
 	}
 }
+
+void
+IdemAppendCanonicalNumber(StringInfo out, const char *num, int len)
+{
+	(void) append_number(out, num, len, false);
+}
+
+bool
+IdemTryAppendCanonicalNumber(StringInfo out, const char *num, int len)
+{
+	return append_number(out, num, len, true);
+}
+
+
 
 /* ---------- numeric ---------- */
 
@@ -927,7 +959,7 @@ IdemAppendCanonicalNumeric(StringInfo out, Numeric num)
 	if (k == 0)
 		appendStringInfoChar(out, '0');
 	else
-		append_decimal(out, negative, digits, k, n, NULL, 0);
+		(void) append_decimal(out, negative, digits, k, n, NULL, 0, false);
 	if (digits != dbuf)
 		pfree(digits);
 }

@@ -33,6 +33,13 @@ extern int	IdemFormatDouble(double value, char *buf);
  */
 extern void IdemAppendCanonicalNumber(StringInfo out, const char *num, int len);
 
+/*
+ * The same, but false (with nothing appended) where it would raise an
+ * error, for callers that have a slower path to fall back on.
+ */
+extern bool IdemTryAppendCanonicalNumber(StringInfo out, const char *num,
+										 int len);
+
 /* the same for a numeric (jsonb's numbers), read without numeric_out */
 extern void IdemAppendCanonicalNumeric(StringInfo out, Numeric num);
 

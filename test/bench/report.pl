@@ -74,6 +74,7 @@ my @RATIOS = (
 	[ 'Scale: @KEYS@ live keys / empty table', 'scale', 's_keys', 'scale', 's_base', 1.20 ],
 	[ 'Scale: @MANY@ partitions / @FEW@', 'scale', 's_parts', 'scale', 's_base', 1.20 ],
 	[ 'Fingerprint, 300 B body: canonical / built-in', 'fingerprint', 'fp_canonical_small', 'fingerprint', 'fp_builtin_small', 1.00 ],
+	[ 'Fingerprint, 300 B text body: canonical / built-in', 'fingerprint', 'fp_canonical_text_small', 'fingerprint', 'fp_builtin_small', undef ],
 	[ 'Fingerprint, 64 KB body: canonical / built-in', 'fingerprint', 'fp_canonical_large', 'fingerprint', 'fp_builtin_large', 1.00 ],
 );
 

@@ -191,3 +191,139 @@ FROM big;
 -- the same body without the 250,000 names
 SELECT length(idem_canonical_json(body, '{/items/*/name}')) AS without_names
 FROM big;
+
+--
+-- Raw JSON text is canonicalized directly when it can be: the bytes must be
+-- those of the jsonb path for every document, and the documents it leaves
+-- to that path must behave as before.
+--
+-- generated documents: nested objects and arrays, names that sort by UTF-16
+-- code units, escapes, numbers of every form, white space between tokens
+CREATE FUNCTION pg_temp.gen(depth int) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    scalars text[] := ARRAY[
+        '0', '-0', '-0.0', '1', '-1', '100', '1e21', '1E-7', '1e+2', '0.1', '2.50',
+        '4.2e3', '0e10', '1e20', '0.000001', '0.0000001', '-1.5E-10', '0.1e1',
+        '123456789012345678901234567890', '5e-324', '2.5e-324', '1.7976931348623157e308',
+        '1.0000000000000001', '333333333.33333329', '9007199254740993', '12345678901234567',
+        '0.' || repeat('3', 60), repeat('9', 100), '-' || repeat('1', 70) || 'e-5',
+        'true', 'false', 'null', '""', '"plain"', '"q\"b\\s\/"', '"\b\f\n\r\t"',
+        '"\u0001\u001f\u007f"', '"\u00e9\u20AC"', '"\ud83d\ude00"', '"é€😀"', '"\uFB33"',
+        '"tab\there"', '"\u0022\u005c"', E'"\x7f"', '"\uffff\uFFFE"', '[]', '{}'];
+    names text[] := ARRAY[
+        '"a"', '"b"', '"B"', '""', '"aa"', '"ab"', '"é"', '"\u00e9x"', '"€"', '"😀"',
+        '"\ud83d\ude01"', '"\uFB33"', '"\uE000"', '"a\nb"', '"a/b"', '"m~n"', '"z"',
+        '"\u0061b"', '"k\"q"', '"10"', '"1"'];
+    spaces text[] := ARRAY['', '', '', ' ', E'\n  ', E'\t', E' \r\n '];
+    r float8 := random();
+    n int := floor(random() * 6)::int;
+    items text[] := '{}';
+    s text;
+    k text;
+    used text[] := '{}';
+BEGIN
+    IF depth <= 0 OR r < 0.3 THEN
+        RETURN scalars[1 + floor(random() * array_length(scalars, 1))::int];
+    END IF;
+    FOR j IN 1..n LOOP
+        s := pg_temp.gen(depth - 1);
+        IF r >= 0.6 THEN
+            k := names[1 + floor(random() * array_length(names, 1))::int];
+            -- names are unique once unescaped
+            CONTINUE WHEN (k::jsonb #>> '{}') = ANY (used);
+            used := used || (k::jsonb #>> '{}');
+            s := k || spaces[1 + floor(random() * 7)::int] || ':' || spaces[1 + floor(random() * 7)::int] || s;
+        END IF;
+        items := items || s;
+    END LOOP;
+    s := CASE WHEN r < 0.6 THEN '[' ELSE '{' END || spaces[1 + floor(random() * 7)::int];
+    FOR j IN 1..coalesce(array_length(items, 1), 0) LOOP
+        IF j > 1 THEN
+            s := s || spaces[1 + floor(random() * 7)::int] || ',' || spaces[1 + floor(random() * 7)::int];
+        END IF;
+        s := s || items[j];
+    END LOOP;
+    RETURN s || spaces[1 + floor(random() * 7)::int] || CASE WHEN r < 0.6 THEN ']' ELSE '}' END;
+END $$;
+SELECT setseed(0.8785);
+CREATE TEMP TABLE xdocs AS
+SELECT i, pg_temp.gen(5) AS doc FROM generate_series(1, 3000) AS i;
+-- objects of more than 32 members, in any order
+INSERT INTO xdocs
+SELECT 3000 + g, '{' || string_agg(format('"%s": %s', k, CASE WHEN k % 7 = 0 THEN '{"y": 1, "x": [2]}' ELSE k::text END),
+                                   ', ' ORDER BY md5(g::text || k::text)) || '}'
+FROM generate_series(1, 20) AS g, generate_series(1, 30 + g * 3) AS k
+GROUP BY g;
+-- the same documents laid out by jsonb_pretty, and as compact jsonb text
+INSERT INTO xdocs SELECT 10000 + i, jsonb_pretty(doc::jsonb) FROM xdocs WHERE i <= 3020;
+INSERT INTO xdocs SELECT 20000 + i, doc::jsonb::text FROM xdocs WHERE i <= 3020;
+SELECT count(*) AS documents,
+       count(*) FILTER (WHERE doc LIKE '{%') AS objects,
+       count(*) FILTER (WHERE doc::json::text = doc) AS json_keeps_text,
+       count(*) FILTER (WHERE idem_canonical_json_text(doc) IS DISTINCT FROM
+                              idem_canonical_json(doc::jsonb)) AS text_mismatches,
+       count(*) FILTER (WHERE idem_canonical_json_text_sha256(doc) IS DISTINCT FROM
+                              idem_canonical_json_sha256(doc::jsonb)) AS sha_mismatches,
+       count(*) FILTER (WHERE idem_canonical_json_text(doc::json::text) IS DISTINCT FROM
+                              idem_canonical_json(doc::json::jsonb)) AS json_mismatches
+FROM xdocs;
+-- what differs, if anything
+SELECT i, doc, idem_canonical_json_text(doc) AS text_path, idem_canonical_json(doc::jsonb) AS jsonb_path
+FROM xdocs
+WHERE idem_canonical_json_text(doc) IS DISTINCT FROM idem_canonical_json(doc::jsonb)
+ORDER BY i LIMIT 3;
+
+-- with exclusions
+CREATE TEMP TABLE xptrs AS
+SELECT * FROM (VALUES (1, '{/a}'::text[]), (2, '{/*/a,/b}'), (3, '{/0,/1/*}'),
+                      (4, '{/*/*}'), (5, '{/é,/😀,/a~1b,/m~0n}'), (6, '{/,/a/0/b,/nope}'),
+                      (7, '{/*}'), (8, ARRAY['/k"q', '/a\nb']), (9, ARRAY[E'/a\nb', '/10', '/1']),
+                      (10, '{/7/y,/14/x/0,/21}')) AS t(p, ptrs);
+SELECT count(*) AS cases,
+       count(*) FILTER (WHERE idem_canonical_json_text(doc, ptrs) IS DISTINCT FROM
+                              idem_canonical_json(doc::jsonb, ptrs)) AS text_mismatches,
+       count(*) FILTER (WHERE idem_canonical_json_text_sha256(doc, ptrs) IS DISTINCT FROM
+                              idem_canonical_json_sha256(doc::jsonb, ptrs)) AS sha_mismatches,
+       count(*) FILTER (WHERE idem_canonical_json_text(doc, ptrs) IS DISTINCT FROM
+                              idem_canonical_json_text(doc)) AS changed_by_exclusion
+FROM xdocs, xptrs WHERE i % 3 = p % 3;
+SELECT i, p, doc, idem_canonical_json_text(doc, ptrs) AS text_path,
+       idem_canonical_json(doc::jsonb, ptrs) AS jsonb_path
+FROM xdocs, xptrs
+WHERE i % 3 = p % 3 AND idem_canonical_json_text(doc, ptrs) IS DISTINCT FROM
+                        idem_canonical_json(doc::jsonb, ptrs)
+ORDER BY i, p LIMIT 3;
+
+-- what is left to the jsonb path: the same results and errors as before
+SELECT left(d, 24) AS d, pg_temp.err(format('SELECT idempotency.idem_canonical_json_text(%L)', d)) AS result
+FROM unnest(ARRAY[
+    '{"a": 1, "b": {"c": 2, "c": 3}}', '{"é": 1, "\u00e9": 2}', '[{"\ud83d\ude00": 1, "😀": 2}]',
+    '{"a": 1,}', '[1,]', '[01]', '[1.]', '[.5]', '[+1]', '[1e]', '[1e+]', '[-]', '[1.5e3.2]',
+    '[tru]', '[nul]', '[truex]', '[1true]', '{"a" 1}', '{a: 1}', '[''a'']', '[1] x', '', '  ',
+    '[1', '{"a": 1', '"abc', E'"a\tb"', E'"a\nb"', '"\x"', '"\u12"', '"\u12G4"', '"\ud800"',
+    '"\udc00"', '"\ud800\u0041"', '"\ud800x"', '"\u0000"', '{"\u0000": 1}',
+    '[1e400]', '[-1e309]', '[1e-400]', '[2e-324]', '[1e1000]', '[0e1000]', '[0e99999999999]',
+    '[1e99999999999]', '[0.' || repeat('0', 20000) || '1]', '{"a": [1, 2], "a": 3}']) AS d;
+SELECT d, pg_temp.err(format('SELECT idempotency.idem_canonical_json_text(%L, %L)', d, p)) AS result
+FROM (VALUES ('{"a": {"x": 1, "x": 2}, "b": 1}', '{/a}'),
+             ('{"a": [1e400], "b": 1}', '{/a}'),
+             ('{"a": [0e99999999999], "b": 1}', '{/a}'),
+             ('{"a": 1', '{nope}'),
+             ('{"a": 1}', '{nope}'),
+             ('{"a": 1}', '{/a~2}'),
+             ('{"a": 1', '{/a,NULL}'),
+             ('{"a": 1}', '{/a,NULL}')) AS t(d, p);
+-- numbers the fast path leaves to numeric: the same as through jsonb
+SELECT idem_canonical_json_text('[0e999, 0.' || repeat('0', 100) || ', 1' || repeat('0', 70) || ', 1e-323]') AS long_numbers,
+       idem_canonical_json_text('[0e999, 0.' || repeat('0', 100) || ', 1' || repeat('0', 70) || ', 1e-323]') =
+       idem_canonical_json(('[0e999, 0.' || repeat('0', 100) || ', 1' || repeat('0', 70) || ', 1e-323]')::jsonb) AS same;
+-- nesting: the fast path's depth bound, and beyond it
+SELECT idem_canonical_json_text(repeat('[', 64) || repeat(']', 64)) = idem_canonical_json((repeat('[', 64) || repeat(']', 64))::jsonb) AS depth_64,
+       idem_canonical_json_text(repeat('{"a":', 65) || '1' || repeat('}', 65)) = idem_canonical_json((repeat('{"a":', 65) || '1' || repeat('}', 65))::jsonb) AS depth_65,
+       idem_canonical_json_text(repeat('{"b": 1, "a":', 500) || '[]' || repeat('}', 500)) = idem_canonical_json((repeat('{"b": 1, "a":', 500) || '[]' || repeat('}', 500))::jsonb) AS depth_500;
+-- the big body as text: more than the fast path's 4 MB, and less
+SELECT idem_canonical_json_text_sha256(body::text) = idem_canonical_json_sha256(body) AS big_text_sha,
+       idem_canonical_json_text(body::text, '{/items/*/name}') = idem_canonical_json(body, '{/items/*/name}') AS big_text_excluded,
+       idem_canonical_json_text(jsonb_path_query_array(body, '$.items[0 to 9999]')::text) =
+       idem_canonical_json(jsonb_path_query_array(body, '$.items[0 to 9999]')) AS medium_text
+FROM big;

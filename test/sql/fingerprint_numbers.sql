@@ -40,6 +40,13 @@ SELECT count(*) FILTER (WHERE idem_canonical_json(ltrim(to_char(x, '9.9999999999
        AS digits17_mismatches
 FROM es6v WHERE x <> 0;
 
+-- raw JSON text takes its own path: the same forms, and as through jsonb
+SELECT count(*) FILTER (WHERE idem_canonical_json_text(expected) IS DISTINCT FROM expected) AS text_mismatches,
+       count(*) FILTER (WHERE idem_canonical_json_text(to_jsonb(x)::text) IS DISTINCT FROM expected) AS text_float8_mismatches,
+       count(*) FILTER (WHERE x <> 0 AND idem_canonical_json_text(ltrim(to_char(x, '9.9999999999999999EEEE')))
+                              IS DISTINCT FROM expected) AS text_digits17_mismatches
+FROM es6v;
+
 -- a few samples
 SELECT hex, expected, idem_number_text(x) AS got
 FROM es6v
