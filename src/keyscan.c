@@ -22,6 +22,7 @@
 
 #include "access/genam.h"
 #include "access/nbtree.h"
+#include "storage/bufmgr.h"
 #include "access/table.h"
 #include "access/tupconvert.h"
 #include "catalog/namespace.h"
@@ -302,6 +303,71 @@ IdemPartitionFor(Relation parent, PartitionDesc pd, TimestampTz ts)
 }
 
 /*
+ * True when the B-tree has no root page, i.e. has never held an entry (a
+ * root, once made, stays until the index is rebuilt under a new file, and
+ * an entry committed before the caller's snapshot was taken made it
+ * before).  The partitions ahead of the current one are all like that
+ * until their day comes: reading the metapage alone spares them a scan.
+ */
+static bool
+IdemIndexNeverUsed(Relation idx)
+{
+	Buffer		metabuf;
+	BTMetaPageData *metad;
+	bool		never_used;
+
+	/* B-tree caches its metapage only once a root exists */
+	if (idx->rd_amcache != NULL)
+		return false;
+	metabuf = ReadBuffer(idx, BTREE_METAPAGE);
+	LockBuffer(metabuf, BUFFER_LOCK_SHARE);
+	metad = BTPageGetMeta(BufferGetPage(metabuf));
+	/* anything unexpected is for the index scan to report */
+	never_used = metad->btm_magic == BTREE_MAGIC && metad->btm_root == P_NONE;
+	UnlockReleaseBuffer(metabuf);
+	return never_used;
+}
+
+/* Call callback for each row of the scope in one partition; true: stop. */
+static bool
+IdemProbeIndex(Relation parent, Relation part, Relation idx,
+			   const PartitionProbe *probe, Snapshot snapshot,
+			   const text *tenant, const text *endpoint, const text *key,
+			   TupleTableSlot **parent_slot,
+			   IdemScopeRowCallback callback, void *arg)
+{
+	const text *vals[3] = {tenant, endpoint, key};
+	ScanKeyData skey[3];
+	IndexScanDesc scan;
+	TupleTableSlot *slot = table_slot_create(part, NULL);
+	bool		stop = false;
+
+	for (int k = 0; k < 3; k++)
+		ScanKeyEntryInitialize(&skey[k], 0, k + 1, BTEqualStrategyNumber,
+							   InvalidOid, idx->rd_indcollation[k],
+							   F_TEXTEQ,
+							   PointerGetDatum(vals[probe->scope_col[k]]));
+	scan = index_beginscan(part, idx, snapshot, 3, 0);
+	index_rescan(scan, skey, 3, NULL, 0);
+	while (!stop && index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		if (probe->map == NULL)
+			stop = callback(slot, arg);
+		else
+		{
+			if (*parent_slot == NULL)
+				*parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent),
+														&TTSOpsVirtual);
+			stop = callback(execute_attr_map_slot(probe->map, slot, *parent_slot),
+							arg);
+		}
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	return stop;
+}
+
+/*
  * Call callback for every row of the scope until it returns true, reading
  * with the latest snapshot, which is taken after the parent is locked (and
  * so after the invalidations of a partition attached meanwhile are
@@ -360,38 +426,14 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 		PartitionProbe *probe = IdemGetProbe(part);
 		uint64		generation = probe_cache_generation;
 		Relation	idx = index_open(probe->indexoid, AccessShareLock);
-		ScanKeyData skey[3];
-		const text *vals[3] = {tenant, endpoint, key};
-		IndexScanDesc scan;
-		TupleTableSlot *slot = table_slot_create(part, NULL);
-		AttrMap    *map;
-		int			k;
 
 		/* opening the index may have processed invalidations: look again */
 		if (generation != probe_cache_generation)
 			probe = IdemGetProbe(part);
-		map = probe->map;
-		for (k = 0; k < 3; k++)
-			ScanKeyEntryInitialize(&skey[k], 0, k + 1, BTEqualStrategyNumber,
-								   InvalidOid, idx->rd_indcollation[k],
-								   F_TEXTEQ,
-								   PointerGetDatum(vals[probe->scope_col[k]]));
-		scan = index_beginscan(part, idx, snapshot, 3, 0);
-		index_rescan(scan, skey, 3, NULL, 0);
-		while (!stop && index_getnext_slot(scan, ForwardScanDirection, slot))
-		{
-			if (map == NULL)
-				stop = callback(slot, arg);
-			else
-			{
-				if (parent_slot == NULL)
-					parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent),
-														   &TTSOpsVirtual);
-				stop = callback(execute_attr_map_slot(map, slot, parent_slot), arg);
-			}
-		}
-		index_endscan(scan);
-		ExecDropSingleTupleTableSlot(slot);
+		if (!IdemIndexNeverUsed(idx))
+			stop = IdemProbeIndex(parent, part, idx, probe, snapshot,
+								  tenant, endpoint, key, &parent_slot,
+								  callback, arg);
 		index_close(idx, NoLock);
 		table_close(part, NoLock);
 	}
