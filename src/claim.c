@@ -545,8 +545,11 @@ typedef struct ScanRowState
 	IdemRow    *row;
 	TimestampTz now;
 	MemoryContext cxt;
-	AttrNumber	attnums[NUM_ROW_COLUMNS];
+	const AttrNumber *attnums;
 } ScanRowState;
+
+static AttrNumber row_attnums[NUM_ROW_COLUMNS];
+static uint64 row_attnums_generation = 0;
 
 static bool
 IdemScanRowCallback(TupleTableSlot *slot, void *arg)
@@ -598,13 +601,13 @@ IdemLoadRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	else
 	{
 		ScanRowState st;
-		int			i;
 
 		st.row = row;
 		st.now = now;
 		st.cxt = cxt;
-		for (i = 0; i < (int) NUM_ROW_COLUMNS; i++)
-			st.attnums[i] = IdemKeysAttnum(row_columns[i]);
+		IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
+						&row_attnums_generation);
+		st.attnums = row_attnums;
 		IdemScanScope(scope->tenant, scope->endpoint, scope->key, now, hint,
 					  IdemScanRowCallback, &st);
 	}
@@ -640,6 +643,9 @@ static const char *const insert_columns[] = {
 
 #define NUM_INSERT_COLUMNS lengthof(insert_columns)
 
+static AttrNumber insert_attnums[NUM_INSERT_COLUMNS];
+static uint64 insert_attnums_generation = 0;
+
 /* Insert the row of a scope, straight into its partition (keyscan.c). */
 static void
 IdemInsertRow(const IdemScope *scope, TimestampTz created_at,
@@ -651,7 +657,7 @@ IdemInsertRow(const IdemScope *scope, TimestampTz created_at,
 	Datum		v[NUM_INSERT_COLUMNS];
 	char		cn[NUM_INSERT_COLUMNS];
 	IdemResponse none = {-1, NULL, IDEM_BODY_NONE, NULL, NULL, false};
-	int			natts = 0;
+	int			natts;
 	Datum	   *values;
 	bool	   *nulls;
 	int			i;
@@ -673,18 +679,16 @@ IdemInsertRow(const IdemScope *scope, TimestampTz created_at,
 	v[16] = TimestampTzGetDatum(expires_at);
 
 	/* lay the values out by the table's attribute numbers */
-	for (i = 0; i < (int) NUM_INSERT_COLUMNS; i++)
-		natts = Max(natts, IdemKeysAttnum(insert_columns[i]));
-	natts = Max(natts, IdemKeysNatts());
+	IdemKeysAttnums(insert_columns, NUM_INSERT_COLUMNS, insert_attnums,
+					&insert_attnums_generation);
+	natts = IdemKeysNatts();
 	values = palloc0(sizeof(Datum) * natts);
 	nulls = palloc(sizeof(bool) * natts);
 	memset(nulls, true, sizeof(bool) * natts);
 	for (i = 0; i < (int) NUM_INSERT_COLUMNS; i++)
 	{
-		AttrNumber	att = IdemKeysAttnum(insert_columns[i]);
-
-		values[att - 1] = v[i];
-		nulls[att - 1] = cn[i] == 'n';
+		values[insert_attnums[i] - 1] = v[i];
+		nulls[insert_attnums[i] - 1] = cn[i] == 'n';
 	}
 	IdemInsertKeyRow(values, nulls);
 }
@@ -696,6 +700,8 @@ IdemReport(const IdemScope *scope, const bytea *fingerprint,
 {
 	IdemTransition t;
 
+	if (!idem_log_transitions && !idem_audit)
+		return;					/* nothing would be reported */
 	t.tenant = text_to_cstring(scope->tenant);
 	t.endpoint = scope->endpoint_str;
 	t.key = text_to_cstring(scope->key);

@@ -16,6 +16,7 @@
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/resowner.h"
 
 #include "idempotency.h"
 #include "canonical_json.h"
@@ -29,15 +30,37 @@ PG_FUNCTION_INFO_V1(idem_canonical_json_text_sha256);
 PG_FUNCTION_INFO_V1(idem_fingerprint);
 PG_FUNCTION_INFO_V1(idem_number_text);
 
+/*
+ * One SHA-256 context per backend, made once and initialized again for each
+ * digest: making one costs more than hashing a small request.  It belongs
+ * to a resource owner of its own that is never released, so it outlives
+ * transactions; an error in the middle of a digest leaves nothing behind
+ * that the next initialization does not reset.
+ */
+static pg_cryptohash_ctx *sha256_ctx = NULL;
+
 static pg_cryptohash_ctx *
 sha256_begin(void)
 {
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
+	if (sha256_ctx == NULL)
+	{
+		static ResourceOwner owner = NULL;
+		ResourceOwner save = CurrentResourceOwner;
 
-	if (pg_cryptohash_init(ctx) < 0)
+		if (owner == NULL)
+			owner = ResourceOwnerCreate(NULL, "idempotency SHA-256");
+		CurrentResourceOwner = owner;
+		sha256_ctx = pg_cryptohash_create(PG_SHA256);
+		CurrentResourceOwner = save;
+		if (sha256_ctx == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_OUT_OF_MEMORY),
+					 errmsg("out of memory")));
+	}
+	if (pg_cryptohash_init(sha256_ctx) < 0)
 		elog(ERROR, "could not initialize SHA-256 context: %s",
-			 pg_cryptohash_error(ctx));
-	return ctx;
+			 pg_cryptohash_error(sha256_ctx));
+	return sha256_ctx;
 }
 
 static void
@@ -54,7 +77,6 @@ sha256_end(pg_cryptohash_ctx *ctx, uint8 *digest)
 	if (pg_cryptohash_final(ctx, digest, IDEM_FINGERPRINT_LEN) < 0)
 		elog(ERROR, "could not finalize SHA-256 context: %s",
 			 pg_cryptohash_error(ctx));
-	pg_cryptohash_free(ctx);
 }
 
 static bytea *

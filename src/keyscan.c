@@ -62,18 +62,8 @@ static Oid	keys_relid = InvalidOid;
 static Oid	keys_owner = InvalidOid;
 static TupleDesc keys_desc = NULL;
 
-/*
- * Column numbers already looked up, by the address of the name: callers
- * pass names from constant tables, so a hot path finds its columns without
- * comparing strings.
- */
-#define IDEM_ATTNUM_CACHE_SIZE	48
-static struct
-{
-	const char *name;
-	AttrNumber	attnum;
-}			attnum_cache[IDEM_ATTNUM_CACHE_SIZE];
-static int	attnum_cache_used = 0;
+/* moves on each time the parent's description is forgotten */
+static uint64 keys_generation = 1;
 
 static void
 IdemProbeCacheInvalidate(Datum arg, Oid relid)
@@ -101,7 +91,7 @@ IdemProbeCacheInvalidate(Datum arg, Oid relid)
 		FreeTupleDesc(keys_desc);
 	keys_desc = NULL;
 	keys_relid = InvalidOid;
-	attnum_cache_used = 0;
+	keys_generation++;
 }
 
 static Oid
@@ -151,28 +141,32 @@ IdemKeysAttnum(const char *column)
 	int			i;
 
 	(void) IdemKeysRelid();
-	for (i = 0; i < attnum_cache_used; i++)
-	{
-		if (attnum_cache[i].name == column)
-			return attnum_cache[i].attnum;
-	}
 	for (i = 0; i < keys_desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(keys_desc, i);
 
 		if (!att->attisdropped && strcmp(NameStr(att->attname), column) == 0)
-		{
-			if (attnum_cache_used < IDEM_ATTNUM_CACHE_SIZE)
-			{
-				attnum_cache[attnum_cache_used].name = column;
-				attnum_cache[attnum_cache_used].attnum = att->attnum;
-				attnum_cache_used++;
-			}
 			return att->attnum;
-		}
 	}
 	elog(ERROR, "column \"%s\" of idempotency.keys does not exist", column);
 	return InvalidAttrNumber;	/* keep compiler quiet */
+}
+
+/*
+ * Fill attnums with the column numbers of the n names, unless *generation
+ * says they are those of the table's current description already.
+ */
+void
+IdemKeysAttnums(const char *const *names, int n, AttrNumber *attnums,
+				uint64 *generation)
+{
+	(void) IdemKeysRelid();
+	if (*generation == keys_generation)
+		return;
+	/* first: a description forgotten meanwhile makes the next call redo it */
+	*generation = keys_generation;
+	for (int i = 0; i < n; i++)
+		attnums[i] = IdemKeysAttnum(names[i]);
 }
 
 /*

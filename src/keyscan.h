@@ -27,8 +27,9 @@ extern void IdemScanScope(const text *tenant, const text *endpoint,
 extern void IdemInsertKeyRow(Datum *values, bool *nulls);
 
 /* Attribute number of a column of idempotency.keys (the parent). */
-/* column: a name from a constant table or a literal (cached by address) */
 extern AttrNumber IdemKeysAttnum(const char *column);
+extern void IdemKeysAttnums(const char *const *names, int n,
+							AttrNumber *attnums, uint64 *generation);
 extern int	IdemKeysNatts(void);
 extern Oid	IdemKeysOwner(void);
 
