@@ -23,6 +23,7 @@
 #include "access/genam.h"
 #include "access/nbtree.h"
 #include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "access/table.h"
 #include "access/tupconvert.h"
 #include "catalog/namespace.h"
@@ -51,6 +52,7 @@ typedef struct PartitionProbe
 								 * scope_col[i]: 0 tenant, 1 endpoint, 2 key */
 	AttrMap    *map;			/* partition to parent columns; NULL when the
 								 * layouts are the same */
+	AttrMap    *insert_map;		/* parent to partition columns, likewise */
 } PartitionProbe;
 
 static HTAB *probe_cache = NULL;
@@ -66,6 +68,15 @@ static TupleDesc keys_desc = NULL;
 static uint64 keys_generation = 1;
 
 static void
+IdemFreeProbeMaps(PartitionProbe *probe)
+{
+	if (probe->map)
+		free_attrmap(probe->map);
+	if (probe->insert_map)
+		free_attrmap(probe->insert_map);
+}
+
+static void
 IdemProbeCacheInvalidate(Datum arg, Oid relid)
 {
 	if (probe_cache == NULL)
@@ -77,14 +88,21 @@ IdemProbeCacheInvalidate(Datum arg, Oid relid)
 
 		if (probe != NULL)
 		{
-			if (probe->map)
-				free_attrmap(probe->map);
+			IdemFreeProbeMaps(probe);
 			(void) hash_search(probe_cache, &relid, HASH_REMOVE, NULL);
 		}
 		if (relid != keys_relid)
 			return;
 	}
 	/* everything, or the parent itself */
+	{
+		HASH_SEQ_STATUS status;
+		PartitionProbe *probe;
+
+		hash_seq_init(&status, probe_cache);
+		while ((probe = hash_seq_search(&status)) != NULL)
+			IdemFreeProbeMaps(probe);
+	}
 	hash_destroy(probe_cache);
 	probe_cache = NULL;
 	if (keys_desc)
@@ -225,10 +243,13 @@ IdemScopeIndex(Relation part, int8 *scope_col)
 	return result;
 }
 
+/*
+ * The probe of a partition the caller has locked; part is the partition
+ * when the caller has it open, else NULL.
+ */
 static PartitionProbe *
-IdemGetProbe(Relation part)
+IdemGetProbe(Oid partoid, Relation part)
 {
-	Oid			partoid = RelationGetRelid(part);
 	PartitionProbe *probe = NULL;
 
 	if (!probe_callback_registered)
@@ -241,16 +262,21 @@ IdemGetProbe(Relation part)
 	if (probe == NULL)
 	{
 		/* opening indexes may process invalidations: build first, then enter */
+		Relation	rel = part ? part : table_open(partoid, NoLock);
 		int8		scope_col[3];
-		Oid			indexoid = IdemScopeIndex(part, scope_col);
+		Oid			indexoid = IdemScopeIndex(rel, scope_col);
 		MemoryContext old;
 		AttrMap    *map;
+		AttrMap    *insert_map;
 		bool		found;
 
 		(void) IdemKeysRelid();
 		old = MemoryContextSwitchTo(CacheMemoryContext);
-		map = build_attrmap_by_name_if_req(RelationGetDescr(part), keys_desc);
+		map = build_attrmap_by_name_if_req(RelationGetDescr(rel), keys_desc);
+		insert_map = build_attrmap_by_name_if_req(keys_desc, RelationGetDescr(rel));
 		MemoryContextSwitchTo(old);
+		if (part == NULL)
+			table_close(rel, NoLock);
 		if (probe_cache == NULL)
 		{
 			HASHCTL		ctl;
@@ -265,6 +291,7 @@ IdemGetProbe(Relation part)
 		probe->indexoid = indexoid;
 		memcpy(probe->scope_col, scope_col, sizeof(scope_col));
 		probe->map = map;
+		probe->insert_map = insert_map;
 	}
 	return probe;
 }
@@ -416,20 +443,28 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 
 	for (int i = 0; i < n && !stop; i++)
 	{
-		Relation	part = table_open(oids[i], AccessShareLock);
-		PartitionProbe *probe = IdemGetProbe(part);
-		uint64		generation = probe_cache_generation;
-		Relation	idx = index_open(probe->indexoid, AccessShareLock);
+		PartitionProbe *probe;
+		uint64		generation;
+		Relation	idx;
 
+		/* the partition is opened only if its index has to be scanned */
+		LockRelationOid(oids[i], AccessShareLock);
+		probe = IdemGetProbe(oids[i], NULL);
+		generation = probe_cache_generation;
+		idx = index_open(probe->indexoid, AccessShareLock);
 		/* opening the index may have processed invalidations: look again */
 		if (generation != probe_cache_generation)
-			probe = IdemGetProbe(part);
+			probe = IdemGetProbe(oids[i], NULL);
 		if (!IdemIndexNeverUsed(idx))
+		{
+			Relation	part = table_open(oids[i], NoLock);
+
 			stop = IdemProbeIndex(parent, part, idx, probe, snapshot,
 								  tenant, endpoint, key, &parent_slot,
 								  callback, arg);
+			table_close(part, NoLock);
+		}
 		index_close(idx, NoLock);
-		table_close(part, NoLock);
 	}
 	if (parent_slot)
 		ExecDropSingleTupleTableSlot(parent_slot);
@@ -485,7 +520,7 @@ IdemInsertKeyRow(Datum *values, bool *nulls)
 	ExecStoreVirtualTuple(parent_slot);
 
 	slot = table_slot_create(part, NULL);
-	map = build_attrmap_by_name_if_req(RelationGetDescr(parent), RelationGetDescr(part));
+	map = IdemGetProbe(partoid, part)->insert_map;
 	if (map != NULL)
 		execute_attr_map_slot(map, parent_slot, slot);
 	else
@@ -497,8 +532,6 @@ IdemInsertKeyRow(Datum *values, bool *nulls)
 
 	ExecDropSingleTupleTableSlot(slot);
 	ExecDropSingleTupleTableSlot(parent_slot);
-	if (map != NULL)
-		free_attrmap(map);
 	ExecCloseIndices(rri);
 	FreeExecutorState(estate);
 	table_close(part, NoLock);

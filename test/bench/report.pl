@@ -53,7 +53,7 @@ my %WHAT = (
 	plain_replay => 'primary-key lookup of a stored response row (status, headers, body)',
 	plpgsql_replay => 'PL/pgSQL reference claim of a completed key (sha256 of the body, then the stored response)',
 	ext_replay => 'extension idem_claim of a completed key, returning the stored response',
-	ext_execute_merged => 'extension claim; business insert and idem_finish in one statement (WITH ... INSERT ... RETURNING); one transaction',
+	ext_execute_merged => 'extension claim with the fingerprint sent (as the floor\'s constant); business insert with idem_finish in its RETURNING clause: as many statements as the floor',
 	ext_replay_given_fp => 'as ext_replay, with the fingerprint sent as a parameter instead of computed in the statement',
 	contention => '32 clients, 16 hot keys renewed every second, idem_claim(..., wait => 2 s); business insert + idem_finish only on execute',
 );
@@ -62,7 +62,7 @@ my @RATIOS = (
 	# title, label, script, label, script, target
 	[ 'Execute: extension / floor, 1 client', '1 client', 'ext_execute', '1 client', 'floor_execute', 1.10 ],
 	[ 'Execute: extension / PL/pgSQL reference, 1 client', '1 client', 'ext_execute', '1 client', 'plpgsql_execute', 0.85 ],
-	[ 'Execute, business insert and finish in one statement (4 statements, as the floor) / floor, 1 client', '1 client', 'ext_execute_merged', '1 client', 'floor_execute', 1.10 ],
+	[ 'Execute on the floor\'s footing (4 statements, fingerprint sent) / floor, 1 client', '1 client', 'ext_execute_merged', '1 client', 'floor_execute', 1.10 ],
 	[ 'Replay: extension / plain lookup, 1 client', '1 client', 'ext_replay', '1 client', 'plain_replay', 1.10 ],
 	[ 'Replay, fingerprint sent by the application / plain lookup, 1 client', '1 client', 'ext_replay_given_fp', '1 client', 'plain_replay', 1.10 ],
 	[ 'Floor + one round trip / floor, 1 client', '1 client', 'floor_roundtrip', '1 client', 'floor_execute', undef ],
@@ -194,7 +194,7 @@ sub render
 		push @out, '', '| comparison | instruction ratio |', '| --- | ---: |';
 		for my $r ([ 'Execute: extension / floor', 'bench/ext_execute', 'bench/floor_execute' ],
 			[ 'Execute: extension / PL/pgSQL reference', 'bench/ext_execute', 'bench/plpgsql_execute' ],
-			[ 'Execute, insert and finish in one statement / floor', 'bench/ext_execute_merged', 'bench/floor_execute' ],
+			[ 'Execute on the floor\'s footing / floor', 'bench/ext_execute_merged', 'bench/floor_execute' ],
 			[ 'Replay: extension / plain lookup', 'bench/ext_replay', 'bench/plain_replay' ],
 			[ 'Replay, fingerprint sent / plain lookup', 'bench/ext_replay_given_fp', 'bench/plain_replay' ],
 			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ])
