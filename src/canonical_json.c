@@ -25,6 +25,10 @@
  *	  duplicate member names (which jsonb would silently collapse), then
  *	  through jsonb, which gives the same bytes and raises the errors.
  *
+ *	  The same scan builds jsonb from raw JSON text (replays of stored JSON
+ *	  bodies), with pushJsonbValue as jsonb_in does, and gives up in the
+ *	  same way, leaving the text to jsonb_in.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -38,6 +42,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/jsonfuncs.h"
+#include "utils/numeric.h"
 
 #include "canonical_json.h"
 #include "number_format.h"
@@ -1005,19 +1010,20 @@ text_emit_string(TextScan *ts, const char *s, int len, bool escaped)
 	out->data[out->len] = '\0';
 }
 
-/* the JSON number grammar, then the number through number_format.c */
-static bool
-text_number(TextScan *ts)
+/*
+ * The end of the JSON number at p: its grammar, within the bounds of the
+ * fast path; NULL for anything else.
+ */
+static const char *
+scan_number(const char *p, const char *end)
 {
-	const char *s = ts->p;
-	const char *p = s;
-	const char *end = ts->end;
+	const char *s = p;
 	int			exponent = 0;
 
 	if (p < end && *p == '-')
 		p++;
 	if (p >= end || *p < '0' || *p > '9')
-		return false;
+		return NULL;
 	if (*p++ != '0')
 		while (p < end && *p >= '0' && *p <= '9')
 			p++;
@@ -1025,7 +1031,7 @@ text_number(TextScan *ts)
 	{
 		p++;
 		if (p >= end || *p < '0' || *p > '9')
-			return false;
+			return NULL;
 		while (p < end && *p >= '0' && *p <= '9')
 			p++;
 	}
@@ -1035,28 +1041,48 @@ text_number(TextScan *ts)
 		if (p < end && (*p == '+' || *p == '-'))
 			p++;
 		if (p >= end || *p < '0' || *p > '9')
-			return false;
+			return NULL;
 		for (; p < end && *p >= '0' && *p <= '9'; p++)
 		{
 			exponent = exponent * 10 + (*p - '0');
 			if (exponent > TEXT_MAX_EXPONENT)
-				return false;
+				return NULL;
 		}
 	}
-	if (p - s > TEXT_MAX_NUMBER ||
-		!IdemTryAppendCanonicalNumber(ts->st.out, s, p - s))
+	if (p - s > TEXT_MAX_NUMBER)
+		return NULL;
+	return p;
+}
+
+/* the number through number_format.c */
+static bool
+text_number(TextScan *ts)
+{
+	const char *p = scan_number(ts->p, ts->end);
+
+	if (p == NULL ||
+		!IdemTryAppendCanonicalNumber(ts->st.out, ts->p, p - ts->p))
 		return false;
 	ts->p = p;
+	return true;
+}
+
+/* the literal word at ts->p, skipped */
+static inline bool
+text_word(TextScan *ts, const char *word, int len)
+{
+	if (ts->end - ts->p < len || memcmp(ts->p, word, len) != 0)
+		return false;
+	ts->p += len;
 	return true;
 }
 
 static bool
 text_literal(TextScan *ts, const char *word, int len)
 {
-	if (ts->end - ts->p < len || memcmp(ts->p, word, len) != 0)
+	if (!text_word(ts, word, len))
 		return false;
 	appendBinaryStringInfo(ts->st.out, word, len);
-	ts->p += len;
 	return true;
 }
 
@@ -1358,6 +1384,184 @@ IdemTryCanonicalizeJsonText(StringInfo out, text *json,
 		feed_sink(&ts.st);
 	}
 	return true;
+}
+
+/* ---------- raw JSON text to jsonb, directly ---------- */
+
+/*
+ * The same scan builds jsonb: the values are pushed with pushJsonbValue in
+ * the order, and with the contents, jsonb_in's parser callbacks push them
+ * (numbers through numeric_in, a scalar document as a one-element raw
+ * scalar array), so that JsonbValueToJsonb gives the same datum, duplicate
+ * names collapsed the same way.  Only ts's text fields are used.
+ */
+typedef struct JsonbBuild
+{
+	TextScan	ts;
+	JsonbParseState *state;
+	JsonbValue *res;
+} JsonbBuild;
+
+static bool build_value(JsonbBuild *b, int depth);
+
+/* the scalar at ts->p into *v */
+static bool
+build_scalar(TextScan *ts, JsonbValue *v)
+{
+	switch (*ts->p)
+	{
+		case '"':
+			{
+				const char *s;
+				int			len;
+				bool		escaped;
+
+				if (!text_string(ts, &s, &len, &escaped))
+					return false;
+				v->type = jbvString;
+				/* one with escapes is in scratch, which is reused: copied */
+				v->val.string.val = escaped ? pnstrdup(s, len) : (char *) s;
+				v->val.string.len = len;
+				return true;
+			}
+		case 't':
+			v->type = jbvBool;
+			v->val.boolean = true;
+			return text_word(ts, "true", 4);
+		case 'f':
+			v->type = jbvBool;
+			v->val.boolean = false;
+			return text_word(ts, "false", 5);
+		case 'n':
+			v->type = jbvNull;
+			return text_word(ts, "null", 4);
+		default:
+			{
+				const char *p = scan_number(ts->p, ts->end);
+				char		buf[TEXT_MAX_NUMBER + 1];
+
+				/* within the bounds, numeric_in raises no error */
+				if (p == NULL)
+					return false;
+				memcpy(buf, ts->p, p - ts->p);
+				buf[p - ts->p] = '\0';
+				v->type = jbvNumeric;
+				v->val.numeric = DatumGetNumeric(DirectFunctionCall3(numeric_in,
+																	 CStringGetDatum(buf),
+																	 ObjectIdGetDatum(InvalidOid),
+																	 Int32GetDatum(-1)));
+				ts->p = p;
+				return true;
+			}
+	}
+}
+
+/* the object or array at ts->p */
+static bool
+build_container(JsonbBuild *b, int depth)
+{
+	TextScan   *ts = &b->ts;
+	bool		object = (*ts->p == '{');
+	char		close = object ? '}' : ']';
+	bool		ok = false;
+
+	ts->p++;
+	b->res = pushJsonbValue(&b->state,
+							object ? WJB_BEGIN_OBJECT : WJB_BEGIN_ARRAY, NULL);
+	skip_space(ts);
+	if (ts->p < ts->end && *ts->p == close)
+	{
+		ts->p++;
+		ok = true;
+	}
+	else
+		for (;;)
+		{
+			if (object)
+			{
+				JsonbValue	key;
+
+				if (ts->p >= ts->end || *ts->p != '"' ||
+					!build_scalar(ts, &key))
+					return false;
+				b->res = pushJsonbValue(&b->state, WJB_KEY, &key);
+				skip_space(ts);
+				if (ts->p >= ts->end || *ts->p != ':')
+					return false;
+				ts->p++;
+				skip_space(ts);
+			}
+			if (!build_value(b, depth + 1))
+				return false;
+			if (!text_next(ts, close, &ok))
+				break;
+		}
+	if (!ok)
+		return false;
+	b->res = pushJsonbValue(&b->state,
+							object ? WJB_END_OBJECT : WJB_END_ARRAY, NULL);
+	return true;
+}
+
+static bool
+build_value(JsonbBuild *b, int depth)
+{
+	JsonbValue	v;
+
+	if (b->ts.p >= b->ts.end)
+		return false;
+	if (*b->ts.p == '{' || *b->ts.p == '[')
+		return depth < TEXT_MAX_DEPTH && build_container(b, depth);
+	if (!build_scalar(&b->ts, &v))
+		return false;
+	if (b->state == NULL)
+	{
+		/* a scalar document: the raw scalar array jsonb_in makes of it */
+		JsonbValue	va;
+
+		va.type = jbvArray;
+		va.val.array.rawScalar = true;
+		va.val.array.nElems = 1;
+		(void) pushJsonbValue(&b->state, WJB_BEGIN_ARRAY, &va);
+		(void) pushJsonbValue(&b->state, WJB_ELEM, &v);
+		b->res = pushJsonbValue(&b->state, WJB_END_ARRAY, NULL);
+	}
+	else
+		b->res = pushJsonbValue(&b->state,
+								b->state->contVal.type == jbvArray ?
+								WJB_ELEM : WJB_VALUE, &v);
+	return true;
+}
+
+Jsonb *
+IdemTryJsonTextToJsonb(const char *s, int len)
+{
+	JsonbBuild	b;
+	bool		ok;
+
+	if (GetDatabaseEncoding() != PG_UTF8 || len > TEXT_MAX_LEN)
+		return NULL;
+	if (!plain_ready)
+		init_plain_bytes();
+	b.ts.p = s;
+	b.ts.end = s + len;
+	b.ts.scratch.data = NULL;
+	b.ts.tmp.data = NULL;
+	b.state = NULL;
+	b.res = NULL;
+
+	skip_space(&b.ts);
+	ok = build_value(&b, 0);
+	skip_space(&b.ts);
+	ok = ok && b.ts.p == b.ts.end;
+
+	if (b.ts.scratch.data)
+		pfree(b.ts.scratch.data);
+	/* what was pushed before a refusal is left to the memory context */
+	if (!ok)
+		return NULL;
+	Assert(b.state == NULL && b.res != NULL);
+	return JsonbValueToJsonb(b.res);
 }
 
 /* ---------- raw JSON text: duplicate member names ---------- */

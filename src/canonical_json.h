@@ -2,7 +2,8 @@
  *
  * canonical_json.h
  *	  RFC 8785 (JSON Canonicalization Scheme) serialization of jsonb values
- *	  and of raw JSON text, with members dropped by JSON Pointer (RFC 6901).
+ *	  and of raw JSON text, with members dropped by JSON Pointer (RFC 6901);
+ *	  raw JSON text turned into jsonb directly.
  *
  *-------------------------------------------------------------------------
  */
@@ -55,6 +56,15 @@ extern void IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb,
 extern bool IdemTryCanonicalizeJsonText(StringInfo out, text *json,
 										const IdemExclusions *ex,
 										pg_cryptohash_ctx *sink);
+
+/*
+ * Raw JSON text (len bytes at s, UTF-8) as jsonb, built directly: the same
+ * datum jsonb_in gives, byte for byte.  NULL, raising no errors of its
+ * own, for any text it leaves to jsonb_in: invalid JSON, \u0000 or lone
+ * surrogates, invalid UTF-8, numbers beyond the bounds of the fast path,
+ * deep nesting, very long text, a database not in UTF-8.
+ */
+extern Jsonb *IdemTryJsonTextToJsonb(const char *s, int len);
 
 /*
  * Parse raw JSON text into jsonb after checking that no object has two

@@ -56,6 +56,7 @@
 #include "utils/wait_event.h"
 
 #include "audit.h"
+#include "canonical_json.h"
 #include "claim.h"
 #include "endpoint.h"
 #include "guc.h"
@@ -854,8 +855,15 @@ IdemReplayResult(const IdemScope *scope, IdemRow *row, ClaimResult *r)
 	else
 		r->resp.headers = DatumGetJsonbP(marks);
 	if (row->resp.body_kind == IDEM_BODY_JSON && row->resp.body != NULL)
-		r->response_json = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
-															  CStringGetDatum(text_to_cstring((text *) row->resp.body))));
+	{
+		bytea	   *body = pg_detoast_datum_packed(row->resp.body);
+
+		r->response_json = IdemTryJsonTextToJsonb(VARDATA_ANY(body),
+												  VARSIZE_ANY_EXHDR(body));
+		if (r->response_json == NULL)
+			r->response_json = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+																  CStringGetDatum(text_to_cstring((text *) body))));
+	}
 	r->expires_at = row->expires_at;
 	r->replayed = true;
 }

@@ -200,5 +200,106 @@ WHERE a.attname = 'response_body' AND c.relnamespace = 'idempotency'::regnamespa
 ORDER BY 1;
 DROP TABLE idempotency.keys_rsp_test;
 
-DELETE FROM idempotency.keys WHERE tenant = 't1' AND endpoint IN ('POST /r', 'POST /small', 'POST /large', 'POST /tokens');
+--
+-- Replayed JSON bodies: the stored text is turned back into jsonb directly,
+-- or by jsonb_in for what the direct builder leaves to it; either way the
+-- datum is the one jsonb_in gives, byte for byte (*= compares the binary
+-- images).  Generated documents go through idem_finish and a replay; raw
+-- texts that jsonb never writes (duplicate names, white space, exponents,
+-- escapes) are put in response_body directly and replayed.
+--
+CREATE FUNCTION pg_temp.rsp_gen(depth int) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    scalars text[] := ARRAY[
+        '0', '-0', '1.0', '1.50', '1e3', '1E-7', '-12.5e+2', '0.000',
+        '123456789012345678901234567890.123', '-42', '9007199254740993',
+        '1e-600',
+        '""', '"plain"', '"é café"', '"日本語テキスト"', '"😀 emoji 🎉"',
+        '"a\"quote"', '"back\\slash"', '"line\nbreak\ttab"', '"\u0001\u001f"',
+        '"\u00e9 escaped"', '"\ud83d\ude00"', '"\/slash"', '"mixed é \n 😀"',
+        'true', 'false', 'null'];
+    keys text[] := ARRAY['id', 'a', 'b', 'status', 'amount', '', 'ü', '键',
+        '😀', 'a"b', 'new\nline', 'longer_member_name', 'x', 'aa'];
+    r float8 := random();
+    n int := floor(random() * 5)::int;
+    acc jsonb;
+BEGIN
+    IF depth <= 0 OR r < 0.4 THEN
+        RETURN scalars[1 + floor(random() * array_length(scalars, 1))::int]::jsonb;
+    ELSIF r < 0.7 THEN
+        acc := '[]';
+        FOR i IN 1 .. n LOOP
+            acc := acc || jsonb_build_array(pg_temp.rsp_gen(depth - 1));
+        END LOOP;
+    ELSE
+        acc := '{}';
+        FOR i IN 1 .. n LOOP
+            acc := acc || jsonb_build_object(keys[1 + floor(random() * array_length(keys, 1))::int],
+                                             pg_temp.rsp_gen(depth - 1));
+        END LOOP;
+    END IF;
+    RETURN acc;
+END $$;
+
+-- the replay of key, compared with jsonb_in of text t
+CREATE FUNCTION pg_temp.rsp_same(key text, t text, OUT action text, OUT same boolean)
+LANGUAGE sql AS $$
+    SELECT r.action,
+           coalesce(r.response_json = t::jsonb AND
+                    r.response_json::text = t::jsonb::text AND a *= b, false)
+    FROM pg_temp.rsp_replay('POST /j', key) r,
+         LATERAL (SELECT r.response_json) a, LATERAL (SELECT t::jsonb) b
+$$;
+
+SELECT setseed(0.4711);
+CREATE TEMP TABLE rsp_docs AS
+SELECT i, pg_temp.rsp_gen(4) AS d FROM generate_series(1, 3000) i;
+-- every scalar at the top level, empty containers, deep nesting
+INSERT INTO rsp_docs
+SELECT 3000 + row_number() OVER (), d::jsonb FROM unnest(ARRAY[
+    '0', '-0', '1.0', '1.50', '1e3', '1E-7', '123456789012345678901234567890.123',
+    '"é"', '"😀"', '"a\"b"', 'true', 'false', 'null', '[]', '{}', '[[]]',
+    '{"a": {}}', '[{}, [], "", 0]',
+    repeat('[', 64) || repeat(']', 64), repeat('[', 65) || repeat(']', 65),
+    repeat('{"a": ', 70) || '1' || repeat('}', 70)]) d;
+SELECT count(*) AS documents,
+       count(*) FILTER (WHERE jsonb_typeof(d) = 'object') AS objects,
+       count(*) FILTER (WHERE jsonb_typeof(d) = 'array') AS arrays,
+       count(*) FILTER (WHERE jsonb_typeof(d) NOT IN ('object', 'array')) AS scalars,
+       count(*) FILTER (WHERE d::text LIKE '%\\%') AS with_escapes
+FROM rsp_docs;
+SELECT count(*) AS stored
+FROM (SELECT pg_temp.rsp_store('POST /j', 'j-' || i, 200, d) FROM rsp_docs) s;
+CREATE TEMP TABLE rsp_back AS
+SELECT i, d, s.action, s.same FROM rsp_docs, pg_temp.rsp_same('j-' || i, d::text) s;
+SELECT count(*) AS replayed, count(*) FILTER (WHERE action <> 'replay') AS not_replayed,
+       count(*) FILTER (WHERE NOT same) AS mismatches
+FROM rsp_back;
+SELECT b.i, b.d::text AS stored, r.response_json::text AS replayed
+FROM rsp_back b, pg_temp.rsp_replay('POST /j', 'j-' || b.i) r
+WHERE NOT b.same ORDER BY b.i LIMIT 5;
+
+-- raw texts, as no jsonb is written
+CREATE TEMP TABLE rsp_raw (i int, t text);
+INSERT INTO rsp_raw
+SELECT row_number() OVER (), t FROM unnest(ARRAY[
+    '{"a": 1, "a": 2}', '{"b": 1, "a": 2, "b": [3], "a": {"a": 4, "a": 5}}',
+    '{"a\"b": 1, "a\u0022b": 2, "a\\b": 3}', '[{"x": 1, "x": null}, {"x": 2}]',
+    E' \n\t{ "a" : [ 1 , 2 ,\r\n {} ] , "b":{"c":[]} } \n',
+    '1e3', '1E-7', '-0.0e+0', '1e999', '-1e-999', '1e1000', '0.1E+02', '10e-1',
+    repeat('9', 600), '-' || repeat('1', 512), '[' || repeat('1', 513) || ']',
+    '"\u00e9\ud83d\ude00\/\b\f\n\r\t\"\\"', '"\u0041\u00DF\u6F22"', '{"\u00e9": "é"}',
+    '"é😀"', 'true', ' null ', '[true,false,null]', '{"k":"v","k":"w"}', '[]', '{}',
+    '{"long_name": 1, "s": 2, "mid": 3, "": 4}']) t;
+UPDATE idempotency.keys k SET response_body = convert_to(r.t, 'UTF8')
+FROM rsp_raw r WHERE k.tenant = 't1' AND k.endpoint = 'POST /j' AND k.key = 'j-' || r.i;
+SELECT r.i, left(r.t, 40) AS text, s.action, s.same
+FROM rsp_raw r, pg_temp.rsp_same('j-' || r.i, r.t) s ORDER BY r.i;
+-- text jsonb_in refuses still raises its error
+UPDATE idempotency.keys SET response_body = convert_to('{"a": 1,}', 'UTF8')
+WHERE tenant = 't1' AND endpoint = 'POST /j' AND key = 'j-1';
+SELECT pg_temp.rsp_try($$SELECT * FROM pg_temp.rsp_replay('POST /j', 'j-1')$$) AS invalid_body;
+
+DELETE FROM idempotency.keys WHERE tenant = 't1' AND endpoint IN ('POST /r', 'POST /small', 'POST /large', 'POST /tokens', 'POST /j');
 DELETE FROM idempotency.endpoints WHERE endpoint IN ('POST /small', 'POST /large', 'POST /tokens');
