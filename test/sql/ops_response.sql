@@ -56,25 +56,25 @@ SELECT pg_temp.rsp_store('POST /r', 'h-1', 201, '{"id": 1}',
       "x-api-key": "secret5", "X-Session-Token": ["secret6", "secret7"],
       "Content-Type": "application/json", "X-Request-Id": "r-1",
       "Link": ["<a>; rel=next", "<b>; rel=prev"]}');
-SELECT response_headers FROM idempotency.keys WHERE key = 'h-1';
-SELECT response_headers::text ~ 'secret' AS secret_stored FROM idempotency.keys WHERE key = 'h-1';
+SELECT response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-1';
+SELECT response_headers::text ~ 'secret' AS secret_stored FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-1';
 SELECT action, response_status, response_headers, response_json FROM pg_temp.rsp_replay('POST /r', 'h-1');
 RESET idempotency.extra_sensitive_headers;
 -- without the setting, only the three defaults go
 SELECT pg_temp.rsp_store('POST /r', 'h-2', 200, '{}',
     '{"X-Api-Key": "kept", "Set-Cookie": "dropped"}');
-SELECT response_headers FROM idempotency.keys WHERE key = 'h-2';
+SELECT response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-2';
 -- only sensitive headers: an empty object is kept
 SELECT pg_temp.rsp_store('POST /r', 'h-3', 200, '{}', '{"Authorization": "x"}');
-SELECT response_headers FROM idempotency.keys WHERE key = 'h-3';
+SELECT response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-3';
 -- resolve drops them too
 SELECT action FROM idempotency.idem_claim('t1', 'POST /r', 'h-4', pg_temp.rsp_fp('h-4'),
                                           lease => interval '1 hour');
 SELECT idempotency.idem_fail('t1', 'POST /r', 'h-4', 'unknown',
-       lease_token => (SELECT lease_token FROM idempotency.keys WHERE key = 'h-4'));
+       lease_token => (SELECT lease_token FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-4'));
 SELECT idempotency.idem_resolve('t1', 'POST /r', 'h-4', 200, '{"ok": true}',
                                 '{"Set-Cookie": "x", "ETag": "\"1\""}');
-SELECT state, response_headers FROM idempotency.keys WHERE key = 'h-4';
+SELECT state, response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-4';
 
 --
 -- The size cap: idempotency.max_response_bytes, then the endpoint's own.
@@ -83,8 +83,8 @@ SHOW idempotency.max_response_bytes;
 SET idempotency.max_response_bytes = 20;
 SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-1', 200, to_jsonb(repeat('x', 18)))$$) AS twenty_bytes;
 SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-2', 200, to_jsonb(repeat('x', 19)))$$) AS twenty_one_bytes;
-SELECT length(response_body) AS stored_length FROM idempotency.keys WHERE key = 'c-1';
-SELECT count(*) AS rows_of_refused_key FROM idempotency.keys WHERE key = 'c-2';
+SELECT length(response_body) AS stored_length FROM idempotency.keys WHERE tenant = 't1' AND endpoint = 'POST /r' AND key = 'c-1';
+SELECT count(*) AS rows_of_refused_key FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-2';
 -- finish_bytes counts bytes
 SELECT pg_temp.rsp_try($$
     SELECT idempotency.idem_claim('t1', 'POST /r', 'c-3', pg_temp.rsp_fp('c-3'));
@@ -97,11 +97,11 @@ SELECT pg_temp.rsp_try($$
 -- in lease mode the claim stays in progress: a smaller body can follow
 SELECT action FROM idempotency.idem_claim('t1', 'POST /r', 'c-4', pg_temp.rsp_fp('c-4'),
                                           lease => interval '1 hour');
-SELECT lease_token AS c4_token FROM idempotency.keys WHERE key = 'c-4' \gset
+SELECT lease_token AS c4_token FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-4' \gset
 SELECT pg_temp.rsp_try(format($$SELECT idempotency.idem_finish('t1', 'POST /r', 'c-4', 200, to_jsonb(repeat('x', 30)), lease_token => %s)$$, :c4_token)) AS too_large;
-SELECT state FROM idempotency.keys WHERE key = 'c-4';
+SELECT state FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-4';
 SELECT idempotency.idem_finish('t1', 'POST /r', 'c-4', 200, '"small"', lease_token => :c4_token);
-SELECT state, convert_from(response_body, 'UTF8') AS body FROM idempotency.keys WHERE key = 'c-4';
+SELECT state, convert_from(response_body, 'UTF8') AS body FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-4';
 -- no body: nothing to cap
 SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-5', 204, NULL)$$) AS no_body;
 RESET idempotency.max_response_bytes;
@@ -124,13 +124,13 @@ INSERT INTO idempotency.endpoints (endpoint, store_response) VALUES ('POST /toke
 SELECT pg_temp.rsp_store('POST /tokens', 'o-1', 201, '{"one_time_token": "secret-url"}',
                          '{"Location": "/tokens/1", "Set-Cookie": "x"}');
 SELECT state, response_status, response_headers, body_kind, response_body, body_encrypted
-FROM idempotency.keys WHERE key = 'o-1';
+FROM idempotency.keys WHERE tenant = 't1' AND key = 'o-1';
 SELECT * FROM pg_temp.rsp_replay('POST /tokens', 'o-1');
 -- not even the cap applies: nothing is kept
 SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /tokens', 'o-2', 200, to_jsonb(repeat('x', 300000)))$$) AS large_omitted;
 -- a response without a body is just that
 SELECT pg_temp.rsp_store('POST /tokens', 'o-3', 204, NULL);
-SELECT body_kind FROM idempotency.keys WHERE key = 'o-3';
+SELECT body_kind FROM idempotency.keys WHERE tenant = 't1' AND key = 'o-3';
 SELECT * FROM pg_temp.rsp_replay('POST /tokens', 'o-3');
 
 --
@@ -169,7 +169,7 @@ SELECT action, response_json FROM pg_temp.rsp_replay('POST /r', 'e-1');
 -- the cap applies to the body before encryption
 SET idempotency.max_response_bytes = 20;
 SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'e-3', 200, to_jsonb(repeat('x', 18)))$$) AS twenty_bytes_encrypted;
-SELECT body_encrypted, length(response_body) > 20 AS stored_longer FROM idempotency.keys WHERE key = 'e-3';
+SELECT body_encrypted, length(response_body) > 20 AS stored_longer FROM idempotency.keys WHERE tenant = 't1' AND key = 'e-3';
 SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'e-4', 200, to_jsonb(repeat('x', 19)))$$) AS twenty_one_bytes_encrypted;
 RESET idempotency.max_response_bytes;
 RESET idempotency.encryption_key;
