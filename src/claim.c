@@ -560,8 +560,13 @@ IdemScanRowCallback(TupleTableSlot *slot, void *arg)
 	bool		n[NUM_ROW_COLUMNS];
 	int			i;
 
+	/* one deforming pass, then the columns by number */
+	slot_getallattrs(slot);
 	for (i = 0; i < (int) NUM_ROW_COLUMNS; i++)
-		v[i] = slot_getattr(slot, st->attnums[i], &n[i]);
+	{
+		v[i] = slot->tts_values[st->attnums[i] - 1];
+		n[i] = slot->tts_isnull[st->attnums[i] - 1];
+	}
 	IdemTakeRow(st->row, v, n, st->now, st->cxt);
 	/* there is at most one live row: once found, nothing else matters */
 	return st->row->found;
@@ -734,10 +739,15 @@ typedef struct ClaimResult
 	bool		replayed;
 } ClaimResult;
 
-/* the row type of a call site's result, kept while the type is unchanged */
+/*
+ * The row type of a call site's result, kept while the type is unchanged.
+ * Type cache entries live as long as the backend, and an entry's
+ * tupDesc_identifier changes (or drops to 0) whenever the row type does.
+ */
 typedef struct ResultDescCache
 {
-	uint64		identifier;		/* the type cache's tupDesc_identifier */
+	TypeCacheEntry *tce;
+	uint64		identifier;		/* tce->tupDesc_identifier when copied */
 	TupleDesc	desc;
 } ResultDescCache;
 
@@ -749,12 +759,8 @@ IdemResultDesc(FunctionCallInfo fcinfo)
 	TupleDesc	desc;
 	MemoryContext old;
 
-	if (cache != NULL)
-	{
-		tce = lookup_type_cache(cache->desc->tdtypeid, TYPECACHE_TUPDESC);
-		if (tce->tupDesc_identifier == cache->identifier)
-			return cache->desc;
-	}
+	if (cache != NULL && cache->tce->tupDesc_identifier == cache->identifier)
+		return cache->desc;
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE ||
 		desc->tdtypeid == RECORDOID)
 		elog(ERROR, "return type must be a named row type");
@@ -765,6 +771,7 @@ IdemResultDesc(FunctionCallInfo fcinfo)
 	else
 		FreeTupleDesc(cache->desc);
 	cache->desc = CreateTupleDescCopy(desc);
+	cache->tce = tce;
 	cache->identifier = tce->tupDesc_identifier;
 	MemoryContextSwitchTo(old);
 	fcinfo->flinfo->fn_extra = cache;
