@@ -60,6 +60,13 @@ COMMIT;
 SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /up', 'up-2', sha256('two'),
                                                          lease => interval '1 hour') \gset
 
+-- a view of the user's over the scope columns stops the update, which
+-- changes nothing then
+CREATE VIEW public.regress_idem_my_keys AS SELECT tenant, key FROM idempotency.keys;
+ALTER EXTENSION idempotency UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+DROP VIEW public.regress_idem_my_keys;
+
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 
