@@ -79,22 +79,22 @@ IdemFreeProbeMaps(PartitionProbe *probe)
 static void
 IdemProbeCacheInvalidate(Datum arg, Oid relid)
 {
-	if (probe_cache == NULL)
-		return;
 	probe_cache_generation++;
-	if (OidIsValid(relid))
+	if (OidIsValid(relid) && relid != keys_relid)
 	{
-		PartitionProbe *probe = hash_search(probe_cache, &relid, HASH_FIND, NULL);
+		/* one partition (or any other relation) */
+		PartitionProbe *probe = probe_cache == NULL ? NULL :
+			hash_search(probe_cache, &relid, HASH_FIND, NULL);
 
 		if (probe != NULL)
 		{
 			IdemFreeProbeMaps(probe);
 			(void) hash_search(probe_cache, &relid, HASH_REMOVE, NULL);
 		}
-		if (relid != keys_relid)
-			return;
+		return;
 	}
 	/* everything, or the parent itself */
+	if (probe_cache != NULL)
 	{
 		HASH_SEQ_STATUS status;
 		PartitionProbe *probe;
@@ -102,9 +102,9 @@ IdemProbeCacheInvalidate(Datum arg, Oid relid)
 		hash_seq_init(&status, probe_cache);
 		while ((probe = hash_seq_search(&status)) != NULL)
 			IdemFreeProbeMaps(probe);
+		hash_destroy(probe_cache);
+		probe_cache = NULL;
 	}
-	hash_destroy(probe_cache);
-	probe_cache = NULL;
 	if (keys_desc)
 		FreeTupleDesc(keys_desc);
 	keys_desc = NULL;
@@ -112,16 +112,30 @@ IdemProbeCacheInvalidate(Datum arg, Oid relid)
 	keys_generation++;
 }
 
+/* Forget what is cached here whenever the relations it describes change. */
+static void
+IdemRegisterInvalidation(void)
+{
+	if (!probe_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(IdemProbeCacheInvalidate, (Datum) 0);
+		probe_callback_registered = true;
+	}
+}
+
 static Oid
 IdemKeysRelid(void)
 {
 	if (!OidIsValid(keys_relid))
 	{
-		Oid			nsp = get_namespace_oid("idempotency", false);
-		Oid			relid = get_relname_relid("keys", nsp);
+		Oid			nsp;
+		Oid			relid;
 		Relation	rel;
 		MemoryContext old;
 
+		IdemRegisterInvalidation();
+		nsp = get_namespace_oid("idempotency", false);
+		relid = get_relname_relid("keys", nsp);
 		if (!OidIsValid(relid))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_TABLE),
@@ -252,11 +266,7 @@ IdemGetProbe(Oid partoid, Relation part)
 {
 	PartitionProbe *probe = NULL;
 
-	if (!probe_callback_registered)
-	{
-		CacheRegisterRelcacheCallback(IdemProbeCacheInvalidate, (Datum) 0);
-		probe_callback_registered = true;
-	}
+	IdemRegisterInvalidation();
 	if (probe_cache != NULL)
 		probe = hash_search(probe_cache, &partoid, HASH_FIND, NULL);
 	if (probe == NULL)

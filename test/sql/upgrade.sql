@@ -97,3 +97,12 @@ UNION ALL
 SELECT 'only in a fresh install', * FROM (SELECT * FROM pg_temp.idem_catalog() EXCEPT TABLE idem_updated) f
 ORDER BY 1, 2, 3;
 SELECT count(*) > 100 AS catalog_compared FROM idem_updated;
+
+-- this session cached the dropped tables' descriptions: claims work on
+-- the new ones
+BEGIN;
+SELECT action FROM idempotency.idem_claim('acme', 'POST /up', 'up-1', sha256('one'));
+SELECT idempotency.idem_finish('acme', 'POST /up', 'up-1', 201, '{"id": "fresh"}');
+COMMIT;
+SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /up', 'up-1', sha256('one'));
+DELETE FROM idempotency.keys WHERE endpoint = 'POST /up';
