@@ -205,8 +205,12 @@ bench_scale() {
     meta parts_many "$(tail -n 1 "$BENCH_DIR/parts_many")"
     psql_db postgres -c CHECKPOINT
     # pgbench runs against one database, so the three are measured in short
-    # alternating rounds (the order rotates), all with 1 client.
+    # alternating rounds (the order rotates), all with 1 client, after a
+    # warm-up run on each (as the main runs have one).
     DBS=(s_base s_keys s_parts)
+    for db in "${DBS[@]}"; do
+        run_pgbench "scale_warmup_$db" "$db" 1 "$T_WARM" ext_execute.sql >/dev/null
+    done
     for r in $(seq 1 "$SCALE_ROUNDS"); do
         for i in 0 1 2; do
             db=${DBS[$(( (i + r) % 3 ))]}
