@@ -1111,6 +1111,25 @@ text_next(TextScan *ts, char close, bool *ok)
  * then the members are sorted as in emit_object, duplicate names are
  * refused, and the bytes are reordered when they are out of order.
  */
+/*
+ * Step over the opening bracket of a container (copied to the output) and
+ * any white space; true when the container is empty (its closing bracket
+ * is stepped over too, and left for the caller to write).
+ */
+static bool
+text_open(TextScan *ts, char open, char close)
+{
+	ts->p++;
+	appendStringInfoCharMacro(ts->st.out, open);
+	skip_space(ts);
+	if (ts->p < ts->end && *ts->p == close)
+	{
+		ts->p++;
+		return true;
+	}
+	return false;
+}
+
 static bool
 text_object(TextScan *ts, int depth, const int *active, int nactive)
 {
@@ -1126,16 +1145,9 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 	bool		ok = false;
 	uint8		order[ORDER_CACHE_MAX];
 
-	ts->p++;
-	appendStringInfoCharMacro(out, '{');
+	ok = text_open(ts, '{', '}');
 	body = out->len;
-	skip_space(ts);
-	if (ts->p < ts->end && *ts->p == '}')
-	{
-		ts->p++;
-		ok = true;
-	}
-	else
+	if (!ok)
 		for (;;)
 		{
 			Member	   *m;
@@ -1260,16 +1272,9 @@ text_array(TextScan *ts, int depth, const int *active, int nactive)
 	int			index = 0;
 	bool		ok = false;
 
-	ts->p++;
-	appendStringInfoCharMacro(out, '[');
+	ok = text_open(ts, '[', ']');
 	body = out->len;
-	skip_space(ts);
-	if (ts->p < ts->end && *ts->p == ']')
-	{
-		ts->p++;
-		ok = true;
-	}
-	else
+	if (!ok)
 		for (;;)
 		{
 			int			mark = out->len;
