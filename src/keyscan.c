@@ -12,9 +12,11 @@
  *	  made by the extension's own code, which fills every column with valid
  *	  values: the table's CHECK constraints are a statement of what the code
  *	  writes, and are not evaluated here; the unique index still is.
- *	  Per partition, the index to probe and the map from the partition's
- *	  columns to the parent's are cached per backend and forgotten at any
- *	  relcache invalidation of that partition.
+ *	  A partition whose index has never held an entry (no root page: the
+ *	  days ahead, usually) is locked and its index's metapage read, nothing
+ *	  more.  Per partition, the index to probe and the maps between the
+ *	  partition's columns and the parent's are cached per backend and
+ *	  forgotten at any relcache invalidation of that partition.
  *
  *-------------------------------------------------------------------------
  */
@@ -22,23 +24,23 @@
 
 #include "access/genam.h"
 #include "access/nbtree.h"
-#include "storage/bufmgr.h"
-#include "storage/lmgr.h"
 #include "access/table.h"
+#include "access/tableam.h"
 #include "access/tupconvert.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_index.h"
-#include "access/tableam.h"
-#include "access/xact.h"
-#include "partitioning/partbounds.h"
-#include "utils/partcache.h"
 #include "executor/executor.h"
+#include "partitioning/partbounds.h"
 #include "partitioning/partdesc.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/partcache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
