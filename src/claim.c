@@ -696,7 +696,7 @@ IdemInsertRow(const IdemScope *scope, TimestampTz created_at,
 		values[insert_attnums[i] - 1] = v[i];
 		nulls[insert_attnums[i] - 1] = cn[i] == 'n';
 	}
-	IdemInsertKeyRow(values, nulls);
+	IdemInsertKeyRow(values, nulls, state == IDEM_STATE_IN_PROGRESS);
 }
 
 static void

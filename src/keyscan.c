@@ -28,6 +28,7 @@
 #include "access/tableam.h"
 #include "access/tupconvert.h"
 #include "access/xact.h"
+#include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_index.h"
 #include "executor/executor.h"
@@ -55,6 +56,8 @@ typedef struct PartitionProbe
 	AttrMap    *map;			/* partition to parent columns; NULL when the
 								 * layouts are the same */
 	AttrMap    *insert_map;		/* parent to partition columns, likewise */
+	Oid			lease_indexoid; /* its index of leased claims in progress,
+								 * or InvalidOid */
 } PartitionProbe;
 
 static HTAB *probe_cache = NULL;
@@ -260,6 +263,31 @@ IdemScopeIndex(Relation part, int8 *scope_col)
 }
 
 /*
+ * The partition's lease index (leased claims in progress), which the
+ * extension names after the partition: PARTITION_lease_idx, partial.
+ * InvalidOid when it has none.
+ */
+static Oid
+IdemLeaseIndex(Relation part)
+{
+	char	   *name = psprintf("%s_lease_idx", RelationGetRelationName(part));
+	Oid			indexoid = get_relname_relid(name, RelationGetNamespace(part));
+	Oid			result = InvalidOid;
+
+	if (OidIsValid(indexoid))
+	{
+		Relation	idx = index_open(indexoid, AccessShareLock);
+
+		if (idx->rd_index->indrelid == RelationGetRelid(part) &&
+			RelationGetIndexPredicate(idx) != NIL)
+			result = indexoid;
+		index_close(idx, AccessShareLock);
+	}
+	pfree(name);
+	return result;
+}
+
+/*
  * The probe of a partition the caller has locked; part is the partition
  * when the caller has it open, else NULL.
  */
@@ -277,6 +305,7 @@ IdemGetProbe(Oid partoid, Relation part)
 		Relation	rel = part ? part : table_open(partoid, NoLock);
 		int8		scope_col[3];
 		Oid			indexoid = IdemScopeIndex(rel, scope_col);
+		Oid			lease_indexoid = IdemLeaseIndex(rel);
 		MemoryContext old;
 		AttrMap    *map;
 		AttrMap    *insert_map;
@@ -304,6 +333,7 @@ IdemGetProbe(Oid partoid, Relation part)
 		memcpy(probe->scope_col, scope_col, sizeof(scope_col));
 		probe->map = map;
 		probe->insert_map = insert_map;
+		probe->lease_indexoid = lease_indexoid;
 	}
 	return probe;
 }
@@ -486,13 +516,47 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 }
 
 /*
+ * ExecOpenIndices, leaving out the partition's lease index when the row is
+ * not a leased claim in progress: its predicate would be false, and
+ * evaluating it costs an atomic-mode insert more than the rest of its index
+ * work.
+ */
+static void
+IdemOpenIndices(ResultRelInfo *rri, const PartitionProbe *probe, bool leased)
+{
+	List	   *indexes = RelationGetIndexList(rri->ri_RelationDesc);
+	int			n = 0;
+	ListCell   *lc;
+
+	rri->ri_NumIndices = 0;
+	if (indexes == NIL)
+		return;
+	rri->ri_IndexRelationDescs = palloc(sizeof(Relation) * list_length(indexes));
+	rri->ri_IndexRelationInfo = palloc(sizeof(IndexInfo *) * list_length(indexes));
+	foreach(lc, indexes)
+	{
+		Oid			indexoid = lfirst_oid(lc);
+		Relation	idx;
+
+		if (!leased && indexoid == probe->lease_indexoid)
+			continue;
+		idx = index_open(indexoid, RowExclusiveLock);
+		rri->ri_IndexRelationDescs[n] = idx;
+		rri->ri_IndexRelationInfo[n] = BuildIndexInfo(idx);
+		n++;
+	}
+	rri->ri_NumIndices = n;
+	list_free(indexes);
+}
+
+/*
  * Insert one row, given in the parent's layout (values and nulls indexed by
  * attribute number - 1), into the partition that covers its expires_at, or
  * into the default partition.  Uniqueness of (tenant, endpoint, key) within
  * the partition is checked by its unique index, as an INSERT would.
  */
 void
-IdemInsertKeyRow(Datum *values, bool *nulls)
+IdemInsertKeyRow(Datum *values, bool *nulls, bool leased)
 {
 	Relation	parent;
 	Relation	part;
@@ -523,7 +587,7 @@ IdemInsertKeyRow(Datum *values, bool *nulls)
 	estate = CreateExecutorState();
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, part, 1, NULL, 0);
-	ExecOpenIndices(rri, false);
+	IdemOpenIndices(rri, IdemGetProbe(partoid, part), leased);
 
 	parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent), &TTSOpsVirtual);
 	ExecClearTuple(parent_slot);

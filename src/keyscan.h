@@ -24,7 +24,7 @@ extern void IdemScanScope(const text *tenant, const text *endpoint,
 						  IdemScopeRowCallback callback, void *arg);
 
 /* Insert one row (in the parent's layout) into the partition that covers it. */
-extern void IdemInsertKeyRow(Datum *values, bool *nulls);
+extern void IdemInsertKeyRow(Datum *values, bool *nulls, bool leased);
 
 /* Attribute number of a column of idempotency.keys (the parent). */
 extern AttrNumber IdemKeysAttnum(const char *column);

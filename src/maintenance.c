@@ -457,6 +457,11 @@ CreatePartition(MaintPass *p, void *arg)
 					 " UNIQUE (key, endpoint, tenant))",
 					 qname, quote_identifier(psprintf("%s_range", a->name)), lo, hi);
 	ExecDDL(sql.data);
+	resetStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "CREATE INDEX %s ON %s (locked_until) WHERE state = 'in_progress'",
+					 quote_identifier(psprintf("%s_lease_idx", a->name)), qname);
+	ExecDDL(sql.data);
 
 	/*
 	 * Rows to move out of the default partition: a claim that had read the

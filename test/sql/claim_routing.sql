@@ -79,5 +79,33 @@ COMMIT;
 SELECT tableoid::regclass AS partition, state, response_status
 FROM idempotency.keys WHERE key = 'r-old' ORDER BY expires_at;
 
+-- The direct insert keeps every index of the partition, but gives the lease
+-- index (PARTITION_lease_idx, leased claims in progress) only the rows that
+-- belong in it: what an index scan finds is what a sequential scan finds.
+-- (The partitions made here by hand have no lease index; the default
+-- partition has one.)
+SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /r', 'r-4', sha256('\x01'), ttl => '5 days 2 hours', lease => '1 min') \gset
+SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-5', sha256('\x01'), lease => '1 min');
+BEGIN;
+SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-6', sha256('\x01'), ttl => '5 days 2 hours');
+SELECT idempotency.idem_finish('acme', 'POST /r', 'r-6', 201);
+SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-7', sha256('\x01'));
+SELECT idempotency.idem_finish('acme', 'POST /r', 'r-7', 201);
+COMMIT;
+SELECT key, tableoid::regclass AS partition, state,
+       to_regclass(tableoid::regclass::text || '_lease_idx') IS NOT NULL AS has_lease_index
+FROM idempotency.keys WHERE key IN ('r-4', 'r-5', 'r-6', 'r-7') ORDER BY key;
+SET enable_seqscan = off;
+SELECT array_agg(key ORDER BY key) AS leased_through_index FROM idempotency.keys
+WHERE endpoint = 'POST /r' AND state = 'in_progress' AND locked_until > now() - interval '1 hour';
+RESET enable_seqscan;
+SET enable_indexscan = off;
+SET enable_bitmapscan = off;
+SELECT array_agg(key ORDER BY key) AS leased_through_seqscan FROM idempotency.keys
+WHERE endpoint = 'POST /r' AND state = 'in_progress' AND locked_until > now() - interval '1 hour';
+RESET enable_indexscan;
+RESET enable_bitmapscan;
+SELECT idempotency.idem_release('acme', 'POST /r', 'r-4', :token);
+
 DROP TABLE idempotency.keys_routing_test, idempotency.keys_routing_past;
 DELETE FROM idempotency.keys WHERE endpoint = 'POST /r';

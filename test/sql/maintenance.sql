@@ -52,9 +52,11 @@ SELECT * FROM idempotency.idem_maintenance('2030-01-01 00:00+00') ORDER BY kind,
 SELECT tenant, key, state, lease_token, locked_until, tableoid::regclass AS partition
 FROM idempotency.keys ORDER BY tenant, key;
 
--- every dated partition: its range, and its unique (key, endpoint, tenant)
+-- every dated partition: its range, its unique (key, endpoint, tenant) and
+-- its index of leased claims in progress
 SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) AS bound,
-       (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique) AS unique_indexes
+       (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique) AS unique_indexes,
+       to_regclass('idempotency.' || c.relname || '_lease_idx') IS NOT NULL AS lease_index
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = 'idempotency.keys'::regclass ORDER BY 1;
 
