@@ -1130,6 +1130,20 @@ text_open(TextScan *ts, char open, char close)
 	return false;
 }
 
+/*
+ * Write a container's closing bracket when it was read whole; free the
+ * pointers still matching below it.  Returns ok.
+ */
+static bool
+text_close(TextScan *ts, bool ok, char close, int *child)
+{
+	if (ok)
+		appendStringInfoCharMacro(ts->st.out, close);
+	if (child)
+		pfree(child);
+	return ok;
+}
+
 static bool
 text_object(TextScan *ts, int depth, const int *active, int nactive)
 {
@@ -1256,11 +1270,7 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 	ok = true;
 
 done:
-	if (ok)
-		appendStringInfoCharMacro(out, '}');
-	if (child)
-		pfree(child);
-	return ok;
+	return text_close(ts, ok, '}', child);
 }
 
 static bool
@@ -1270,9 +1280,8 @@ text_array(TextScan *ts, int depth, const int *active, int nactive)
 	int		   *child = nactive > 0 ? palloc(sizeof(int) * nactive) : NULL;
 	int			body;
 	int			index = 0;
-	bool		ok = false;
+	bool		ok = text_open(ts, '[', ']');
 
-	ok = text_open(ts, '[', ']');
 	body = out->len;
 	if (!ok)
 		for (;;)
@@ -1294,11 +1303,7 @@ text_array(TextScan *ts, int depth, const int *active, int nactive)
 			if (!text_next(ts, ']', &ok))
 				break;
 		}
-	if (ok)
-		appendStringInfoCharMacro(out, ']');
-	if (child)
-		pfree(child);
-	return ok;
+	return text_close(ts, ok, ']', child);
 }
 
 static bool
