@@ -522,7 +522,7 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
  * work.
  */
 static void
-IdemOpenIndices(ResultRelInfo *rri, const PartitionProbe *probe, bool leased)
+IdemOpenIndices(ResultRelInfo *rri, Oid lease_indexoid, bool leased)
 {
 	List	   *indexes = RelationGetIndexList(rri->ri_RelationDesc);
 	int			n = 0;
@@ -538,7 +538,7 @@ IdemOpenIndices(ResultRelInfo *rri, const PartitionProbe *probe, bool leased)
 		Oid			indexoid = lfirst_oid(lc);
 		Relation	idx;
 
-		if (!leased && indexoid == probe->lease_indexoid)
+		if (!leased && indexoid == lease_indexoid)
 			continue;
 		idx = index_open(indexoid, RowExclusiveLock);
 		rri->ri_IndexRelationDescs[n] = idx;
@@ -587,7 +587,8 @@ IdemInsertKeyRow(Datum *values, bool *nulls, bool leased)
 	estate = CreateExecutorState();
 	rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(rri, part, 1, NULL, 0);
-	IdemOpenIndices(rri, IdemGetProbe(partoid, part), leased);
+	/* by value: opening the indexes may process invalidations */
+	IdemOpenIndices(rri, IdemGetProbe(partoid, part)->lease_indexoid, leased);
 
 	parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent), &TTSOpsVirtual);
 	ExecClearTuple(parent_slot);
