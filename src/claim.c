@@ -40,6 +40,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "nodes/nodeFuncs.h"
 #include "port/pg_bswap.h"
 #include "storage/latch.h"
 #include "storage/lmgr.h"
@@ -740,42 +741,41 @@ typedef struct ClaimResult
 } ClaimResult;
 
 /*
- * The row type of a call site's result, kept while the type is unchanged.
- * Type cache entries live as long as the backend, and an entry's
- * tupDesc_identifier changes (or drops to 0) whenever the row type does.
+ * The row type of the functions' result, kept for the backend while the
+ * type is unchanged: a FunctionScan makes a new FmgrInfo at every execution,
+ * so a cache in fn_extra would be rebuilt for every call.  Type cache entries
+ * live as long as the backend, and an entry's tupDesc_identifier changes (or
+ * drops to 0) whenever the row type does.
  */
-typedef struct ResultDescCache
-{
-	TypeCacheEntry *tce;
-	uint64		identifier;		/* tce->tupDesc_identifier when copied */
-	TupleDesc	desc;
-} ResultDescCache;
+static TypeCacheEntry *result_tce = NULL;
+static uint64 result_identifier = 0;	/* result_tce's identifier when copied */
+static TupleDesc result_desc = NULL;
 
 static TupleDesc
 IdemResultDesc(FunctionCallInfo fcinfo)
 {
-	ResultDescCache *cache = (ResultDescCache *) fcinfo->flinfo->fn_extra;
-	TypeCacheEntry *tce;
+	Oid			typid = InvalidOid;
 	TupleDesc	desc;
 	MemoryContext old;
 
-	if (cache != NULL && cache->tce->tupDesc_identifier == cache->identifier)
-		return cache->desc;
+	/* the call's result type, without a catalog lookup when there is one */
+	if (fcinfo->flinfo->fn_expr != NULL)
+		typid = exprType(fcinfo->flinfo->fn_expr);
+	if (result_desc != NULL && result_tce->type_id == typid &&
+		result_tce->tupDesc_identifier == result_identifier)
+		return result_desc;
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE ||
 		desc->tdtypeid == RECORDOID)
 		elog(ERROR, "return type must be a named row type");
-	tce = lookup_type_cache(desc->tdtypeid, TYPECACHE_TUPDESC);
-	old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-	if (cache == NULL)
-		cache = palloc0(sizeof(ResultDescCache));
-	else
-		FreeTupleDesc(cache->desc);
-	cache->desc = CreateTupleDescCopy(desc);
-	cache->tce = tce;
-	cache->identifier = tce->tupDesc_identifier;
+	if (result_desc != NULL)
+		FreeTupleDesc(result_desc);
+	result_desc = NULL;
+	result_tce = lookup_type_cache(desc->tdtypeid, TYPECACHE_TUPDESC);
+	old = MemoryContextSwitchTo(CacheMemoryContext);
+	result_desc = CreateTupleDescCopy(desc);
 	MemoryContextSwitchTo(old);
-	fcinfo->flinfo->fn_extra = cache;
-	return cache->desc;
+	result_identifier = result_tce->tupDesc_identifier;
+	return result_desc;
 }
 
 static Datum

@@ -12,9 +12,10 @@
  *	  made by the extension's own code, which fills every column with valid
  *	  values: the table's CHECK constraints are a statement of what the code
  *	  writes, and are not evaluated here; the unique index still is.
- *	  A partition whose index has never held an entry (no root page: the
- *	  days ahead, usually) is locked and its index's metapage read, nothing
- *	  more.  Per partition, the index to probe and the maps between the
+ *	  A partition whose file has no block (the days ahead, usually) is
+ *	  locked and its size read, nothing more: its index is not even locked,
+ *	  which keeps a claim's relation locks within the lock manager's
+ *	  fast-path slots.  Per partition, the index to probe and the maps between the
  *	  partition's columns and the parent's are cached per backend and
  *	  forgotten at any relcache invalidation of that partition.
  *
@@ -365,32 +366,6 @@ IdemPartitionFor(Relation parent, PartitionDesc pd, TimestampTz ts)
 	return index >= 0 ? index : bounds->default_index;
 }
 
-/*
- * True when the B-tree has no root page, i.e. has never held an entry (a
- * root, once made, stays until the index is rebuilt under a new file, and
- * an entry committed before the caller's snapshot was taken made it
- * before).  The partitions ahead of the current one are all like that
- * until their day comes: reading the metapage alone spares them a scan.
- */
-static bool
-IdemIndexNeverUsed(Relation idx)
-{
-	Buffer		metabuf;
-	BTMetaPageData *metad;
-	bool		never_used;
-
-	/* B-tree caches its metapage only once a root exists */
-	if (idx->rd_amcache != NULL)
-		return false;
-	metabuf = ReadBuffer(idx, BTREE_METAPAGE);
-	LockBuffer(metabuf, BUFFER_LOCK_SHARE);
-	metad = BTPageGetMeta(BufferGetPage(metabuf));
-	/* anything unexpected is for the index scan to report */
-	never_used = metad->btm_magic == BTREE_MAGIC && metad->btm_root == P_NONE;
-	UnlockReleaseBuffer(metabuf);
-	return never_used;
-}
-
 /* Call callback for each row of the scope in one partition; true: stop. */
 static bool
 IdemProbeIndex(Relation parent, Relation part, Relation idx,
@@ -487,26 +462,32 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 	{
 		PartitionProbe *probe;
 		uint64		generation;
+		Relation	part;
 		Relation	idx;
 
-		/* the partition is opened only if its index has to be scanned */
-		LockRelationOid(oids[i], AccessShareLock);
-		probe = IdemGetProbe(oids[i], NULL);
+		/*
+		 * A partition without a block holds no row: its index is not even
+		 * locked.  A row committed before the snapshot was taken extended
+		 * the file before it committed, and the lock held on the partition
+		 * keeps VACUUM from truncating the file.
+		 */
+		part = table_open(oids[i], AccessShareLock);
+		if (RelationGetNumberOfBlocks(part) == 0)
+		{
+			table_close(part, NoLock);
+			continue;
+		}
+		probe = IdemGetProbe(oids[i], part);
 		generation = probe_cache_generation;
 		idx = index_open(probe->indexoid, AccessShareLock);
 		/* opening the index may have processed invalidations: look again */
 		if (generation != probe_cache_generation)
-			probe = IdemGetProbe(oids[i], NULL);
-		if (!IdemIndexNeverUsed(idx))
-		{
-			Relation	part = table_open(oids[i], NoLock);
-
-			stop = IdemProbeIndex(parent, part, idx, probe, snapshot,
-								  tenant, endpoint, key, &parent_slot,
-								  callback, arg);
-			table_close(part, NoLock);
-		}
+			probe = IdemGetProbe(oids[i], part);
+		stop = IdemProbeIndex(parent, part, idx, probe, snapshot,
+							  tenant, endpoint, key, &parent_slot,
+							  callback, arg);
 		index_close(idx, NoLock);
+		table_close(part, NoLock);
 	}
 	if (parent_slot)
 		ExecDropSingleTupleTableSlot(parent_slot);
