@@ -305,13 +305,22 @@ IdemGetProbe(Oid partoid, Relation part)
 		/* opening indexes may process invalidations: build first, then enter */
 		Relation	rel = part ? part : table_open(partoid, NoLock);
 		int8		scope_col[3];
-		Oid			indexoid = IdemScopeIndex(rel, scope_col);
-		Oid			lease_indexoid = IdemLeaseIndex(rel);
+		Oid			indexoid;
+		Oid			lease_indexoid;
 		MemoryContext old;
 		AttrMap    *map;
 		AttrMap    *insert_map;
 		bool		found;
 
+		if (rel->rd_rel->relkind != RELKIND_RELATION)
+			ereport(ERROR,
+					(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+					 errmsg("partition \"%s\" of idempotency.keys is not an ordinary table",
+							RelationGetRelationName(rel)),
+					 errdetail("Claims read and write the partitions of idempotency.keys directly, which only ordinary tables allow."),
+					 errhint("Detach it; partitions made by idem_maintenance() are ordinary tables.")));
+		indexoid = IdemScopeIndex(rel, scope_col);
+		lease_indexoid = IdemLeaseIndex(rel);
 		(void) IdemKeysRelid();
 		old = MemoryContextSwitchTo(CacheMemoryContext);
 		map = build_attrmap_by_name_if_req(RelationGetDescr(rel), keys_desc);
@@ -472,7 +481,8 @@ IdemScanScope(const text *tenant, const text *endpoint, const text *key,
 		 * keeps VACUUM from truncating the file.
 		 */
 		part = table_open(oids[i], AccessShareLock);
-		if (RelationGetNumberOfBlocks(part) == 0)
+		if (part->rd_rel->relkind == RELKIND_RELATION &&
+			RelationGetNumberOfBlocks(part) == 0)
 		{
 			table_close(part, NoLock);
 			continue;

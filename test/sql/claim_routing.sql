@@ -107,5 +107,16 @@ RESET enable_indexscan;
 RESET enable_bitmapscan;
 SELECT idempotency.idem_release('acme', 'POST /r', 'r-4', :token);
 
+-- a partition that is not an ordinary table (here a partitioned one) cannot
+-- be read or written directly: claims refuse it, even while it is empty
+CREATE TABLE idempotency.keys_routing_sub
+    (LIKE idempotency.keys INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
+    PARTITION BY RANGE (expires_at);
+ALTER TABLE idempotency.keys ATTACH PARTITION idempotency.keys_routing_sub
+    FOR VALUES FROM (now() + interval '6 days') TO (now() + interval '6 days 1 hour');
+SELECT action FROM idempotency.idem_claim('acme', 'POST /r', 'r-8', sha256('\x01'));
+ALTER TABLE idempotency.keys DETACH PARTITION idempotency.keys_routing_sub;
+DROP TABLE idempotency.keys_routing_sub;
+
 DROP TABLE idempotency.keys_routing_test, idempotency.keys_routing_past;
 DELETE FROM idempotency.keys WHERE endpoint = 'POST /r';
