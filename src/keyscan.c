@@ -15,9 +15,9 @@
  *	  A partition whose file has no block (the days ahead, usually) is
  *	  locked and its size read, nothing more: its index is not even locked,
  *	  which keeps a claim's relation locks within the lock manager's
- *	  fast-path slots.  Per partition, the index to probe and the maps between the
- *	  partition's columns and the parent's are cached per backend and
- *	  forgotten at any relcache invalidation of that partition.
+ *	  fast-path slots.  Per partition, the index to probe and the maps
+ *	  between the partition's columns and the parent's are cached per
+ *	  backend and forgotten at any relcache invalidation of that partition.
  *
  *-------------------------------------------------------------------------
  */
