@@ -77,6 +77,16 @@ SELECT action, http_status, response_status, response_headers,
        lease_token, expires_at > now() AS live
 FROM idempotency.idem_claim('acme', 'POST /payments', 'k-1', fp('amount=4200'));
 
+-- the finish can ride in the business insert's RETURNING clause (the README
+-- shows it): one statement less, the same completed key
+BEGIN;
+SELECT action FROM claim('acme', 'POST /payments', 'k-1r', 'amount=4300');
+INSERT INTO payments VALUES ('pay_1r', 'acme', 4300, 'k-1r')
+RETURNING id, idempotency.idem_finish('acme', 'POST /payments', key, 201, '{"id": "pay_1r"}');
+COMMIT;
+SELECT action, response_status, response_json
+FROM idempotency.idem_claim('acme', 'POST /payments', 'k-1r', fp('amount=4300'));
+
 -- same key, other request: 422, and the row is untouched
 SELECT * FROM claim('acme', 'POST /payments', 'k-1', 'amount=42000');
 SELECT state, response_status FROM idempotency.idem_lookup('acme', 'POST /payments', 'k-1');
