@@ -22,6 +22,7 @@ int			idem_partition_interval = 24 * 60 * 60;
 
 bool		idem_enable_worker = true;
 int			idem_maintenance_interval = 60;
+int			idem_resolver_timeout = 2000;
 
 int			idem_stats_max_endpoints = 1000;
 bool		idem_log_transitions = false;
@@ -79,6 +80,14 @@ IdemGucInit(void)
 							&idem_maintenance_interval,
 							60, 1, INT_MAX / 1000,
 							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.resolver_timeout",
+							"Longest time a maintenance pass waits for one call of an endpoint's resolver.",
+							"A resolver that has not answered by then is cancelled; its key stays in_progress until the next pass. 0 waits without limit.",
+							&idem_resolver_timeout,
+							2000, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	/*

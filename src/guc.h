@@ -17,6 +17,7 @@ extern int	idem_partition_interval;
 /* maintenance */
 extern bool idem_enable_worker;
 extern int	idem_maintenance_interval;
+extern int	idem_resolver_timeout;
 
 /* observability and response storage */
 extern int	idem_stats_max_endpoints;

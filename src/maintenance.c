@@ -6,7 +6,8 @@
  *
  *	  A pass, in this order:
  *	  1. stale leases: in_progress rows past locked_until (and not expired)
- *	     become 'unknown', or are settled by the endpoint's resolver;
+ *	     become 'unknown', or are settled by the endpoint's resolver (each
+ *	     call cut off after idempotency.resolver_timeout);
  *	  2. purge: expired rows leave the default partition;
  *	  3. premake: dated partitions cover from as_of to as_of + max_ttl + one
  *	     partition_interval; rows of a new partition's range are first moved
@@ -37,6 +38,7 @@
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "partitioning/partbounds.h"
+#include "storage/latch.h"
 #include "storage/lock.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
@@ -48,6 +50,7 @@
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
+#include "utils/timeout.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -890,8 +893,27 @@ CallResolveLease(void *arg)
 }
 
 /*
+ * idempotency.resolver_timeout: a timeout of this process's own, which
+ * cancels the resolver's call the way a statement timeout cancels a query
+ * (the resolver sees a query cancel at its next interrupt check).
+ */
+static volatile sig_atomic_t resolver_timed_out = false;
+static TimeoutId resolver_timeout_id;
+static bool resolver_timeout_registered = false;
+
+static void
+ResolverTimeoutHandler(void)
+{
+	resolver_timed_out = true;
+	InterruptPending = true;
+	QueryCancelPending = true;
+	SetLatch(MyLatch);
+}
+
+/*
  * Settle one stale lease through the endpoint's resolver.  A resolver that
- * raises leaves the row as it was: the error is logged and the pass goes on.
+ * raises, or does not answer within idempotency.resolver_timeout, leaves the
+ * row as it was: the error is logged and the pass goes on.
  */
 static LeaseOutcome
 ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
@@ -900,24 +922,51 @@ ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
 	ResolveArgs a;
 	ResolveCall c = {p, &a};
 	ErrorData  *edata;
+	int			timeout_ms = idem_resolver_timeout;
+	bool		timed_out;
 
 	a.lease = l;
 	a.policy = policy;
 	a.outcome = LEASE_RESOLVER_ERROR;
 	a.status = -1;
 
+	if (timeout_ms > 0 && !resolver_timeout_registered)
+	{
+		resolver_timeout_id = RegisterTimeout(USER_TIMEOUT, ResolverTimeoutHandler);
+		resolver_timeout_registered = true;
+	}
+	resolver_timed_out = false;
+	if (timeout_ms > 0)
+		enable_timeout_after(resolver_timeout_id, timeout_ms);
 	edata = IdemRunInSubtransaction(CallResolveLease, &c);
+	if (timeout_ms > 0)
+		disable_timeout(resolver_timeout_id, false);
+	timed_out = resolver_timed_out;
+	if (timed_out)
+	{
+		/* the cancel was this timeout's: none is left for the pass */
+		QueryCancelPending = false;
+		resolver_timed_out = false;
+	}
+
 	if (edata != NULL)
 	{
-		/* a cancel or shutdown stops the pass */
-		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED ||
+		/* a cancel (not the timeout's) or shutdown stops the pass */
+		if ((edata->sqlerrcode == ERRCODE_QUERY_CANCELED && !timed_out) ||
 			edata->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN)
 			ReThrowError(edata);
 
-		ereport(WARNING,
-				(errmsg("idempotency resolver of endpoint \"%s\" failed for tenant \"%s\", key hash %s: %s",
-						l->endpoint, l->tenant, KeyHash(l), edata->message),
-				 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again.")));
+		if (timed_out)
+			ereport(WARNING,
+					(errmsg("idempotency resolver of endpoint \"%s\" did not answer within %d ms for tenant \"%s\", key hash %s",
+							l->endpoint, timeout_ms, l->tenant, KeyHash(l)),
+					 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again."),
+					 errhint("A resolver should only look the operation up; raise idempotency.resolver_timeout if it needs longer.")));
+		else
+			ereport(WARNING,
+					(errmsg("idempotency resolver of endpoint \"%s\" failed for tenant \"%s\", key hash %s: %s",
+							l->endpoint, l->tenant, KeyHash(l), edata->message),
+					 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again.")));
 		FreeErrorData(edata);
 		a.outcome = LEASE_RESOLVER_ERROR;
 	}

@@ -151,6 +151,29 @@ DELETE FROM idempotency.endpoints WHERE endpoint = 'peek';
 DROP FUNCTION public.peek_keys(text, text, text);
 DROP ROLE idem_resolver_owner;
 
+-- A resolver that does not answer within idempotency.resolver_timeout is
+-- cancelled: its keys stay in_progress and the pass goes on with the next
+-- one (both keys are tried); the session is left with no cancel pending.
+CREATE FUNCTION public.slow_lookup(tenant text, endpoint text, key text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep(30);
+    RETURN '{"status": 200}';
+END $$;
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('slow', 'resolve', 'public.slow_lookup(text,text,text)');
+SELECT pg_temp.put('t1', 'slow', k, 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00')
+FROM unnest(ARRAY['s1', 's2']) k;
+SET idempotency.resolver_timeout = '200ms';
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00')
+WHERE kind LIKE 'lease%' OR kind = 'resolver_error' ORDER BY kind, object;
+SELECT key, state FROM idempotency.keys WHERE endpoint = 'slow' ORDER BY key;
+SELECT pg_sleep(0.3), 'no cancel pending' AS session;
+RESET idempotency.resolver_timeout;
+DELETE FROM idempotency.keys WHERE endpoint = 'slow';
+DELETE FROM idempotency.endpoints WHERE endpoint = 'slow';
+DROP FUNCTION public.slow_lookup(text, text, text);
+
 -- With the core's own functions: a claim in lease mode whose holder vanished.
 -- Once maintenance saw the lease expire, a duplicate gets outcome_pending
 -- instead of running the operation a second time.

@@ -168,6 +168,34 @@ for my $i (1 .. 3)
 	diag($err) if $ret;
 }
 
+# a resolver that hangs is cancelled after idempotency.resolver_timeout (2 s
+# by default): the worker logs it, the key stays in_progress, passes go on
+$offset = -s $node->logfile;
+$node->safe_psql('postgres', 'CREATE DATABASE hang');
+$node->safe_psql('hang', q{
+	CREATE EXTENSION idempotency CASCADE;
+	CREATE FUNCTION public.hang(tenant text, endpoint text, key text)
+	RETURNS jsonb LANGUAGE plpgsql AS $$
+	BEGIN
+	    PERFORM pg_catalog.pg_sleep(600);
+	    RETURN '{"status": 200}';
+	END $$;
+	INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+	VALUES ('hang', 'resolve', 'public.hang(text,text,text)');
+	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
+	    lease_token, locked_until, created_at, expires_at)
+	VALUES ('acme', 'hang', 'k', decode(repeat('ab', 32), 'hex'), 'in_progress', 7,
+	    now() - interval '1 minute', now() - interval '2 minutes', now() + interval '1 hour');
+});
+ok($node->wait_for_log(qr/resolver of endpoint "hang" did not answer within 2000 ms/, $offset),
+	'a hanging resolver is cancelled after resolver_timeout');
+is($node->safe_psql('hang', "SELECT state FROM idempotency.keys WHERE endpoint = 'hang'"),
+	'in_progress', 'and its key stays in_progress');
+$offset = -s $node->logfile;
+ok($node->wait_for_log(qr/resolver of endpoint "hang" did not answer/, $offset),
+	'the next pass tries it again');
+$node->safe_psql('postgres', 'DROP DATABASE hang WITH (FORCE)');
+
 # SIGTERM stops the launcher; the postmaster starts it again
 my $pid = $node->safe_psql('postgres', $launcher_q);
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
