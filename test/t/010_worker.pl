@@ -138,27 +138,32 @@ is($node->safe_psql('plain', "SELECT count(*) FROM pg_namespace WHERE nspname = 
 unlike(slurp_file($node->logfile, $offset), qr/(ERROR|FATAL):.*idempotency/i,
 	'and no error is logged for it');
 
+# a new database with the extension, an endpoint whose resolver runs $body
+# (PL/pgSQL statements), and one stale lease of that endpoint
+sub db_with_stale_lease
+{
+	my ($db, $endpoint, $body) = @_;
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	$node->safe_psql($db, qq{
+		CREATE EXTENSION idempotency CASCADE;
+		CREATE FUNCTION public.resolver(tenant text, endpoint text, key text)
+		RETURNS jsonb LANGUAGE plpgsql AS \$\$ BEGIN $body END \$\$;
+		INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+		VALUES ('$endpoint', 'resolve', 'public.resolver(text,text,text)');
+		INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
+		    lease_token, locked_until, created_at, expires_at)
+		VALUES ('acme', '$endpoint', 'k', decode(repeat('ab', 32), 'hex'), 'in_progress', 7,
+		    now() - interval '1 minute', now() - interval '2 minutes', now() + interval '1 hour');
+	});
+}
+
 # DROP DATABASE never fails nor hangs while the worker visits every second,
 # even when it comes while a worker is connected: here a slow resolver keeps
 # each pass in the database busy for a second.
 for my $i (1 .. 3)
 {
-	$node->safe_psql('postgres', "CREATE DATABASE victim$i");
-	$node->safe_psql("victim$i", q{
-		CREATE EXTENSION idempotency CASCADE;
-		CREATE FUNCTION public.slow(tenant text, endpoint text, key text)
-		RETURNS jsonb LANGUAGE plpgsql AS $$
-		BEGIN
-		    PERFORM pg_catalog.pg_sleep(1);
-		    RAISE EXCEPTION 'not yet';
-		END $$;
-		INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
-		VALUES ('slow', 'resolve', 'public.slow(text,text,text)');
-		INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
-		    lease_token, locked_until, created_at, expires_at)
-		VALUES ('acme', 'slow', 'k', decode(repeat('ab', 32), 'hex'), 'in_progress', 7,
-		    now() - interval '1 minute', now() - interval '2 minutes', now() + interval '1 hour');
-	});
+	db_with_stale_lease("victim$i", 'slow',
+		q{PERFORM pg_catalog.pg_sleep(1); RAISE EXCEPTION 'not yet';});
 	ok( $node->poll_query_until('postgres', qq{
 		SELECT count(*) > 0 FROM pg_stat_activity
 		WHERE backend_type = 'idempotency maintenance worker' AND datname = 'victim$i'}),
@@ -171,22 +176,8 @@ for my $i (1 .. 3)
 # a resolver that hangs is cancelled after idempotency.resolver_timeout (2 s
 # by default): the worker logs it, the key stays in_progress, passes go on
 $offset = -s $node->logfile;
-$node->safe_psql('postgres', 'CREATE DATABASE hang');
-$node->safe_psql('hang', q{
-	CREATE EXTENSION idempotency CASCADE;
-	CREATE FUNCTION public.hang(tenant text, endpoint text, key text)
-	RETURNS jsonb LANGUAGE plpgsql AS $$
-	BEGIN
-	    PERFORM pg_catalog.pg_sleep(600);
-	    RETURN '{"status": 200}';
-	END $$;
-	INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
-	VALUES ('hang', 'resolve', 'public.hang(text,text,text)');
-	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
-	    lease_token, locked_until, created_at, expires_at)
-	VALUES ('acme', 'hang', 'k', decode(repeat('ab', 32), 'hex'), 'in_progress', 7,
-	    now() - interval '1 minute', now() - interval '2 minutes', now() + interval '1 hour');
-});
+db_with_stale_lease('hang', 'hang',
+	q{PERFORM pg_catalog.pg_sleep(600); RETURN '{"status": 200}';});
 ok($node->wait_for_log(qr/resolver of endpoint "hang" did not answer within 2000 ms/, $offset),
 	'a hanging resolver is cancelled after resolver_timeout');
 is($node->safe_psql('hang', "SELECT state FROM idempotency.keys WHERE endpoint = 'hang'"),
