@@ -6,3 +6,16 @@
 -- regression test "upgrade" compares them).
 
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '0.3.0'" to load this file. \quit
+
+-- idem_maintenance gains preview: a future as_of only reports what a pass
+-- would do unless preview => false; as_of is range-checked, so the
+-- function is no longer STRICT.
+DROP FUNCTION idempotency.idem_maintenance(timestamptz);
+CREATE FUNCTION idempotency.idem_maintenance(as_of timestamptz DEFAULT pg_catalog.now(),
+                                             preview boolean DEFAULT NULL)
+RETURNS TABLE (kind text, object text, rows bigint)
+AS 'MODULE_PATHNAME', 'idem_maintenance'
+LANGUAGE C VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+REVOKE EXECUTE ON FUNCTION idempotency.idem_maintenance(timestamptz, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_maintenance(timestamptz, boolean) TO idempotency_admin;
