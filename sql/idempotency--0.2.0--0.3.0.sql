@@ -19,3 +19,24 @@ LANGUAGE C VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 REVOKE EXECUTE ON FUNCTION idempotency.idem_maintenance(timestamptz, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.idem_maintenance(timestamptz, boolean) TO idempotency_admin;
+
+-- A resolver runs as the endpoint's resolver_role, the role that set it
+-- (checked by the trigger endpoints_resolver: EXECUTE, signature, the right
+-- to name the role), no longer as the function's owner.  Rows written
+-- before keep what they ran as: the function's owner.
+ALTER TABLE idempotency.endpoints ADD COLUMN resolver_role regrole;
+UPDATE idempotency.endpoints e
+SET resolver_role = p.proowner::regrole
+FROM pg_catalog.pg_proc p
+WHERE p.oid = e.resolver;
+
+CREATE FUNCTION idempotency.idem_endpoints_resolver()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_endpoints_resolver'
+LANGUAGE C;
+REVOKE EXECUTE ON FUNCTION idempotency.idem_endpoints_resolver() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_endpoints_resolver() TO idempotency_admin;
+
+CREATE TRIGGER endpoints_resolver
+    BEFORE INSERT OR UPDATE ON idempotency.endpoints
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_resolver();

@@ -64,6 +64,7 @@
 #include "guc.h"
 #include "keygen.h"
 #include "maintenance.h"
+#include "resolver.h"
 #include "response.h"
 #include "stats.h"
 
@@ -773,8 +774,6 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 {
 	const StaleLease *l = a->lease;
 	Oid			resolver = a->policy->resolver;
-	HeapTuple	proctup;
-	Form_pg_proc proc;
 	FmgrInfo	flinfo;
 	LOCAL_FCINFO(fcinfo, 3);
 	Datum		answer;
@@ -785,31 +784,17 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	char	   *status_type;
 	char	   *status_text;
 	IdemResponse resp;
-	Oid			owner;
+	Oid			role;
 	Oid			save_userid;
 	int			save_sec_context;
 	Datum		upd_values[7];
 	Oid			upd_types[7] = {INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID, TIMESTAMPTZOID};
 	char		upd_nulls[7];
 
-	proctup = SearchSysCache1(PROCOID, ObjectIdGetDatum(resolver));
-	if (!HeapTupleIsValid(proctup))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_FUNCTION),
-				 errmsg("resolver function %u of endpoint \"%s\" does not exist",
-						resolver, l->endpoint)));
-	proc = (Form_pg_proc) GETSTRUCT(proctup);
-	if (proc->pronargs != 3 || proc->proretset ||
-		proc->proargtypes.values[0] != TEXTOID ||
-		proc->proargtypes.values[1] != TEXTOID ||
-		proc->proargtypes.values[2] != TEXTOID ||
-		proc->prorettype != JSONBOID)
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("resolver %s of endpoint \"%s\" must take (text, text, text) and return jsonb",
-						format_procedure(resolver), l->endpoint)));
-	owner = proc->proowner;
-	ReleaseSysCache(proctup);
+	/* the function and its role may have changed since the row was written */
+	IdemResolverCheckSignature(resolver, l->endpoint);
+	role = IdemResolverRole(l->endpoint, resolver);
+	IdemResolverCheckRole(resolver, role, l->endpoint);
 
 	fmgr_info(resolver, &flinfo);
 	InitFunctionCallInfoData(*fcinfo, &flinfo, 3, DEFAULT_COLLATION_OID, NULL, NULL);
@@ -821,14 +806,15 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	fcinfo->args[2].isnull = false;
 
 	/*
-	 * The resolver runs with the privileges of its owner, not of the pass
-	 * (the extension's owner), and may not change session state: whoever
-	 * may edit idempotency.endpoints can name a resolver, but not run code
-	 * with rights its author did not have.  An error restores the user with
-	 * the subtransaction.
+	 * The resolver runs as the endpoint's resolver_role (the role that set
+	 * it), not as the pass (the extension's owner), and may not change
+	 * session state: whoever may edit idempotency.endpoints can name a
+	 * resolver, but not run code with rights they do not have.  A SECURITY
+	 * DEFINER resolver runs as its owner, who lent those rights by granting
+	 * EXECUTE.  An error restores the user with the subtransaction.
 	 */
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context |
+	SetUserIdAndSecContext(role, save_sec_context |
 						   SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 	answer = FunctionCallInvoke(fcinfo);

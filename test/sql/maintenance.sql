@@ -136,23 +136,74 @@ SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => fal
 SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00')
 WHERE kind LIKE 'lease%' ORDER BY kind, object;
 
--- A resolver runs with its owner's rights, not with the extension owner's:
--- one owned by a role without access to idempotency.keys cannot read it.
-CREATE ROLE idem_resolver_owner NOLOGIN;
+-- A resolver runs as the endpoint's resolver_role: the role that set it.
+-- An admin without access to idempotency.keys names one that reads it: the
+-- pass runs it as that admin, and it cannot read the table.
+CREATE ROLE idem_oncall NOLOGIN IN ROLE idempotency_admin;
+CREATE ROLE idem_other NOLOGIN;
 CREATE FUNCTION public.peek_keys(tenant text, endpoint text, key text)
 RETURNS jsonb LANGUAGE sql
 AS $$ SELECT jsonb_build_object('status', 200, 'body', count(*)) FROM idempotency.keys $$;
-ALTER FUNCTION public.peek_keys(text, text, text) OWNER TO idem_resolver_owner;
+-- a superuser's function that only it may execute
+CREATE FUNCTION public.secret_lookup(tenant text, endpoint text, key text)
+RETURNS jsonb LANGUAGE sql
+AS $$ SELECT jsonb_build_object('status', 200, 'body', 'the secret') $$;
+REVOKE EXECUTE ON FUNCTION public.secret_lookup(text, text, text) FROM PUBLIC;
+SET ROLE idem_oncall;
 INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
 VALUES ('peek', 'resolve', 'public.peek_keys(text,text,text)');
+SELECT endpoint, resolver, resolver_role FROM idempotency.endpoints WHERE endpoint = 'peek';
+-- it may not name a function it may not execute, nor one that is no
+-- resolver, nor make another role run its resolver
+\set VERBOSITY default
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('secret', 'resolve', 'public.secret_lookup(text,text,text)');
+UPDATE idempotency.endpoints SET resolver = 'public.secret_lookup(text,text,text)'
+WHERE endpoint = 'peek';
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('wrong', 'resolve', 'pg_catalog.replace(text,text,text)');
+UPDATE idempotency.endpoints SET resolver_role = 'idem_other' WHERE endpoint = 'peek';
+\set VERBOSITY terse
+-- editing what is not the resolver keeps it and its role
+UPDATE idempotency.endpoints SET ttl = '1 day' WHERE endpoint = 'peek';
+RESET ROLE;
+SELECT endpoint, resolver_role FROM idempotency.endpoints WHERE endpoint = 'peek';
 SELECT pg_temp.put('t1', 'peek', 'p1', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
 SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
 WHERE kind LIKE 'lease%' OR kind = 'resolver_error' ORDER BY kind, object;
 SELECT key, state FROM idempotency.keys WHERE endpoint = 'peek';
 DELETE FROM idempotency.keys WHERE endpoint = 'peek';
-DELETE FROM idempotency.endpoints WHERE endpoint = 'peek';
+
+-- The pass checks EXECUTE again before each call: once the right is
+-- revoked, the resolver is not run and the key stays in_progress.
+GRANT EXECUTE ON FUNCTION public.secret_lookup(text, text, text) TO idem_oncall;
+SET ROLE idem_oncall;
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('secret', 'resolve', 'public.secret_lookup(text,text,text)');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION public.secret_lookup(text, text, text) FROM idem_oncall;
+SELECT pg_temp.put('t1', 'secret', 's1', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
+WHERE object = 'secret' ORDER BY kind, object;
+SELECT key, state, response_body FROM idempotency.keys WHERE endpoint = 'secret';
+-- a superuser may name another role, which must have EXECUTE itself
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver, resolver_role)
+VALUES ('other', 'resolve', 'public.secret_lookup(text,text,text)', 'idem_other');
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver, resolver_role)
+VALUES ('other', 'resolve', 'public.peek_keys(text,text,text)', 'idem_other')
+RETURNING endpoint, resolver_role;
+-- without a resolver there is no role
+UPDATE idempotency.endpoints SET on_lease_expiry = 'unknown', resolver = NULL
+WHERE endpoint = 'other' RETURNING endpoint, resolver_role;
+-- the trigger functions are no functions to call
+SELECT idempotency.idem_endpoints_changed();
+SELECT idempotency.idem_endpoints_resolver();
+DELETE FROM idempotency.keys WHERE endpoint = 'secret';
+DELETE FROM idempotency.endpoints WHERE endpoint IN ('peek', 'secret', 'other');
 DROP FUNCTION public.peek_keys(text, text, text);
-DROP ROLE idem_resolver_owner;
+DROP FUNCTION public.secret_lookup(text, text, text);
+DROP ROLE idem_oncall;
+DROP ROLE idem_other;
 
 -- A resolver that does not answer within idempotency.resolver_timeout is
 -- cancelled: its keys stay in_progress and the pass goes on with the next
