@@ -39,6 +39,16 @@ extern void IdemRequirePreload(const char *feature);
  */
 extern ErrorData *IdemRunInSubtransaction(void (*fn) (void *arg), void *arg);
 
+/* A character of an HTTP token (RFC 9110): method and header names. */
+static inline bool
+IdemIsTokenChar(unsigned char c)
+{
+	if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+		(c >= '0' && c <= '9'))
+		return true;
+	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
 /*
  * Raise unless the function was called by the trigger manager (a trigger
  * function called in SQL).
