@@ -703,10 +703,13 @@ PurgeDefault(MaintPass *p)
  * ---------------------------------------------------------------------
  */
 
+/* The WHERE clause of the stale leases as of $1. */
+#define STALE_LEASES_QUAL \
+	" WHERE state = 'in_progress' AND locked_until < $1 AND expires_at > $1"
+
 /* The WHERE clause that identifies a still-stale lease ($1..$4). */
 #define STALE_ROW_QUAL \
-	" WHERE tenant = $2 AND endpoint = $3 AND key = $4" \
-	" AND state = 'in_progress' AND locked_until < $1 AND expires_at > $1"
+	STALE_LEASES_QUAL " AND tenant = $2 AND endpoint = $3 AND key = $4"
 
 static void
 ReportLease(const StaleLease *l, const char *to_state, int status)
@@ -1042,8 +1045,7 @@ StaleLeasesPreview(MaintPass *p)
 	int64	   *counts;
 
 	rc = SPI_execute_with_args("SELECT endpoint, count(*) FROM idempotency.keys"
-							   " WHERE state = 'in_progress' AND locked_until < $1"
-							   " AND expires_at > $1"
+							   STALE_LEASES_QUAL
 							   " GROUP BY endpoint ORDER BY endpoint",
 							   1, argtypes, args, NULL, true, 0);
 	if (rc != SPI_OK_SELECT)
@@ -1095,8 +1097,7 @@ StaleLeases(MaintPass *p)
 	 */
 	rc = SPI_execute_with_args("SELECT tenant, endpoint, key, fingerprint, created_at"
 							   " FROM idempotency.keys"
-							   " WHERE state = 'in_progress' AND locked_until < $1"
-							   " AND expires_at > $1"
+							   STALE_LEASES_QUAL
 							   " ORDER BY endpoint, tenant, key"
 							   " FOR UPDATE SKIP LOCKED",
 							   1, argtypes, args, NULL, false, 0);
@@ -1201,6 +1202,17 @@ StaleLeases(MaintPass *p)
  */
 
 static void
+PassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
+		 IdemMaintEmit emit, void *arg)
+{
+	memset(p, 0, sizeof(*p));
+	p->as_of = as_of;
+	p->own_xacts = own_xacts;
+	p->emit = emit;
+	p->arg = arg;
+}
+
+static void
 RunSteps(MaintPass *p)
 {
 	StaleLeases(p);
@@ -1219,12 +1231,8 @@ IdemMaintenancePreview(TimestampTz as_of, IdemMaintEmit emit, void *arg)
 {
 	MaintPass	p;
 
-	memset(&p, 0, sizeof(p));
-	p.as_of = as_of;
-	p.own_xacts = false;
+	PassInit(&p, as_of, false, emit, arg);
 	p.preview = true;
-	p.emit = emit;
-	p.arg = arg;
 	p.cxt = CurrentMemoryContext;
 	RunSteps(&p);
 }
@@ -1236,11 +1244,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 	MaintPass	p;
 	LOCKTAG		tag;
 
-	memset(&p, 0, sizeof(p));
-	p.as_of = as_of;
-	p.own_xacts = own_xacts;
-	p.emit = emit;
-	p.arg = arg;
+	PassInit(&p, as_of, own_xacts, emit, arg);
 
 	PassLockTag(&tag);
 	if (own_xacts)

@@ -116,6 +116,16 @@ IdemResolverRole(const char *endpoint, Oid resolver)
 	return isnull ? InvalidOid : DatumGetObjectId(d);
 }
 
+/* An oid-like column (regprocedure, regrole) of a row; InvalidOid for NULL. */
+static Oid
+OidAttr(HeapTuple tup, TupleDesc desc, int attnum)
+{
+	bool		isnull;
+	Datum		d = heap_getattr(tup, attnum, desc, &isnull);
+
+	return isnull ? InvalidOid : DatumGetObjectId(d);
+}
+
 PG_FUNCTION_INFO_V1(idem_endpoints_resolver);
 
 /*
@@ -171,20 +181,12 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 		elog(ERROR, "idem_endpoints_resolver: table %s lacks a column it needs",
 			 RelationGetRelationName(trigdata->tg_relation));
 
-	resolver = DatumGetObjectId(heap_getattr(newtup, resolver_att, desc, &isnull));
-	if (isnull)
-		resolver = InvalidOid;
-	role = DatumGetObjectId(heap_getattr(newtup, role_att, desc, &isnull));
-	if (isnull)
-		role = InvalidOid;
+	resolver = OidAttr(newtup, desc, resolver_att);
+	role = OidAttr(newtup, desc, role_att);
 	if (oldtup != NULL)
 	{
-		old_resolver = DatumGetObjectId(heap_getattr(oldtup, resolver_att, desc, &isnull));
-		if (isnull)
-			old_resolver = InvalidOid;
-		old_role = DatumGetObjectId(heap_getattr(oldtup, role_att, desc, &isnull));
-		if (isnull)
-			old_role = InvalidOid;
+		old_resolver = OidAttr(oldtup, desc, resolver_att);
+		old_role = OidAttr(oldtup, desc, role_att);
 	}
 
 	cols[0] = role_att;
