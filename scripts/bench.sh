@@ -116,7 +116,7 @@ S=$BENCH_DIR/scripts
 # (the default partition comes on top).
 make_partitions() {
     local db=$1 n=$2
-    if has_proc "$db" 'idempotency.idem_maintenance(timestamptz)'; then
+    if has_proc "$db" 'idempotency.idem_maintenance(timestamptz,boolean)'; then
         # a pass premakes from today to today + max_ttl and one more
         psql_db postgres -c "ALTER DATABASE $db SET idempotency.max_ttl = '$((n - 2))d'"
         psql_db "$db" -c 'SELECT count(*) FROM idempotency.idem_maintenance()' >/dev/null
@@ -127,7 +127,7 @@ make_partitions() {
                WHERE i.inhparent = 'idempotency.keys'::regclass
                  AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'"
 }
-if has_proc bench 'idempotency.idem_maintenance(timestamptz)'; then
+if has_proc bench 'idempotency.idem_maintenance(timestamptz,boolean)'; then
     meta partitions "made by \`idempotency.idem_maintenance()\` (with \`idempotency.max_ttl\` set per database)"
 else
     meta partitions "this build has no \`idem_maintenance\`: daily partitions made by test/bench/partitions.sql"

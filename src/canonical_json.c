@@ -210,6 +210,7 @@ typedef struct CanonState
 	pg_cryptohash_ctx *sink;
 	const IdemExclusions *ex;
 	bool		convert;		/* database encoding is not UTF-8 */
+	bool		ascii_only;		/* SQL_ASCII: bytes above 0x7F are refused */
 
 	/*
 	 * Member names (in jsonb order) of the last object sorted, and their
@@ -271,12 +272,37 @@ maybe_flush(CanonState *st)
 		feed_sink(st);
 }
 
+/*
+ * A SQL_ASCII database does not say which characters bytes above 0x7F
+ * stand for, so text holding them has no UTF-8 form: refuse it.
+ */
+static void
+require_ascii(const char *s, int len)
+{
+	for (int i = 0; i < len; i++)
+		if ((unsigned char) s[i] > 0x7F)
+			ereport(ERROR,
+					(errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE),
+					 errmsg("non-ASCII characters cannot be canonicalized in a SQL_ASCII database"),
+					 errdetail("A SQL_ASCII database does not say which characters bytes above 0x7F stand for, so they have no UTF-8 form."),
+					 errhint("Use a database whose encoding is UTF8 (or another encoding than SQL_ASCII).")));
+}
+
+void
+IdemRequireAsciiInSqlAscii(const char *s, int len)
+{
+	if (GetDatabaseEncoding() == PG_SQL_ASCII)
+		require_ascii(s, len);
+}
+
 /* text in the database encoding as UTF-8 (no-op in UTF-8 databases) */
 static const char *
 to_utf8(CanonState *st, const char *s, int *len)
 {
 	const char *r;
 
+	if (st->ascii_only)
+		require_ascii(s, *len);
 	if (!st->convert)
 		return s;
 	r = pg_server_to_any(s, *len, PG_UTF8);
@@ -676,6 +702,7 @@ canon_init(CanonState *st, StringInfo out, const IdemExclusions *ex,
 	st->sink = sink;
 	st->ex = ex;
 	st->convert = (encoding != PG_UTF8 && encoding != PG_SQL_ASCII);
+	st->ascii_only = (encoding == PG_SQL_ASCII);
 	st->cache_n = -1;
 	st->level_buf = NULL;
 	st->level_cap = NULL;

@@ -77,4 +77,10 @@ extern Jsonb *IdemJsonTextToJsonbUnique(text *json);
  */
 extern text *IdemCanonicalToText(const char *utf8, int len);
 
+/*
+ * In a SQL_ASCII database, raise unless s is ASCII (its other bytes have no
+ * known UTF-8 form); elsewhere do nothing.
+ */
+extern void IdemRequireAsciiInSqlAscii(const char *s, int len);
+
 #endif							/* CANONICAL_JSON_H */

@@ -178,8 +178,7 @@ idem_endpoints_changed(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 
-	if (!CALLED_AS_TRIGGER(fcinfo))
-		elog(ERROR, "idem_endpoints_changed: not called as a trigger");
+	IdemRequireTriggerCall(fcinfo, "idem_endpoints_changed");
 	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
 	return PointerGetDatum(NULL);
 }

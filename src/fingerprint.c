@@ -177,16 +177,6 @@ idem_canonical_json_text_sha256(PG_FUNCTION_ARGS)
 									   EXCLUDE_ARG(1)));
 }
 
-/* RFC 9110 tchar */
-static bool
-is_tchar(unsigned char c)
-{
-	if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-		(c >= '0' && c <= '9'))
-		return true;
-	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
-}
-
 void
 IdemFingerprint(const char *method, const char *path, Jsonb *body,
 				const IdemExclusions *ex, uint8 *digest)
@@ -205,7 +195,7 @@ IdemFingerprint(const char *method, const char *path, Jsonb *body,
 	{
 		unsigned char c = (unsigned char) method[i];
 
-		if (!is_tchar(c))
+		if (!IdemIsTokenChar(c))
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_INVALID_KEY),
 					 errmsg("invalid request method \"%s\"", method),
@@ -223,6 +213,7 @@ IdemFingerprint(const char *method, const char *path, Jsonb *body,
 			ereport(ERROR,
 					(errcode(ERRCODE_IDEM_INVALID_KEY),
 					 errmsg("request path must not contain control characters")));
+	IdemRequireAsciiInSqlAscii(path, strlen(path));
 	upath = pg_server_to_any(path, strlen(path), PG_UTF8);
 
 	ctx = sha256_begin();

@@ -1,7 +1,17 @@
 /*-------------------------------------------------------------------------
  *
  * guc.c
- *	  Definition of every idempotency.* configuration setting.
+ *	  Definition of every idempotency.* configuration setting, and what
+ *	  keeps idempotency.encryption_key out of the server log.
+ *
+ *	  The key is never the value the GUC machinery holds: its check hook
+ *	  moves the key into the setting's "extra" and leaves an empty string
+ *	  as the value.  The value is what a reload compares before logging
+ *	  "parameter ... changed to ..." (with the text of the file), so that
+ *	  line is never written for the key; SHOW and current_setting() show
+ *	  only whether a key is set.  The check hook accepts every value, so no
+ *	  "invalid value" error can quote it.  Statements that name the setting
+ *	  are kept out of the log too (see IdemHideKeyStatements).
  *
  *-------------------------------------------------------------------------
  */
@@ -10,6 +20,8 @@
 #include <limits.h>
 
 #include "miscadmin.h"
+#include "tcop/tcopprot.h"
+#include "utils/elog.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
@@ -29,7 +41,117 @@ bool		idem_log_transitions = false;
 bool		idem_audit = false;
 int			idem_max_response_bytes = 256 * 1024;
 char	   *idem_extra_sensitive_headers = NULL;
-char	   *idem_encryption_key = NULL;
+char	   *idem_encryption_key = "";
+
+/* the value the GUC machinery holds for idempotency.encryption_key: "" */
+static char *idem_encryption_key_setting = NULL;
+
+/* what SHOW answers for a key that is set */
+#define IDEM_KEY_SHOWN		"(set)"
+
+/* a statement that names this is never written to the server log */
+#define IDEM_KEY_SETTING	"encryption_key"
+
+static emit_log_hook_type prev_emit_log_hook = NULL;
+
+/*
+ * GUC memory: guc_malloc and guc_free from PostgreSQL 16 on, malloc and
+ * free before (check hooks must use what the GUC machinery frees with).
+ */
+#if PG_VERSION_NUM >= 160000
+#define IdemGucAlloc(size)	guc_malloc(LOG, (size))
+#define IdemGucFree(ptr)	guc_free(ptr)
+#else
+#define IdemGucAlloc(size)	malloc(size)
+#define IdemGucFree(ptr)	free(ptr)
+#endif
+
+/*
+ * Check hook of idempotency.encryption_key: the key goes to *extra, the
+ * value kept by the GUC machinery becomes "".  Every value is accepted.
+ */
+static bool
+IdemEncryptionKeyCheck(char **newval, void **extra, GucSource source)
+{
+	size_t		len = *newval ? strlen(*newval) : 0;
+	char	   *key = NULL;
+	char	   *empty;
+
+	if (len > 0)
+	{
+		key = IdemGucAlloc(len + 1);
+		if (key == NULL)
+			return false;
+		memcpy(key, *newval, len + 1);
+	}
+	empty = IdemGucAlloc(1);
+	if (empty == NULL)
+	{
+		if (key)
+			IdemGucFree(key);
+		return false;
+	}
+	empty[0] = '\0';
+	if (*newval)
+	{
+		/* wipe the key's copy that the GUC machinery would keep */
+		memset(*newval, 0, len);
+		IdemGucFree(*newval);
+	}
+	*newval = empty;
+	*extra = key;
+	return true;
+}
+
+static void
+IdemEncryptionKeyAssign(const char *newval, void *extra)
+{
+	idem_encryption_key = extra ? (char *) extra : "";
+}
+
+static const char *
+IdemEncryptionKeyShow(void)
+{
+	return idem_encryption_key[0] != '\0' ? IDEM_KEY_SHOWN : "";
+}
+
+/* Does s name the key's setting?  (ASCII, without regard to case) */
+static bool
+IdemNamesKeySetting(const char *s)
+{
+	size_t		n = strlen(IDEM_KEY_SETTING);
+
+	for (; s != NULL && *s != '\0'; s++)
+		if (pg_strncasecmp(s, IDEM_KEY_SETTING, n) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * emit_log_hook: a statement that names idempotency.encryption_key may
+ * carry a key (SET, ALTER SYSTEM, set_config(), a refused value).  The
+ * STATEMENT line of its messages is left out, and a message that quotes
+ * the statement itself (log_statement, log_min_duration_statement) is
+ * written without it and without its parameters.
+ */
+static void
+IdemHideKeyStatements(ErrorData *edata)
+{
+	if (edata->output_to_server && debug_query_string != NULL &&
+		IdemNamesKeySetting(debug_query_string))
+	{
+		edata->hide_stmt = true;
+		if (edata->message && strstr(edata->message, debug_query_string))
+		{
+			edata->message = pstrdup("statement not logged: it names idempotency.encryption_key");
+			edata->detail = NULL;
+			edata->detail_log = NULL;
+			edata->context = NULL;
+		}
+	}
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
+}
 
 void
 IdemGucInit(void)
@@ -138,11 +260,15 @@ IdemGucInit(void)
 	DefineCustomStringVariable("idempotency.encryption_key",
 							   "Key with which stored response bodies are encrypted.",
 							   "Empty means that bodies are stored unencrypted.",
-							   &idem_encryption_key,
+							   &idem_encryption_key_setting,
 							   "",
 							   PGC_SUSET,
 							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
-							   NULL, NULL, NULL);
+							   IdemEncryptionKeyCheck, IdemEncryptionKeyAssign,
+							   IdemEncryptionKeyShow);
+
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = IdemHideKeyStatements;
 
 	MarkGUCPrefixReserved("idempotency");
 }

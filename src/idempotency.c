@@ -10,6 +10,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "commands/trigger.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/guc.h"
@@ -53,6 +54,16 @@ IdemRequirePreload(const char *feature)
 				 errmsg("%s requires idempotency to be loaded via shared_preload_libraries",
 						feature),
 				 errhint("Add idempotency to shared_preload_libraries in postgresql.conf and restart the server.")));
+}
+
+void
+IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("function %s can only be called as a trigger", funcname),
+				 errdetail("It belongs to the triggers of idempotency.endpoints.")));
 }
 
 ErrorData *

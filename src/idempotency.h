@@ -12,6 +12,8 @@
 
 #include "postgres.h"
 
+#include "fmgr.h"
+
 /*
  * SQLSTATEs of the extension's own, in class "IK" (idempotency key).  The
  * last three characters are the HTTP status an application should answer
@@ -36,6 +38,22 @@ extern void IdemRequirePreload(const char *feature);
  * error (the caller logs it, or raises it again with ReThrowError).
  */
 extern ErrorData *IdemRunInSubtransaction(void (*fn) (void *arg), void *arg);
+
+/* A character of an HTTP token (RFC 9110): method and header names. */
+static inline bool
+IdemIsTokenChar(unsigned char c)
+{
+	if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+		(c >= '0' && c <= '9'))
+		return true;
+	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+/*
+ * Raise unless the function was called by the trigger manager (a trigger
+ * function called in SQL).
+ */
+extern void IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname);
 
 /*
  * The extension's own SQL (SPI) runs as the owner of its tables, with the

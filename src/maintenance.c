@@ -14,6 +14,11 @@
  *	     out of the default partition;
  *	  4. retention: partitions whose range has ended are dropped whole.
  *
+ *	  A preview reports what a pass as of a given time would do, and does
+ *	  nothing: it only reads.  idem_maintenance() previews a pass whose as_of
+ *	  lies in the future unless told otherwise, since such a pass would drop
+ *	  keys and mark leases unknown that are live now.
+ *
  *	  DDL runs with a short lock_timeout in a subtransaction; a step that
  *	  cannot get its lock is skipped with a LOG line and the next pass
  *	  retries, so claims never wait on maintenance for more than that.  Two
@@ -59,6 +64,7 @@
 #include "guc.h"
 #include "keygen.h"
 #include "maintenance.h"
+#include "resolver.h"
 #include "response.h"
 #include "stats.h"
 
@@ -71,6 +77,7 @@ typedef struct MaintPass
 {
 	TimestampTz as_of;
 	bool		own_xacts;
+	bool		preview;		/* report what would be done, do nothing */
 	IdemMaintEmit emit;
 	void	   *arg;
 	int			guc_nest;
@@ -429,6 +436,49 @@ PlanPremake(MaintPass *p, List *existing)
 	return plan;
 }
 
+/* A partition's rows as pg_class.reltuples estimates them; -1 if never counted. */
+static int64
+PartitionEstimate(Oid relid)
+{
+	int64		estimate = -1;
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+
+	if (HeapTupleIsValid(tup))
+	{
+		float4		reltuples = ((Form_pg_class) GETSTRUCT(tup))->reltuples;
+
+		if (reltuples >= 0)
+			estimate = (int64) reltuples;
+		ReleaseSysCache(tup);
+	}
+	return estimate;
+}
+
+/*
+ * Rows of the default partition whose expires_at is in [lo, hi), or, with
+ * lo NULL, at most hi: what a preview reports for a move or a purge.
+ */
+static int64
+CountDefaultRows(const TimestampTz *lo, TimestampTz hi)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(hi), TimestampTzGetDatum(lo ? *lo : 0)};
+	bool		isnull;
+	int			rc;
+
+	rc = SPI_execute_with_args(lo ?
+							   "SELECT count(*) FROM ONLY idempotency.keys_default"
+							   " WHERE expires_at >= $2 AND expires_at < $1" :
+							   "SELECT count(*) FROM ONLY idempotency.keys_default"
+							   " WHERE expires_at <= $1",
+							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "counting rows of idempotency.keys_default failed: %s",
+			 SPI_result_code_string(rc));
+	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+}
+
 typedef struct CreateArgs
 {
 	MaintRange *range;
@@ -528,7 +578,9 @@ Premake(MaintPass *p)
 		a.name = PartitionName(a.range->lo);
 		MemoryContextSwitchTo(old);
 		a.moved = 0;
-		if (RunWithLockTimeout(p, "creating partition", a.name, CreatePartition, &a))
+		if (p->preview)
+			Emit(p, "create", a.name, CountDefaultRows(&a.range->lo, a.range->hi));
+		else if (RunWithLockTimeout(p, "creating partition", a.name, CreatePartition, &a))
 			Emit(p, "create", a.name, a.moved);
 		StepEnd(p);
 	}
@@ -563,20 +615,10 @@ DropPartitions(MaintPass *p, void *arg)
 		MaintRange *r = lfirst(lc);
 		char	   *relname = get_rel_name(r->relid);
 		char	   *nspname = get_namespace_name(get_rel_namespace(r->relid));
-		int64		estimate = -1;
-		HeapTuple	tup;
+		int64		estimate = PartitionEstimate(r->relid);
 
 		if (relname == NULL || nspname == NULL)
 			continue;			/* dropped meanwhile */
-		tup = SearchSysCache1(RELOID, ObjectIdGetDatum(r->relid));
-		if (HeapTupleIsValid(tup))
-		{
-			float4		reltuples = ((Form_pg_class) GETSTRUCT(tup))->reltuples;
-
-			if (reltuples >= 0)
-				estimate = (int64) reltuples;
-			ReleaseSysCache(tup);
-		}
 		if (a->names != NIL)
 			appendStringInfoString(&sql, ", ");
 		appendStringInfoString(&sql, quote_qualified_identifier(nspname, relname));
@@ -603,7 +645,16 @@ Retention(MaintPass *p)
 	{
 		MaintRange *r = lfirst(lc);
 
-		if (!r->hi_inf && r->hi <= p->as_of)
+		if (r->hi_inf || r->hi > p->as_of)
+			continue;
+		if (p->preview)
+		{
+			char	   *relname = get_rel_name(r->relid);
+
+			if (relname != NULL)
+				Emit(p, "drop", relname, PartitionEstimate(r->relid));
+		}
+		else
 			a.ranges = lappend(a.ranges, r);
 	}
 	if (a.ranges != NIL &&
@@ -627,6 +678,15 @@ PurgeDefault(MaintPass *p)
 
 	StepBegin(p);
 	args[0] = TimestampTzGetDatum(p->as_of);
+	if (p->preview)
+	{
+		int64		n = CountDefaultRows(NULL, p->as_of);
+
+		if (n > 0)
+			Emit(p, "purge", "keys_default", n);
+		StepEnd(p);
+		return;
+	}
 	rc = SPI_execute_with_args("DELETE FROM ONLY idempotency.keys_default"
 							   " WHERE expires_at <= $1",
 							   1, argtypes, args, NULL, false, 0);
@@ -643,10 +703,13 @@ PurgeDefault(MaintPass *p)
  * ---------------------------------------------------------------------
  */
 
+/* The WHERE clause of the stale leases as of $1. */
+#define STALE_LEASES_QUAL \
+	" WHERE state = 'in_progress' AND locked_until < $1 AND expires_at > $1"
+
 /* The WHERE clause that identifies a still-stale lease ($1..$4). */
 #define STALE_ROW_QUAL \
-	" WHERE tenant = $2 AND endpoint = $3 AND key = $4" \
-	" AND state = 'in_progress' AND locked_until < $1 AND expires_at > $1"
+	STALE_LEASES_QUAL " AND tenant = $2 AND endpoint = $3 AND key = $4"
 
 static void
 ReportLease(const StaleLease *l, const char *to_state, int status)
@@ -714,8 +777,6 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 {
 	const StaleLease *l = a->lease;
 	Oid			resolver = a->policy->resolver;
-	HeapTuple	proctup;
-	Form_pg_proc proc;
 	FmgrInfo	flinfo;
 	LOCAL_FCINFO(fcinfo, 3);
 	Datum		answer;
@@ -726,31 +787,17 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	char	   *status_type;
 	char	   *status_text;
 	IdemResponse resp;
-	Oid			owner;
+	Oid			role;
 	Oid			save_userid;
 	int			save_sec_context;
 	Datum		upd_values[7];
 	Oid			upd_types[7] = {INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID, TIMESTAMPTZOID};
 	char		upd_nulls[7];
 
-	proctup = SearchSysCache1(PROCOID, ObjectIdGetDatum(resolver));
-	if (!HeapTupleIsValid(proctup))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_FUNCTION),
-				 errmsg("resolver function %u of endpoint \"%s\" does not exist",
-						resolver, l->endpoint)));
-	proc = (Form_pg_proc) GETSTRUCT(proctup);
-	if (proc->pronargs != 3 || proc->proretset ||
-		proc->proargtypes.values[0] != TEXTOID ||
-		proc->proargtypes.values[1] != TEXTOID ||
-		proc->proargtypes.values[2] != TEXTOID ||
-		proc->prorettype != JSONBOID)
-		ereport(ERROR,
-				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("resolver %s of endpoint \"%s\" must take (text, text, text) and return jsonb",
-						format_procedure(resolver), l->endpoint)));
-	owner = proc->proowner;
-	ReleaseSysCache(proctup);
+	/* the function and its role may have changed since the row was written */
+	IdemResolverCheckSignature(resolver, l->endpoint);
+	role = IdemResolverRole(l->endpoint, resolver);
+	IdemResolverCheckRole(resolver, role, l->endpoint);
 
 	fmgr_info(resolver, &flinfo);
 	InitFunctionCallInfoData(*fcinfo, &flinfo, 3, DEFAULT_COLLATION_OID, NULL, NULL);
@@ -762,14 +809,15 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	fcinfo->args[2].isnull = false;
 
 	/*
-	 * The resolver runs with the privileges of its owner, not of the pass
-	 * (the extension's owner), and may not change session state: whoever
-	 * may edit idempotency.endpoints can name a resolver, but not run code
-	 * with rights its author did not have.  An error restores the user with
-	 * the subtransaction.
+	 * The resolver runs as the endpoint's resolver_role (the role that set
+	 * it), not as the pass (the extension's owner), and may not change
+	 * session state: whoever may edit idempotency.endpoints can name a
+	 * resolver, but not run code with rights they do not have.  A SECURITY
+	 * DEFINER resolver runs as its owner, who lent those rights by granting
+	 * EXECUTE.  An error restores the user with the subtransaction.
 	 */
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context |
+	SetUserIdAndSecContext(role, save_sec_context |
 						   SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 	answer = FunctionCallInvoke(fcinfo);
@@ -981,6 +1029,47 @@ typedef struct LeaseCount
 	int64		n[LEASE_GONE];
 } LeaseCount;
 
+/*
+ * Preview of step 1: per endpoint, the stale leases that a pass would give
+ * to the endpoint's resolver ("lease_resolve") or mark unknown.
+ */
+static void
+StaleLeasesPreview(MaintPass *p)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(p->as_of)};
+	int			rc;
+	uint64		nrows;
+	uint64		i;
+	char	  **endpoints;
+	int64	   *counts;
+
+	rc = SPI_execute_with_args("SELECT endpoint, count(*) FROM idempotency.keys"
+							   STALE_LEASES_QUAL
+							   " GROUP BY endpoint ORDER BY endpoint",
+							   1, argtypes, args, NULL, true, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
+	nrows = SPI_processed;
+	endpoints = palloc0(sizeof(char *) * (nrows + 1));
+	counts = palloc0(sizeof(int64) * (nrows + 1));
+	for (i = 0; i < nrows; i++)
+	{
+		bool		isnull;
+
+		endpoints[i] = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		counts[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+												SPI_tuptable->tupdesc, 2, &isnull));
+	}
+	for (i = 0; i < nrows; i++)
+	{
+		const IdemEndpointPolicy *policy = IdemGetEndpointPolicy(endpoints[i]);
+
+		Emit(p, policy->resolve_on_expiry && OidIsValid(policy->resolver) ?
+			 "lease_resolve" : "lease_unknown", endpoints[i], counts[i]);
+	}
+}
+
 static void
 StaleLeases(MaintPass *p)
 {
@@ -994,6 +1083,12 @@ StaleLeases(MaintPass *p)
 	ListCell   *lc;
 
 	StepBegin(p);
+	if (p->preview)
+	{
+		StaleLeasesPreview(p);
+		StepEnd(p);
+		return;
+	}
 	args[0] = TimestampTzGetDatum(p->as_of);
 
 	/*
@@ -1002,8 +1097,7 @@ StaleLeases(MaintPass *p)
 	 */
 	rc = SPI_execute_with_args("SELECT tenant, endpoint, key, fingerprint, created_at"
 							   " FROM idempotency.keys"
-							   " WHERE state = 'in_progress' AND locked_until < $1"
-							   " AND expires_at > $1"
+							   STALE_LEASES_QUAL
 							   " ORDER BY endpoint, tenant, key"
 							   " FOR UPDATE SKIP LOCKED",
 							   1, argtypes, args, NULL, false, 0);
@@ -1107,6 +1201,42 @@ StaleLeases(MaintPass *p)
  * ---------------------------------------------------------------------
  */
 
+static void
+PassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
+		 IdemMaintEmit emit, void *arg)
+{
+	memset(p, 0, sizeof(*p));
+	p->as_of = as_of;
+	p->own_xacts = own_xacts;
+	p->emit = emit;
+	p->arg = arg;
+}
+
+static void
+RunSteps(MaintPass *p)
+{
+	StaleLeases(p);
+	PurgeDefault(p);
+	Premake(p);
+	Retention(p);
+}
+
+/*
+ * What a pass as of as_of would do, in the caller's transaction, doing
+ * nothing: it takes no lock but those of its reads, calls no resolver and
+ * counts, logs and audits nothing.
+ */
+void
+IdemMaintenancePreview(TimestampTz as_of, IdemMaintEmit emit, void *arg)
+{
+	MaintPass	p;
+
+	PassInit(&p, as_of, false, emit, arg);
+	p.preview = true;
+	p.cxt = CurrentMemoryContext;
+	RunSteps(&p);
+}
+
 bool
 IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 					IdemMaintEmit emit, void *arg)
@@ -1114,11 +1244,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 	MaintPass	p;
 	LOCKTAG		tag;
 
-	memset(&p, 0, sizeof(p));
-	p.as_of = as_of;
-	p.own_xacts = own_xacts;
-	p.emit = emit;
-	p.arg = arg;
+	PassInit(&p, as_of, own_xacts, emit, arg);
 
 	PassLockTag(&tag);
 	if (own_xacts)
@@ -1148,10 +1274,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 
 	PG_TRY();
 	{
-		StaleLeases(&p);
-		PurgeDefault(&p);
-		Premake(&p);
-		Retention(&p);
+		RunSteps(&p);
 	}
 	PG_FINALLY();
 	{
@@ -1189,27 +1312,72 @@ EmitTuple(void *arg, const char *kind, const char *object, int64 rows)
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 
+/*
+ * Times a pass accepts: from the Unix epoch, from which partitions are
+ * aligned, to the year 9000, so that the partitions a pass makes (at most
+ * max_ttl plus one partition_interval, some 136 years, ahead) keep
+ * four-digit years in their names.
+ */
+#define IDEM_AS_OF_MIN	"1970-01-01 00:00:00+00"
+#define IDEM_AS_OF_MAX	"9000-01-01 00:00:00+00"
+
+static TimestampTz
+AsOfBound(const char *literal)
+{
+	return DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
+												   CStringGetDatum(literal),
+												   ObjectIdGetDatum(InvalidOid),
+												   Int32GetDatum(-1)));
+}
+
 PG_FUNCTION_INFO_V1(idem_maintenance);
 
 /*
- * idem_maintenance(as_of timestamptz DEFAULT now())
+ * idem_maintenance(as_of timestamptz DEFAULT now(), preview boolean DEFAULT NULL)
  *		RETURNS TABLE (kind text, object text, rows bigint)
  *
  * One maintenance pass in the caller's transaction, as if the clock read
- * as_of; one row per action.
+ * as_of; one row per action.  With preview, or when preview is NULL and
+ * as_of lies in the future, only what the pass would do is reported.  (The
+ * 0.2.0 definition has no preview argument: it previews a future as_of.)
  */
 Datum
 idem_maintenance(PG_FUNCTION_ARGS)
 {
-	TimestampTz as_of = PG_GETARG_TIMESTAMPTZ(0);
+	TimestampTz as_of;
+	bool		preview;
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 
-	if (TIMESTAMP_NOT_FINITE(as_of))
+	if (PG_ARGISNULL(0))
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("as_of must be a finite time")));
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("as_of must not be null"),
+				 errhint("Leave as_of out for a pass as of now().")));
+	as_of = PG_GETARG_TIMESTAMPTZ(0);
+	if (TIMESTAMP_NOT_FINITE(as_of) ||
+		as_of < AsOfBound(IDEM_AS_OF_MIN) || as_of >= AsOfBound(IDEM_AS_OF_MAX))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("as_of is out of range for a maintenance pass"),
+				 errdetail("A pass accepts times from %s up to, but not including, %s.",
+						   "1970-01-01 00:00 UTC", "9000-01-01 00:00 UTC")));
+
+	if (PG_NARGS() > 1 && !PG_ARGISNULL(1))
+		preview = PG_GETARG_BOOL(1);
+	else
+	{
+		preview = as_of > GetCurrentTimestamp();
+		if (preview)
+			ereport(NOTICE,
+					(errmsg("maintenance pass previewed: as_of lies in the future"),
+					 errdetail("The rows show what a pass at that time would do; nothing was changed."),
+					 errhint("Pass preview => false to run the pass as if the clock read as_of, which drops keys and marks leases unknown that are live now.")));
+	}
 
 	InitMaterializedSRF(fcinfo, 0);
-	(void) IdemMaintenancePass(as_of, false, EmitTuple, rsinfo);
+	if (preview)
+		IdemMaintenancePreview(as_of, EmitTuple, rsinfo);
+	else
+		(void) IdemMaintenancePass(as_of, false, EmitTuple, rsinfo);
 	return (Datum) 0;
 }

@@ -34,4 +34,11 @@ typedef void (*IdemMaintEmit) (void *arg, const char *kind,
 extern bool IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 								IdemMaintEmit emit, void *arg);
 
+/*
+ * Report what a pass as of as_of would do, in the caller's transaction,
+ * changing nothing (no "busy" either: a preview takes no pass lock).
+ */
+extern void IdemMaintenancePreview(TimestampTz as_of, IdemMaintEmit emit,
+								   void *arg);
+
 #endif							/* IDEM_MAINTENANCE_H */

@@ -121,10 +121,52 @@ IdemHeaderIsSensitive(const char *name, int len)
 	return IdemHeaderInList(idem_extra_sensitive_headers, name, len);
 }
 
+/* A header's name must be an HTTP token: "Set-Cookie " is no header. */
+static void
+IdemCheckHeaderName(const char *name, int len)
+{
+	bool		ok = len > 0;
+
+	for (int i = 0; ok && i < len; i++)
+		ok = IdemIsTokenChar((unsigned char) name[i]);
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid response header name \"%.*s\"", len, name),
+				 errdetail("A header name is an HTTP token: letters, digits and !#$%%&'*+-.^_`|~, without spaces.")));
+}
+
+/* A header's value must be a string or an array of strings. */
+static void
+IdemCheckHeaderValue(const char *name, int len, JsonbValue *v)
+{
+	bool		ok = v->type == jbvString;
+
+	if (v->type == jbvBinary && JsonContainerIsArray(v->val.binary.data) &&
+		!JsonContainerIsScalar(v->val.binary.data))
+	{
+		JsonbIterator *it = JsonbIteratorInit(v->val.binary.data);
+		JsonbIteratorToken tok;
+		JsonbValue	elem;
+
+		ok = true;
+		while (ok && (tok = JsonbIteratorNext(&it, &elem, true)) != WJB_DONE)
+			if (tok == WJB_ELEM)
+				ok = elem.type == jbvString;
+	}
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response header \"%.*s\" must be a string or an array of strings",
+						len, name),
+				 errdetail("Header values are stored and replayed as text, for example {\"Link\": [\"<a>; rel=next\", \"<b>; rel=prev\"]}.")));
+}
+
 /*
  * The headers without the sensitive ones (compared without regard to
  * case); the same pointer when none is.  Headers are a JSON object whose
- * keys are the header names.
+ * keys are the header names (HTTP tokens) and whose values are strings or
+ * arrays of strings.
  */
 static Jsonb *
 IdemFilterHeaders(Jsonb *headers)
@@ -136,6 +178,8 @@ IdemFilterHeaders(Jsonb *headers)
 	JsonbValue *res = NULL;
 	bool		skip = false;
 	bool		changed = false;
+	const char *name = NULL;
+	int			namelen = 0;
 
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 		ereport(ERROR,
@@ -148,17 +192,24 @@ IdemFilterHeaders(Jsonb *headers)
 	{
 		if (tok == WJB_KEY)
 		{
-			skip = IdemHeaderIsSensitive(v.val.string.val, v.val.string.len);
+			name = v.val.string.val;
+			namelen = v.val.string.len;
+			IdemCheckHeaderName(name, namelen);
+			skip = IdemHeaderIsSensitive(name, namelen);
 			if (skip)
 			{
 				changed = true;
 				continue;
 			}
 		}
-		else if (tok == WJB_VALUE && skip)
+		else if (tok == WJB_VALUE)
 		{
-			skip = false;
-			continue;
+			IdemCheckHeaderValue(name, namelen, &v);
+			if (skip)
+			{
+				skip = false;
+				continue;
+			}
 		}
 		res = pushJsonbValue(&state, tok, tok < WJB_BEGIN_ARRAY ? &v : NULL);
 	}
@@ -294,18 +345,44 @@ IdemDecrypt(bytea *cipher)
  * Prepare a response for storage.  Everything that can fail is checked
  * before anything is written (the caller writes after this returns).
  */
-void
-IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
+/*
+ * The cap on what is stored of a response: the body (JSON text or bytes)
+ * and the headers (their JSON text) together.
+ */
+static void
+IdemCheckResponseSize(const IdemEndpointPolicy *policy, Size body_bytes,
+					  Size header_bytes)
 {
 	int			limit = idem_max_response_bytes;
 
+	if (policy != NULL && policy->max_response_bytes >= 0)
+		limit = policy->max_response_bytes;
+	if (body_bytes + header_bytes > (Size) limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_RESPONSE_TOO_LARGE),
+				 errmsg("response is too large to be stored"),
+				 errdetail("The body has %zu bytes and the headers %zu bytes; at most %d bytes are stored for this endpoint.",
+						   body_bytes, header_bytes, limit),
+				 errhint("Store the body elsewhere and finish with a reference to it, or raise the limit with idempotency.max_response_bytes or the endpoint's max_response_bytes.")));
+}
+
+void
+IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
+{
+	Size		header_bytes = 0;
+
 	if (resp->headers != NULL)
+	{
 		resp->headers = IdemFilterHeaders(resp->headers);
+		header_bytes = strlen(JsonbToCString(NULL, &resp->headers->root,
+											 VARSIZE(resp->headers)));
+	}
 
 	/* an endpoint that keeps no bodies keeps no references either */
 	if (policy != NULL && policy->found && !policy->store_response &&
 		resp->body_kind != IDEM_BODY_NONE)
 	{
+		IdemCheckResponseSize(policy, 0, header_bytes);
 		resp->body_kind = IDEM_BODY_OMITTED;
 		resp->body = NULL;
 		resp->body_ref = NULL;
@@ -315,6 +392,7 @@ IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
 
 	if (resp->body_kind != IDEM_BODY_JSON && resp->body_kind != IDEM_BODY_BYTES)
 	{
+		IdemCheckResponseSize(policy, 0, header_bytes);
 		resp->body = NULL;
 		resp->encrypted = false;
 		return;
@@ -323,15 +401,7 @@ IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
 		elog(ERROR, "response of kind \"%s\" without a body",
 			 IdemBodyKindName(resp->body_kind));
 
-	if (policy != NULL && policy->max_response_bytes >= 0)
-		limit = policy->max_response_bytes;
-	if (VARSIZE_ANY_EXHDR(resp->body) > (Size) limit)
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_RESPONSE_TOO_LARGE),
-				 errmsg("response body is too large to be stored"),
-				 errdetail("The body has %zu bytes; at most %d bytes are stored for this endpoint.",
-						   (Size) VARSIZE_ANY_EXHDR(resp->body), limit),
-				 errhint("Store the body elsewhere and finish with a reference to it, or raise the limit with idempotency.max_response_bytes or the endpoint's max_response_bytes.")));
+	IdemCheckResponseSize(policy, VARSIZE_ANY_EXHDR(resp->body), header_bytes);
 
 	resp->encrypted = false;
 	if (idem_encryption_key != NULL && idem_encryption_key[0] != '\0')

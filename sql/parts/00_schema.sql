@@ -25,7 +25,10 @@ CREATE TABLE idempotency.endpoints (
     resolver            regprocedure,
     max_response_bytes  integer CHECK (max_response_bytes >= 0),
     store_response      boolean NOT NULL DEFAULT true,
-    CHECK (on_lease_expiry = 'unknown' OR resolver IS NOT NULL)
+    CHECK (on_lease_expiry = 'unknown' OR resolver IS NOT NULL),
+    -- the role the resolver runs as: set by the trigger endpoints_resolver
+    -- (sql/parts/10_endpoints.sql) to the role that sets the resolver
+    resolver_role       regrole
 );
 SELECT pg_catalog.pg_extension_config_dump('idempotency.endpoints', '');
 

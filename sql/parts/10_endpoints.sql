@@ -10,6 +10,18 @@ CREATE TRIGGER endpoints_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.endpoints
     FOR EACH STATEMENT EXECUTE FUNCTION idempotency.idem_endpoints_changed();
 
+-- Who a resolver runs as: resolver_role defaults to the role that sets the
+-- resolver, who must have EXECUTE on it and the privileges of any other
+-- role named; the role must have EXECUTE too (see src/resolver.c).
+CREATE FUNCTION idempotency.idem_endpoints_resolver()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_endpoints_resolver'
+LANGUAGE C;
+
+CREATE TRIGGER endpoints_resolver
+    BEFORE INSERT OR UPDATE ON idempotency.endpoints
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_resolver();
+
 CREATE FUNCTION idempotency.idem_key_valid(key text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_key_valid'

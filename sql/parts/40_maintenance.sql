@@ -13,11 +13,16 @@
 --       counted),
 --   skipped (object whose lock was not granted within the lock_timeout),
 --   busy (another pass of this database is running; nothing was done).
+-- With preview, or when preview is NULL and as_of lies in the future, it
+-- only reports what the pass would do (lease_resolve: stale leases the
+-- resolver would be asked about) and changes nothing.  as_of must lie in
+-- [1970-01-01, 9000-01-01) UTC.
 -- Admin only: EXECUTE is revoked from PUBLIC.
-CREATE FUNCTION idempotency.idem_maintenance(as_of timestamptz DEFAULT pg_catalog.now())
+CREATE FUNCTION idempotency.idem_maintenance(as_of timestamptz DEFAULT pg_catalog.now(),
+                                             preview boolean DEFAULT NULL)
 RETURNS TABLE (kind text, object text, rows bigint)
 AS 'MODULE_PATHNAME', 'idem_maintenance'
-LANGUAGE C VOLATILE STRICT SECURITY DEFINER
+LANGUAGE C VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
-REVOKE EXECUTE ON FUNCTION idempotency.idem_maintenance(timestamptz) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION idempotency.idem_maintenance(timestamptz, boolean) FROM PUBLIC;

@@ -19,7 +19,7 @@ SELECT inhrelid::regclass AS partition FROM pg_inherits
 WHERE inhparent = 'idempotency.keys'::regclass;
 
 -- admin only
-SELECT has_function_privilege('public', 'idempotency.idem_maintenance(timestamptz)', 'EXECUTE')
+SELECT has_function_privilege('public', 'idempotency.idem_maintenance(timestamptz,boolean)', 'EXECUTE')
     AS public_may_run;
 
 CREATE FUNCTION pg_temp.put(tenant text, endpoint text, key text, state text,
@@ -47,7 +47,7 @@ SELECT key, tableoid::regclass AS partition FROM idempotency.keys ORDER BY tenan
 -- the key, never the key), the expired row leaves the default partition,
 -- partitions cover as_of to as_of + max_ttl + one interval, and rows of
 -- their ranges move out of the default partition.
-SELECT * FROM idempotency.idem_maintenance('2030-01-01 00:00+00') ORDER BY kind, object;
+SELECT * FROM idempotency.idem_maintenance('2030-01-01 00:00+00', preview => false) ORDER BY kind, object;
 
 SELECT tenant, key, state, lease_token, locked_until, tableoid::regclass AS partition
 FROM idempotency.keys ORDER BY tenant, key;
@@ -66,18 +66,18 @@ WHERE refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
   AND classid = 'pg_class'::regclass AND objid::regclass::text LIKE 'idempotency.keys_p%';
 
 -- a second pass at the same time has nothing to do
-SELECT * FROM idempotency.idem_maintenance('2030-01-01 00:00+00');
+SELECT * FROM idempotency.idem_maintenance('2030-01-01 00:00+00', preview => false);
 
 -- Three days later: partitions whose range has ended are dropped whole
 -- (rows: the planner's estimate, here after ANALYZE), new ones are made.
 ANALYZE idempotency.keys;
-SELECT * FROM idempotency.idem_maintenance('2030-01-04 00:00+00') ORDER BY kind, object;
+SELECT * FROM idempotency.idem_maintenance('2030-01-04 00:00+00', preview => false) ORDER BY kind, object;
 SELECT tenant, key, state, tableoid::regclass AS partition
 FROM idempotency.keys ORDER BY tenant, key;
 
 -- a narrower partition_interval fills only what is not covered yet
 SET idempotency.partition_interval = '12h';
-SELECT * FROM idempotency.idem_maintenance('2030-01-05 00:00+00') ORDER BY kind, object;
+SELECT * FROM idempotency.idem_maintenance('2030-01-05 00:00+00', preview => false) ORDER BY kind, object;
 WITH parts AS (
     SELECT c.oid, tstzrange(m[1]::timestamptz, m[2]::timestamptz) AS r
     FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid,
@@ -92,7 +92,7 @@ RESET idempotency.partition_interval;
 
 -- The far row moves out of the default partition once premake covers it;
 -- the unknown rows expire with their partition.
-SELECT * FROM idempotency.idem_maintenance('2030-01-28 00:00+00')
+SELECT * FROM idempotency.idem_maintenance('2030-01-28 00:00+00', preview => false)
 WHERE kind <> 'create' OR rows > 0 ORDER BY kind, object;
 SELECT tenant, key, state, tableoid::regclass AS partition
 FROM idempotency.keys ORDER BY tenant, key;
@@ -122,7 +122,7 @@ SELECT pg_temp.put('t1', 'charge', k, 'in_progress', '2030-02-03 00:00+00', '203
 FROM unnest(ARRAY['ok1', 'scalar1', 'none1', 'bad1', 'boom1']) k;
 SELECT pg_temp.put('t1', 'pay', 'plain', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
 
-SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00')
+SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
 WHERE kind NOT IN ('create', 'drop') ORDER BY kind, object;
 SELECT key, state, response_status, response_headers, body_kind,
        convert_from(response_body, 'UTF8') AS body, fail_reason,
@@ -131,25 +131,79 @@ FROM idempotency.keys WHERE endpoint IN ('charge', 'pay') AND expires_at > '2030
 ORDER BY endpoint, key;
 
 -- the rows the resolver could not settle are tried again by the next pass
-SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00') ORDER BY kind, object;
+SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false) ORDER BY kind, object;
+-- a preview names them without calling the resolver (no WARNING)
+SELECT * FROM idempotency.idem_maintenance('2030-01-29 00:00+00')
+WHERE kind LIKE 'lease%' ORDER BY kind, object;
 
--- A resolver runs with its owner's rights, not with the extension owner's:
--- one owned by a role without access to idempotency.keys cannot read it.
-CREATE ROLE idem_resolver_owner NOLOGIN;
+-- A resolver runs as the endpoint's resolver_role: the role that set it.
+-- An admin without access to idempotency.keys names one that reads it: the
+-- pass runs it as that admin, and it cannot read the table.
+CREATE ROLE idem_oncall NOLOGIN IN ROLE idempotency_admin;
+CREATE ROLE idem_other NOLOGIN;
 CREATE FUNCTION public.peek_keys(tenant text, endpoint text, key text)
 RETURNS jsonb LANGUAGE sql
 AS $$ SELECT jsonb_build_object('status', 200, 'body', count(*)) FROM idempotency.keys $$;
-ALTER FUNCTION public.peek_keys(text, text, text) OWNER TO idem_resolver_owner;
+-- a superuser's function that only it may execute
+CREATE FUNCTION public.secret_lookup(tenant text, endpoint text, key text)
+RETURNS jsonb LANGUAGE sql
+AS $$ SELECT jsonb_build_object('status', 200, 'body', 'the secret') $$;
+REVOKE EXECUTE ON FUNCTION public.secret_lookup(text, text, text) FROM PUBLIC;
+SET ROLE idem_oncall;
 INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
 VALUES ('peek', 'resolve', 'public.peek_keys(text,text,text)');
+SELECT endpoint, resolver, resolver_role FROM idempotency.endpoints WHERE endpoint = 'peek';
+-- it may not name a function it may not execute, nor one that is no
+-- resolver, nor make another role run its resolver
+\set VERBOSITY default
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('secret', 'resolve', 'public.secret_lookup(text,text,text)');
+UPDATE idempotency.endpoints SET resolver = 'public.secret_lookup(text,text,text)'
+WHERE endpoint = 'peek';
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('wrong', 'resolve', 'pg_catalog.replace(text,text,text)');
+UPDATE idempotency.endpoints SET resolver_role = 'idem_other' WHERE endpoint = 'peek';
+\set VERBOSITY terse
+-- editing what is not the resolver keeps it and its role
+UPDATE idempotency.endpoints SET ttl = '1 day' WHERE endpoint = 'peek';
+RESET ROLE;
+SELECT endpoint, resolver_role FROM idempotency.endpoints WHERE endpoint = 'peek';
 SELECT pg_temp.put('t1', 'peek', 'p1', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
-SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00')
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
 WHERE kind LIKE 'lease%' OR kind = 'resolver_error' ORDER BY kind, object;
 SELECT key, state FROM idempotency.keys WHERE endpoint = 'peek';
 DELETE FROM idempotency.keys WHERE endpoint = 'peek';
-DELETE FROM idempotency.endpoints WHERE endpoint = 'peek';
+
+-- The pass checks EXECUTE again before each call: once the right is
+-- revoked, the resolver is not run and the key stays in_progress.
+GRANT EXECUTE ON FUNCTION public.secret_lookup(text, text, text) TO idem_oncall;
+SET ROLE idem_oncall;
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('secret', 'resolve', 'public.secret_lookup(text,text,text)');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION public.secret_lookup(text, text, text) FROM idem_oncall;
+SELECT pg_temp.put('t1', 'secret', 's1', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
+WHERE object = 'secret' ORDER BY kind, object;
+SELECT key, state, response_body FROM idempotency.keys WHERE endpoint = 'secret';
+-- a superuser may name another role, which must have EXECUTE itself
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver, resolver_role)
+VALUES ('other', 'resolve', 'public.secret_lookup(text,text,text)', 'idem_other');
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver, resolver_role)
+VALUES ('other', 'resolve', 'public.peek_keys(text,text,text)', 'idem_other')
+RETURNING endpoint, resolver_role;
+-- without a resolver there is no role
+UPDATE idempotency.endpoints SET on_lease_expiry = 'unknown', resolver = NULL
+WHERE endpoint = 'other' RETURNING endpoint, resolver_role;
+-- the trigger functions are no functions to call
+SELECT idempotency.idem_endpoints_changed();
+SELECT idempotency.idem_endpoints_resolver();
+DELETE FROM idempotency.keys WHERE endpoint = 'secret';
+DELETE FROM idempotency.endpoints WHERE endpoint IN ('peek', 'secret', 'other');
 DROP FUNCTION public.peek_keys(text, text, text);
-DROP ROLE idem_resolver_owner;
+DROP FUNCTION public.secret_lookup(text, text, text);
+DROP ROLE idem_oncall;
+DROP ROLE idem_other;
 
 -- A resolver that does not answer within idempotency.resolver_timeout is
 -- cancelled: its keys stay in_progress and the pass goes on with the next
@@ -165,7 +219,7 @@ VALUES ('slow', 'resolve', 'public.slow_lookup(text,text,text)');
 SELECT pg_temp.put('t1', 'slow', k, 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00')
 FROM unnest(ARRAY['s1', 's2']) k;
 SET idempotency.resolver_timeout = '200ms';
-SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00')
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
 WHERE kind LIKE 'lease%' OR kind = 'resolver_error' ORDER BY kind, object;
 SELECT key, state FROM idempotency.keys WHERE endpoint = 'slow' ORDER BY key;
 SELECT pg_sleep(0.3), 'no cancel pending' AS session;
@@ -182,13 +236,48 @@ FROM idempotency.idem_claim('t9', 'pay', 'leased-claim', decode(repeat('cd', 32)
                             lease => '1 minute');
 SELECT action, error_code FROM idempotency.idem_claim('t9', 'pay', 'leased-claim',
                                                       decode(repeat('cd', 32), 'hex'));
-SELECT kind, object, rows FROM idempotency.idem_maintenance(now() + interval '2 minutes')
+SELECT kind, object, rows FROM idempotency.idem_maintenance(now() + interval '2 minutes', preview => false)
 WHERE kind LIKE 'lease%';
 SELECT state FROM idempotency.keys WHERE tenant = 't9';
 -- the warning's hash is the one idem_key_hash gives
 SELECT idempotency.idem_key_hash('t9', 'pay', 'leased-claim');
 SELECT action, http_status, error_code FROM idempotency.idem_claim('t9', 'pay', 'leased-claim',
                                                                    decode(repeat('cd', 32), 'hex'));
+
+-- A pass as of a future time would drop keys and mark leases unknown that
+-- are live now: unless told preview => false, it only reports what it would
+-- do (lease_resolve for the keys an endpoint's resolver would be asked
+-- about) and changes nothing.
+SELECT action FROM idempotency.idem_claim('t9', 'pay', 'live-lease', decode(repeat('ef', 32), 'hex'),
+                                          lease => '1 minute');
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t9', 'pay', 'live-done', decode(repeat('ef', 32), 'hex'),
+                                          ttl => '1 hour');
+SELECT idempotency.idem_finish('t9', 'pay', 'live-done', 201, '{"id": 1}');
+COMMIT;
+SELECT kind, object, rows FROM idempotency.idem_maintenance(now() + interval '2 hours')
+WHERE kind LIKE 'lease%' ORDER BY kind, object;
+SELECT count(*) FILTER (WHERE kind = 'drop') > 0 AS would_drop,
+       count(*) FILTER (WHERE kind = 'busy') AS busy
+FROM idempotency.idem_maintenance(now() + interval '2 days', preview => true);
+SELECT key, state FROM idempotency.keys WHERE tenant = 't9' AND key LIKE 'live%' ORDER BY key;
+SELECT action, http_status FROM idempotency.idem_claim('t9', 'pay', 'live-done',
+                                                       decode(repeat('ef', 32), 'hex'));
+-- a preview as of now finds nothing stale
+SELECT kind, object, rows FROM idempotency.idem_maintenance(preview => true)
+WHERE kind LIKE 'lease%';
+
+-- as_of is range-checked
+\set VERBOSITY sqlstate
+SELECT * FROM idempotency.idem_maintenance('infinity');
+SELECT * FROM idempotency.idem_maintenance('294000-01-01 00:00+00');
+SELECT * FROM idempotency.idem_maintenance('0044-03-15 00:00+00 BC');
+SELECT * FROM idempotency.idem_maintenance('9000-01-01 00:00+00', preview => true);
+SELECT * FROM idempotency.idem_maintenance(NULL);
+\set VERBOSITY default
+SELECT * FROM idempotency.idem_maintenance('294000-01-01 00:00+00');
+SELECT * FROM idempotency.idem_maintenance(NULL);
+\set VERBOSITY terse
 
 -- DROP EXTENSION removes the dated partitions with everything else
 DROP EXTENSION idempotency;

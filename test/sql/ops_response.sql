@@ -76,6 +76,19 @@ SELECT idempotency.idem_resolve('t1', 'POST /r', 'h-4', 200, '{"ok": true}',
                                 '{"Set-Cookie": "x", "ETag": "\"1\""}');
 SELECT state, response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-4';
 
+-- Header names are HTTP tokens: a name with spaces around it (which would
+-- not match "Set-Cookie") or any other non-token character is refused,
+-- and so is a value that is not a string or an array of strings.
+SELECT pg_temp.rsp_try(format($$SELECT pg_temp.rsp_store('POST /r', 'h-5', 200, '{}', %L)$$, h)) AS refused
+FROM unnest(ARRAY['{"Set-Cookie ": "sid=secret"}', '{" Authorization": "Bearer x"}',
+                  '{"Set-Cookie:": "x"}', '{"": "x"}', '{"X-Count": 1}', '{"X-Flag": true}',
+                  '{"X-None": null}', '{"X-Obj": {"a": "b"}}', '{"Link": ["<a>", 2]}',
+                  '{"Link": [["<a>"]]}']) h;
+SELECT count(*) AS rows_of_refused_key FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-5';
+-- an empty array is an array of strings
+SELECT pg_temp.rsp_store('POST /r', 'h-6', 200, '{}', '{"Vary": [], "X-Id": "1"}');
+SELECT response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-6';
+
 --
 -- The size cap: idempotency.max_response_bytes, then the endpoint's own.
 --
@@ -104,6 +117,15 @@ SELECT idempotency.idem_finish('t1', 'POST /r', 'c-4', 200, '"small"', lease_tok
 SELECT state, convert_from(response_body, 'UTF8') AS body FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-4';
 -- no body: nothing to cap
 SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-5', 204, NULL)$$) AS no_body;
+-- headers count too (their JSON text): 12 bytes of body and 10 of headers
+SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-11', 200, to_jsonb(repeat('x', 10)), '{"A": "b"}')$$) AS body_and_headers;
+SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-12', 200, '1', '{"A": "b"}')$$) AS small_enough;
+-- also without a body, or with a reference to one
+SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-13', 204, NULL, jsonb_build_object('X-Long', repeat('y', 20)))$$) AS headers_only;
+SELECT pg_temp.rsp_try($$
+    SELECT idempotency.idem_claim('t1', 'POST /r', 'c-14', pg_temp.rsp_fp('c-14'));
+    SELECT idempotency.idem_finish_ref('t1', 'POST /r', 'c-14', 200, 's3://bucket/c-14',
+                                       jsonb_build_object('X-Long', repeat('y', 20)))$$) AS ref_with_headers;
 RESET idempotency.max_response_bytes;
 -- an endpoint's own limit applies whatever the setting, smaller or larger
 INSERT INTO idempotency.endpoints (endpoint, max_response_bytes) VALUES

@@ -18,6 +18,12 @@ $node->start;
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION idempotency CASCADE;
 	INSERT INTO idempotency.endpoints (endpoint, ttl, lease) VALUES ('pay', '2 days', '30 seconds');
+	-- a resolver run by a role other than the one restoring keeps its role
+	CREATE ROLE oncall NOLOGIN;
+	CREATE FUNCTION public.find_charge(tenant text, endpoint text, key text)
+	RETURNS jsonb LANGUAGE sql AS $$ SELECT NULL::jsonb $$;
+	INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver, resolver_role)
+	VALUES ('charge', 'resolve', 'public.find_charge(text,text,text)', 'oncall');
 	SELECT count(*) FROM idempotency.idem_maintenance();
 	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, response_status,
 	    body_kind, response_body, created_at, completed_at, expires_at)
@@ -35,13 +41,16 @@ my $snapshot = q{
 	SELECT (SELECT string_agg(tableoid::regclass || '/' || key || '/' || state || '/'
 	                          || coalesce(convert_from(response_body, 'UTF8'), '-'), ',' ORDER BY key)
 	        FROM idempotency.keys)
-	    || ' | ' || (SELECT string_agg(endpoint || '/' || ttl || '/' || lease, ',') FROM idempotency.endpoints)
+	    || ' | ' || (SELECT string_agg(endpoint || '/' || coalesce(ttl::text, '-') || '/' || coalesce(lease::text, '-')
+	                          || '/' || coalesce(resolver::text, '-') || '/' || coalesce(resolver_role::text, '-'),
+	                          ',' ORDER BY endpoint) FROM idempotency.endpoints)
 	    || ' | ' || (SELECT string_agg(c.relname || '=' || pg_get_expr(c.relpartbound, c.oid), ',' ORDER BY c.relname)
 	                 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 	                 WHERE i.inhparent = 'idempotency.keys'::regclass)
 };
 my $before = $node->safe_psql('postgres', $snapshot);
 like($before, qr/keys_default\/far\//, 'a row sits in the default partition');
+like($before, qr{charge/-/-/find_charge\(text,text,text\)/oncall}, 'an endpoint\'s resolver runs as oncall');
 
 my $dump = $node->basedir . '/idem.dump';
 $node->command_ok(
@@ -55,7 +64,7 @@ ok($ok, 'pg_restore into a fresh database');
 is($stderr, '', 'without errors or warnings');
 
 is($node->safe_psql('restored', $snapshot), $before,
-	'keys, their partitions and the endpoint policies are restored');
+	'keys, their partitions and the endpoint policies (with the resolver\'s role) are restored');
 is( $node->safe_psql('restored', q{
 	SELECT count(*) FROM pg_inherits i
 	WHERE i.inhparent = 'idempotency.keys'::regclass
@@ -74,7 +83,7 @@ my ($ret, $out, $err) = $node->psql('restored', q{
 isnt($ret, 0, 'the restored unique index refuses a duplicate live row');
 like( $node->safe_psql('restored', q{
 	SELECT string_agg(kind || ':' || object || ':' || coalesce(rows::text, '-'), ',' ORDER BY kind, object)
-	FROM idempotency.idem_maintenance(now() + interval '55 days')}),
+	FROM idempotency.idem_maintenance(now() + interval '55 days', preview => false)}),
 	qr/create:keys_p\d{8}t0000:1/, 'maintenance runs on the restored database and moves the far row');
 is($node->safe_psql('restored', q{SELECT count(*) FROM idempotency.keys_default}),
 	'0', 'the default partition is empty again');

@@ -1,0 +1,25 @@
+/*-------------------------------------------------------------------------
+ *
+ * resolver.h
+ *	  Who an endpoint's resolver runs as, and the checks made when it is set
+ *	  and before each call.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_RESOLVER_H
+#define IDEM_RESOLVER_H
+
+/* Raise unless resolver is a function (text, text, text) RETURNS jsonb. */
+extern void IdemResolverCheckSignature(Oid resolver, const char *endpoint);
+
+/* Raise unless role exists and may execute resolver. */
+extern void IdemResolverCheckRole(Oid resolver, Oid role, const char *endpoint);
+
+/*
+ * The resolver_role of the endpoint whose resolver is resolver, read with
+ * SPI (connected by the caller); InvalidOid when it has none.  Raises when
+ * the endpoint no longer names that resolver.
+ */
+extern Oid	IdemResolverRole(const char *endpoint, Oid resolver);
+
+#endif							/* IDEM_RESOLVER_H */
