@@ -66,6 +66,7 @@
 #include "keyscan.h"
 #include "response.h"
 #include "stats.h"
+#include "tenant.h"
 
 /* how long a waiting claim sleeps between two looks at a leased row */
 #define IDEM_LEASE_POLL_MS		20
@@ -282,6 +283,7 @@ IdemGetScope(FunctionCallInfo fcinfo, IdemScope *scope, bool count_invalid)
 	}
 	IdemCheckKey(key);
 	IdemCheckScope(tenant, endpoint);
+	IdemCheckTenant(tenant);
 
 	scope->tenant = tenant;
 	scope->endpoint = endpoint;

@@ -14,6 +14,7 @@
 #include "utils/memutils.h"
 
 #include "guc.h"
+#include "tenant.h"
 
 int			idem_default_ttl = 24 * 60 * 60;
 int			idem_max_ttl = 7 * 24 * 60 * 60;
@@ -143,6 +144,12 @@ IdemGucInit(void)
 							   PGC_SUSET,
 							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
 							   NULL, NULL, NULL);
+
+	/*
+	 * Before the prefix is reserved, which would throw away the value a role
+	 * setting gave its placeholder.
+	 */
+	IdemDefineTenantSetting();
 
 	MarkGUCPrefixReserved("idempotency");
 }
