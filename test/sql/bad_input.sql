@@ -395,3 +395,7 @@ SELECT endpoint FROM idempotency.endpoints ORDER BY 1;
 DELETE FROM idempotency.keys;
 DELETE FROM idempotency.endpoints;
 DROP SCHEMA bi CASCADE;
+-- leave the database as the tests that follow expect it: without the
+-- extension
+DROP EXTENSION idempotency;
+DROP EXTENSION pgcrypto;

@@ -208,6 +208,11 @@ SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POS
 ALTER ROLE regress_tb_unbound SET idempotency.tenant = 'initech';
 ALTER ROLE regress_tb_unbound RESET idempotency.tenant;
 
+-- a value longer than any tenant binds too, and then no tenant matches
+\c - :su
+SELECT length(set_config('idempotency.tenant', repeat('t', 256), false)) AS bound_length;
+SELECT left(regress_tb.try($$SELECT action FROM idempotency.idem_claim(repeat('t', 255), 'POST /pay', 'a-1', regress_tb.fp('a'))$$), 60) AS too_long_binding;
+
 -- the binding of the login role does not follow SET ROLE
 \c - :su
 SET ROLE regress_tb_acme;
