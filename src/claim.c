@@ -36,6 +36,7 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "common/hashfn.h"
+#include "common/int.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -66,6 +67,7 @@
 #include "keyscan.h"
 #include "response.h"
 #include "stats.h"
+#include "tenant.h"
 
 /* how long a waiting claim sleeps between two looks at a leased row */
 #define IDEM_LEASE_POLL_MS		20
@@ -282,6 +284,7 @@ IdemGetScope(FunctionCallInfo fcinfo, IdemScope *scope, bool count_invalid)
 	}
 	IdemCheckKey(key);
 	IdemCheckScope(tenant, endpoint);
+	IdemCheckTenant(tenant);
 
 	scope->tenant = tenant;
 	scope->endpoint = endpoint;
@@ -351,11 +354,37 @@ IdemUnlockScope(const LOCKTAG *tag)
 	CurrentResourceOwner = save;
 }
 
+/*
+ * A claim's wait in milliseconds, months counted as 30 days: not negative,
+ * and at most INT_MAX, the longest idempotency.claim_wait and lock wait, so
+ * that the deadline cannot overflow.  An interval whose microseconds do not
+ * fit in 64 bits is judged by its sign.
+ */
 static int64
-IdemIntervalUsecs(const Interval *iv)
+IdemWaitMs(const Interval *iv)
 {
-	return iv->time + (int64) iv->day * USECS_PER_DAY +
-		(int64) iv->month * DAYS_PER_MONTH * USECS_PER_DAY;
+	int64		months;
+	int64		days;
+	int64		usecs;
+	bool		overflow;
+
+	overflow = pg_mul_s64_overflow(iv->month, (int64) DAYS_PER_MONTH * USECS_PER_DAY, &months) ||
+		pg_mul_s64_overflow(iv->day, USECS_PER_DAY, &days) ||
+		pg_add_s64_overflow(months, days, &usecs) ||
+		pg_add_s64_overflow(usecs, iv->time, &usecs);
+	if (overflow ? (double) iv->month * DAYS_PER_MONTH * USECS_PER_DAY +
+		(double) iv->day * USECS_PER_DAY + (double) iv->time < 0 :
+		usecs / 1000 < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("wait must not be negative")));
+	if (overflow || usecs / 1000 > INT_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("wait is too long"),
+				 errdetail("A claim waits at most %d milliseconds (about 24 days).",
+						   INT_MAX)));
+	return usecs / 1000;
 }
 
 static TimestampTz
@@ -992,13 +1021,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	}
 
 	if (!PG_ARGISNULL(6))
-	{
-		wait_ms = IdemIntervalUsecs(PG_GETARG_INTERVAL_P(6)) / 1000;
-		if (wait_ms < 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("wait must not be negative")));
-	}
+		wait_ms = IdemWaitMs(PG_GETARG_INTERVAL_P(6));
 	else
 		wait_ms = idem_claim_wait;
 	deadline = now + wait_ms * 1000;
@@ -1308,7 +1331,8 @@ IdemFinishWithBody(FunctionCallInfo fcinfo, IdemBodyKind kind)
 	if (kind == IDEM_BODY_REF &&
 		(PG_ARGISNULL(4) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(4)) == 0))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				(errcode(PG_ARGISNULL(4) ? ERRCODE_NULL_VALUE_NOT_ALLOWED :
+						 ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("body_ref must not be NULL or empty"),
 				 errhint("Use idem_finish without a body when the response has none.")));
 	if (!PG_ARGISNULL(4))

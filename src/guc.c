@@ -26,6 +26,7 @@
 #include "utils/memutils.h"
 
 #include "guc.h"
+#include "tenant.h"
 
 int			idem_default_ttl = 24 * 60 * 60;
 int			idem_max_ttl = 7 * 24 * 60 * 60;
@@ -269,6 +270,12 @@ IdemGucInit(void)
 
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = IdemHideKeyStatements;
+
+	/*
+	 * Before the prefix is reserved, which would throw away the value a role
+	 * setting gave its placeholder.
+	 */
+	IdemDefineTenantSetting();
 
 	MarkGUCPrefixReserved("idempotency");
 }

@@ -20,6 +20,7 @@
  * with, so that the mapping is mechanical.  The README lists them.
  */
 #define ERRCODE_IDEM_INVALID_KEY			MAKE_SQLSTATE('I','K','4','0','0')
+#define ERRCODE_IDEM_WRONG_TENANT			MAKE_SQLSTATE('I','K','4','0','1')
 #define ERRCODE_IDEM_LEASE_MISMATCH			MAKE_SQLSTATE('I','K','4','0','3')
 #define ERRCODE_IDEM_KEY_NOT_FOUND			MAKE_SQLSTATE('I','K','4','0','4')
 #define ERRCODE_IDEM_INVALID_STATE			MAKE_SQLSTATE('I','K','4','0','9')

@@ -285,7 +285,8 @@ idem_downstream_key(PG_FUNCTION_ARGS)
 	IdemCheckKey(args[2]);
 	if (args[3] == NULL || VARSIZE_ANY_EXHDR(args[3]) == 0)
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				(errcode(args[3] == NULL ? ERRCODE_NULL_VALUE_NOT_ALLOWED :
+						 ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("step name is missing"),
 				 errdetail("A downstream key is derived from the scope, the key and a non-empty step name.")));
 
