@@ -245,10 +245,7 @@ idem_events_guard(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 
-	if (!CALLED_AS_TRIGGER(fcinfo))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("idem_events_guard() must be called as a trigger")));
+	IdemRequireTriggerCall(fcinfo, "idem_events_guard");
 
 	if (!pg_class_ownercheck(RelationGetRelid(trigdata->tg_relation), GetUserId()))
 		ereport(ERROR,

@@ -62,8 +62,7 @@ IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname)
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("function %s can only be called as a trigger", funcname),
-				 errdetail("It belongs to the triggers of idempotency.endpoints.")));
+				 errmsg("function %s can only be called as a trigger", funcname)));
 }
 
 ErrorData *
