@@ -235,6 +235,36 @@ IdemLauncherMain(Datum main_arg)
 	}
 }
 
+/* The per-endpoint counts of stale leases, by outcome. */
+static const struct
+{
+	const char *kind;
+	const char *singular;
+	const char *plural;
+}			lease_messages[] =
+{
+	{
+		"lease_unknown",
+		gettext_noop("idempotency maintenance marked %lld stale lease of endpoint \"%s\" unknown"),
+		gettext_noop("idempotency maintenance marked %lld stale leases of endpoint \"%s\" unknown")
+	},
+	{
+		"lease_completed",
+		gettext_noop("idempotency maintenance completed %lld stale lease of endpoint \"%s\" with its resolver's answer"),
+		gettext_noop("idempotency maintenance completed %lld stale leases of endpoint \"%s\" with its resolver's answer")
+	},
+	{
+		"lease_failed",
+		gettext_noop("idempotency maintenance marked %lld stale lease of endpoint \"%s\" failed because its resolver found no business record"),
+		gettext_noop("idempotency maintenance marked %lld stale leases of endpoint \"%s\" failed because its resolver found no business record")
+	},
+	{
+		"resolver_error",
+		gettext_noop("idempotency maintenance left %lld stale lease of endpoint \"%s\" in progress because its resolver failed or did not answer"),
+		gettext_noop("idempotency maintenance left %lld stale leases of endpoint \"%s\" in progress because its resolver failed or did not answer")
+	},
+};
+
 /*
  * Log each action of the worker's pass (the kinds of idem_maintenance()'s
  * rows), each in a message of its own.
@@ -274,31 +304,24 @@ LogAction(void *arg, const char *kind, const char *object, int64 rows)
 				(errmsg_plural("idempotency maintenance deleted %lld expired row from the default partition",
 							   "idempotency maintenance deleted %lld expired rows from the default partition",
 							   un, n)));
-	else if (strcmp(kind, "lease_unknown") == 0)
-		ereport(LOG,
-				(errmsg_plural("idempotency maintenance marked %lld stale lease of endpoint \"%s\" unknown",
-							   "idempotency maintenance marked %lld stale leases of endpoint \"%s\" unknown",
-							   un, n, object)));
-	else if (strcmp(kind, "lease_completed") == 0)
-		ereport(LOG,
-				(errmsg_plural("idempotency maintenance completed %lld stale lease of endpoint \"%s\" with its resolver's answer",
-							   "idempotency maintenance completed %lld stale leases of endpoint \"%s\" with its resolver's answer",
-							   un, n, object)));
-	else if (strcmp(kind, "lease_failed") == 0)
-		ereport(LOG,
-				(errmsg_plural("idempotency maintenance marked %lld stale lease of endpoint \"%s\" failed because its resolver found no business record",
-							   "idempotency maintenance marked %lld stale leases of endpoint \"%s\" failed because its resolver found no business record",
-							   un, n, object)));
-	else if (strcmp(kind, "resolver_error") == 0)
-		ereport(LOG,
-				(errmsg_plural("idempotency maintenance left %lld stale lease of endpoint \"%s\" in progress because its resolver failed or did not answer",
-							   "idempotency maintenance left %lld stale leases of endpoint \"%s\" in progress because its resolver failed or did not answer",
-							   un, n, object)));
 	else
+	{
+		for (size_t i = 0; i < lengthof(lease_messages); i++)
+		{
+			if (strcmp(kind, lease_messages[i].kind) == 0)
+			{
+				ereport(LOG,
+						(errmsg_plural(lease_messages[i].singular,
+									   lease_messages[i].plural,
+									   un, n, object)));
+				return;
+			}
+		}
 		/* a kind this file does not know yet: say it as idem_maintenance() does */
 		ereport(LOG,
 				(errmsg_internal("idempotency maintenance action \"%s\" on \"%s\", rows %lld",
 								 kind, object ? object : "", n)));
+	}
 }
 
 void
