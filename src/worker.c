@@ -17,6 +17,11 @@
  *	  the passes.  SIGHUP reloads the settings, SIGTERM stops at once, and
  *	  the postmaster restarts the launcher after a crash.
  *
+ *	  The launcher only ever sleeps on its latch: until the next round, or
+ *	  until the postmaster reports that the worker of the current database
+ *	  has exited (WaitForBackgroundWorkerShutdown).  When no worker slot is
+ *	  free it warns once and waits for the next round.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -220,15 +225,11 @@ IdemLauncherMain(Datum main_arg)
 			last_round = now;
 			if (idem_enable_worker && !RecoveryInProgress())
 				LaunchRound();
-			next = TimestampTzPlusMilliseconds(last_round,
-											   (int64) idem_maintenance_interval * 1000);
-			now = GetCurrentTimestamp();
+			continue;			/* the round took time: read the clock again */
 		}
 
-		/* a round may have outlasted the interval: then only a latch check */
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 now >= next ? 0 : (long) ((next - now) / 1000) + 1,
-						 PG_WAIT_EXTENSION);
+						 (long) ((next - now) / 1000) + 1, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 		ReloadIfAsked();
