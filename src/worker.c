@@ -17,6 +17,11 @@
  *	  the passes.  SIGHUP reloads the settings, SIGTERM stops at once, and
  *	  the postmaster restarts the launcher after a crash.
  *
+ *	  The launcher only ever sleeps on its latch: until the next round, or
+ *	  until the postmaster reports that the worker of the current database
+ *	  has exited (WaitForBackgroundWorkerShutdown).  When no worker slot is
+ *	  free it warns once and waits for the next round.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -133,7 +138,7 @@ RunDatabaseWorker(Oid dboid)
 {
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
-	pid_t		pid;
+	BgwHandleStatus status;
 
 	IdemFillWorker(&worker, "IdemDatabaseWorkerMain", "idempotency maintenance worker",
 				   BGW_NEVER_RESTART);
@@ -144,23 +149,25 @@ RunDatabaseWorker(Oid dboid)
 	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
 		return false;
 
-	for (;;)
-	{
-		BgwHandleStatus status = GetBackgroundWorkerPid(handle, &pid);
-
-		if (status == BGWH_STOPPED)
-			break;
-		if (status == BGWH_POSTMASTER_DIED)
-			proc_exit(1);
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 1000L, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
-		ReloadIfAsked();
-	}
+	/*
+	 * The postmaster sets our latch when the worker stops (bgw_notify_pid);
+	 * this sleeps on the latch alone and checks for interrupts after every
+	 * wake-up, so SIGTERM still stops the launcher at once.  A reload asked
+	 * for meanwhile is taken up by the caller, between two workers.
+	 */
+	status = WaitForBackgroundWorkerShutdown(handle);
+	if (status == BGWH_POSTMASTER_DIED)
+		proc_exit(1);
+	Assert(status == BGWH_STOPPED);
 	pfree(handle);
 	return true;
 }
+
+/*
+ * Whether the last attempt to start a worker found no free slot: the
+ * warning is given once per streak of such rounds, not every round.
+ */
+static bool slots_exhausted = false;
 
 static void
 LaunchRound(void)
@@ -179,11 +186,16 @@ LaunchRound(void)
 			break;
 		if (!RunDatabaseWorker(lfirst_oid(lc)))
 		{
-			ereport(LOG,
-					(errmsg("idempotency maintenance could not start a worker: no free background worker slot"),
-					 errhint("Raise max_worker_processes; the next round tries again.")));
+			if (!slots_exhausted)
+				ereport(WARNING,
+						(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+						 errmsg("idempotency maintenance launcher found no free background worker slot"),
+						 errdetail("The databases not yet visited wait for a later round.  This warning is not repeated until a maintenance worker has started again."),
+						 errhint("Increase max_worker_processes: each maintenance worker takes a slot for the time of its pass.")));
+			slots_exhausted = true;
 			break;
 		}
+		slots_exhausted = false;
 	}
 	MemoryContextDelete(cxt);
 }
@@ -204,50 +216,113 @@ IdemLauncherMain(Datum main_arg)
 
 	for (;;)
 	{
-		TimestampTz now;
-		TimestampTz next;
-		long		timeout;
+		TimestampTz now = GetCurrentTimestamp();
+		TimestampTz next = TimestampTzPlusMilliseconds(last_round,
+													   (int64) idem_maintenance_interval * 1000);
 
-		CHECK_FOR_INTERRUPTS();
-		ReloadIfAsked();
-
-		now = GetCurrentTimestamp();
-		next = TimestampTzPlusMilliseconds(last_round,
-										   (int64) idem_maintenance_interval * 1000);
 		if (last_round == 0 || now >= next)
 		{
 			last_round = now;
 			if (idem_enable_worker && !RecoveryInProgress())
 				LaunchRound();
-			continue;
+			continue;			/* the round took time: read the clock again */
 		}
 
-		timeout = (long) ((next - now) / 1000) + 1;
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 timeout, PG_WAIT_EXTENSION);
+						 (long) ((next - now) / 1000) + 1, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		ReloadIfAsked();
 	}
 }
 
-/* Log each action of the worker's pass. */
+/* The per-endpoint counts of stale leases, by outcome. */
+static const struct
+{
+	const char *kind;
+	const char *singular;
+	const char *plural;
+}			lease_messages[] =
+{
+	{
+		"lease_unknown",
+		gettext_noop("idempotency maintenance marked %lld stale lease of endpoint \"%s\" unknown"),
+		gettext_noop("idempotency maintenance marked %lld stale leases of endpoint \"%s\" unknown")
+	},
+	{
+		"lease_completed",
+		gettext_noop("idempotency maintenance completed %lld stale lease of endpoint \"%s\" with its resolver's answer"),
+		gettext_noop("idempotency maintenance completed %lld stale leases of endpoint \"%s\" with its resolver's answer")
+	},
+	{
+		"lease_failed",
+		gettext_noop("idempotency maintenance marked %lld stale lease of endpoint \"%s\" failed because its resolver found no business record"),
+		gettext_noop("idempotency maintenance marked %lld stale leases of endpoint \"%s\" failed because its resolver found no business record")
+	},
+	{
+		"resolver_error",
+		gettext_noop("idempotency maintenance left %lld stale lease of endpoint \"%s\" in progress because its resolver failed or did not answer"),
+		gettext_noop("idempotency maintenance left %lld stale leases of endpoint \"%s\" in progress because its resolver failed or did not answer")
+	},
+};
+
+/*
+ * Log each action of the worker's pass (the kinds of idem_maintenance()'s
+ * rows), each in a message of its own.
+ */
 static void
 LogAction(void *arg, const char *kind, const char *object, int64 rows)
 {
+	long long	n = (long long) rows;
+	unsigned long un = (unsigned long) Max(rows, 0);
+
 	if (strcmp(kind, "busy") == 0)
-	{
 		ereport(DEBUG1,
-				(errmsg("idempotency maintenance: another pass is running in database \"%s\"",
+				(errmsg("idempotency maintenance found another pass running in database \"%s\"",
 						get_database_name(MyDatabaseId))));
-		return;
+	else if (strcmp(kind, "skipped") == 0)
+	{
+		/* maintenance.c has logged the step and why it was skipped */
 	}
-	if (rows >= 0)
+	else if (strcmp(kind, "create") == 0 && rows > 0)
 		ereport(LOG,
-				(errmsg("idempotency maintenance: %s %s (%lld rows)",
-						kind, object ? object : "-", (long long) rows)));
+				(errmsg_plural("idempotency maintenance created partition \"%s\" and moved %lld row into it from the default partition",
+							   "idempotency maintenance created partition \"%s\" and moved %lld rows into it from the default partition",
+							   un, object, n)));
+	else if (strcmp(kind, "create") == 0)
+		ereport(LOG,
+				(errmsg("idempotency maintenance created partition \"%s\"", object)));
+	else if (strcmp(kind, "drop") == 0 && rows >= 0)
+		ereport(LOG,
+				(errmsg_plural("idempotency maintenance dropped partition \"%s\", whose range has ended, with about %lld row",
+							   "idempotency maintenance dropped partition \"%s\", whose range has ended, with about %lld rows",
+							   un, object, n)));
+	else if (strcmp(kind, "drop") == 0)
+		ereport(LOG,
+				(errmsg("idempotency maintenance dropped partition \"%s\", whose range has ended", object)));
+	else if (strcmp(kind, "purge") == 0)
+		ereport(LOG,
+				(errmsg_plural("idempotency maintenance deleted %lld expired row from the default partition",
+							   "idempotency maintenance deleted %lld expired rows from the default partition",
+							   un, n)));
 	else
+	{
+		for (size_t i = 0; i < lengthof(lease_messages); i++)
+		{
+			if (strcmp(kind, lease_messages[i].kind) == 0)
+			{
+				ereport(LOG,
+						(errmsg_plural(lease_messages[i].singular,
+									   lease_messages[i].plural,
+									   un, n, object)));
+				return;
+			}
+		}
+		/* a kind this file does not know yet: say it as idem_maintenance() does */
 		ereport(LOG,
-				(errmsg("idempotency maintenance: %s %s",
-						kind, object ? object : "-")));
+				(errmsg_internal("idempotency maintenance action \"%s\" on \"%s\", rows %lld",
+								 kind, object ? object : "", n)));
+	}
 }
 
 void

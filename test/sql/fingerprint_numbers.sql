@@ -47,6 +47,21 @@ SELECT count(*) FILTER (WHERE idem_canonical_json_text(expected) IS DISTINCT FRO
                               IS DISTINCT FROM expected) AS text_digits17_mismatches
 FROM es6v;
 
+-- PostgreSQL's own shortest form (float8out) is not ECMAScript's on the
+-- doubles whose shortest decimal lies exactly halfway to a neighbour (see
+-- number_format.c): it gives them more digits, and differs nowhere else
+SET extra_float_digits = 1;
+SELECT count(*) FILTER (WHERE pg_digits <> es_digits) AS float8out_differs,
+       count(*) FILTER (WHERE length(pg_digits) > length(es_digits)) AS float8out_longer,
+       count(*) FILTER (WHERE pg_digits <> es_digits AND ('x' || lpad(hex, 16, '0'))::bit(64)::bigint % 2 = 0)
+           AS of_them_even
+FROM (SELECT hex, trim(regexp_replace(split_part(x::text, 'e', 1), '[^0-9]', '', 'g'), '0') AS pg_digits,
+             trim(regexp_replace(split_part(expected, 'e', 1), '[^0-9]', '', 'g'), '0') AS es_digits
+      FROM es6v WHERE x <> 0) s;
+RESET extra_float_digits;
+SELECT hex, expected, x::text AS float8out
+FROM es6v WHERE hex IN ('44b52d02c7e14af6', '4365ba350e3c3bcc') ORDER BY hex;
+
 -- a few samples
 SELECT hex, expected, idem_number_text(x) AS got
 FROM es6v

@@ -36,6 +36,8 @@ is( $node->safe_psql('postgres', q{
 	  AND to_regclass('idempotency.keys_p'
 	      || to_char((now() AT TIME ZONE 'UTC')::date + d, 'YYYYMMDD') || 't0000') IS NULL}),
 	'0', 'a partition for each of the next eight days');
+ok($node->wait_for_log(qr/LOG:  idempotency maintenance created partition "keys_p\d{8}t0000"\n/),
+	'each partition made is logged in a message of its own');
 
 # retention: a partition whose range has ended goes, with its rows
 $node->safe_psql('postgres', q{
@@ -48,6 +50,9 @@ $node->safe_psql('postgres', q{
 ok( $node->poll_query_until('postgres',
 		"SELECT to_regclass('idempotency.keys_p20200101t0000') IS NULL"),
 	'the worker drops a partition whose range has ended');
+ok( $node->wait_for_log(
+		qr/LOG:  idempotency maintenance dropped partition "keys_p20200101t0000", whose range has ended/),
+	'and logs it');
 
 # a claim in lease mode whose holder goes away: its lease ends in a second
 sub put_lease
@@ -83,6 +88,9 @@ ok((grep { /tenant "acme", endpoint "pay", key hash $hash / } @lines),
 ok(!(grep { /\Q$secret\E/ } @lines), 'the warning does not show the key');
 is(claim_again('pay', $secret), 'pending:outcome_pending:-',
 	'a duplicate gets outcome_pending, not a second execution');
+ok( $node->wait_for_log(
+		qr/LOG:  idempotency maintenance marked 1 stale lease of endpoint "pay" unknown\n/),
+	'the pass logs how many stale leases of an endpoint became unknown');
 
 # resolvers: an answer completes the key, NULL fails it, an error leaves it
 $node->safe_psql('postgres', q{
@@ -126,6 +134,13 @@ is(claim_again('charge', 'pay-missing'), 'pending:outcome_pending:-',
 	'a duplicate of the failed key gets outcome_pending');
 ok($node->wait_for_log(qr/resolver of endpoint "charge" failed .*ledger offline/),
 	'a raising resolver is logged');
+ok( $node->wait_for_log(
+		qr/LOG:  idempotency maintenance completed 1 stale lease of endpoint "charge" with its resolver's answer\n/)
+	  && $node->wait_for_log(
+		qr/LOG:  idempotency maintenance marked 1 stale lease of endpoint "charge" failed because its resolver found no business record\n/)
+	  && $node->wait_for_log(
+		qr/LOG:  idempotency maintenance left 1 stale lease of endpoint "charge" in progress because its resolver failed or did not answer\n/),
+	'the pass logs the resolver outcomes per endpoint');
 ok( $node->poll_query_until('postgres', "SELECT count(*) = 1 FROM ($launcher_q) l"),
 	'and the worker goes on');
 
