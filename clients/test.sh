@@ -71,10 +71,12 @@ mkdir -p "$LOG_DIR"
 # A fresh database with the extension for one suite: sets IDEM_TEST_PGDATABASE.
 fresh_db() {
     local db=idem_$1
+    export PGOPTIONS='-c client_min_messages=warning'
     psql -X -q -h "$IDEM_TEST_PGHOST" -p "$IDEM_TEST_PGPORT" -U "$IDEM_TEST_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
         -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
     psql -X -q -h "$IDEM_TEST_PGHOST" -p "$IDEM_TEST_PGPORT" -U "$IDEM_TEST_PGUSER" -d "$db" -v ON_ERROR_STOP=1 \
         -c 'CREATE EXTENSION idempotency CASCADE' >/dev/null
+    unset PGOPTIONS
     export IDEM_TEST_PGDATABASE=$db
 }
 
@@ -89,7 +91,7 @@ run_suite() {
     timeout 170 "$@" >"$log" 2>&1
     rc=$?
     set -e
-    grep -E '^(# (pass|fail)|RESULT|not ok|ok [0-9]+ - )' "$log" | sed 's/^/    /' | tail -n 40 || true
+    grep -E '^(# (pass|fail)|RESULT|not ok|ok [0-9]+ - |Ran [0-9]+ tests|OK|FAILED)|\.\.\. (ok|FAIL|ERROR|skipped)' "$log" | sed 's/^/    /' | tail -n 40 || true
     if [ $rc -eq 0 ]; then
         echo "client $name ... ok"; PASSED=$((PASSED + 1))
     else

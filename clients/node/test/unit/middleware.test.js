@@ -28,7 +28,7 @@ function app() {
   const a = express();
   const opts = (extra) => ({ pool, tenant: (req) => req.get('x-tenant') || 'acme', wait: '10 seconds', ...extra });
   const handler = async (req, res) => {
-    const key = req.get('idempotency-key') || 'none';
+    const key = req.get('idempotency-key') || `none-${Math.random()}`;
     runs[key] = (runs[key] || 0) + 1;
     const { client } = req.idempotency;
     const id = `ch_${runs[key]}_${key}`.slice(0, 60);
