@@ -66,6 +66,8 @@ function captureResponse(res) {
       res.end(out.body.length ? out.body : undefined);
     },
     restore,
+    // headers the response had before the handlers ran (per delivery, never stored)
+    headersBefore,
     // forget what the handlers did: the response is as before they ran
     reset() {
       restore();

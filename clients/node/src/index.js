@@ -265,7 +265,8 @@ function idempotent(options) {
       if (key !== null) {
         const headers = {};
         for (const [k, v] of Object.entries(out.headers)) {
-          if (!NOT_STORED.has(k)) headers[k] = Array.isArray(v) ? v.map(String) : String(v);
+          if (NOT_STORED.has(k) || capture.headersBefore[k] === v) continue;
+          headers[k] = Array.isArray(v) ? v.map(String) : String(v);
         }
         await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken]);
       }

@@ -26,6 +26,8 @@ const runs = {}; // handler runs per key
 
 function app() {
   const a = express();
+  let delivery = 0;
+  a.use((req, res, next) => { res.set('X-Delivery', String(++delivery)); next(); });
   const opts = (extra) => ({ pool, tenant: (req) => req.get('x-tenant') || 'acme', wait: '10 seconds', ...extra });
   const handler = async (req, res) => {
     const key = req.get('idempotency-key') || `none-${Math.random()}`;
@@ -87,6 +89,8 @@ test('execute, then a retry gets the first response byte for byte', { skip }, as
   assert.equal(await r2.text(), b1);
   assert.equal(r2.headers.get('idempotent-replayed'), 'true');
   assert.equal(r2.headers.get('request-id'), 'req_1');
+  // set before the middleware: per delivery, not stored
+  assert.equal(Number(r2.headers.get('x-delivery')), Number(r1.headers.get('x-delivery')) + 1);
   assert.equal(r2.headers.get('content-type'), r1.headers.get('content-type'));
   assert.deepEqual(await rows(key), [JSON.parse(b1).id]);
   assert.equal(runs[key], 1);
