@@ -133,7 +133,8 @@ function idempotent(options) {
     let rawKey;
     let key;
     try {
-      rawKey = parseKeyHeader(req.headers['idempotency-key']);
+      // headersDistinct keeps two Idempotency-Key headers apart (headers joins them with ", ")
+      rawKey = parseKeyHeader(req.headersDistinct ? req.headersDistinct['idempotency-key'] : req.headers['idempotency-key']);
       key = rawKey === null ? null : applyKeyPolicy(rawKey, o.keyPolicy);
     } catch (err) {
       if (!(err instanceof KeyError)) return next(err);

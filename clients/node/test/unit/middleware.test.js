@@ -222,6 +222,16 @@ test('keys: missing (optional or required), refused, mapped by hashing', { skip 
   const r1 = await post('/v1/required', null, { amount: 1 });
   assert.equal(r1.status, 400);
   assert.equal((await r1.json()).error.type, 'invalid_request_error');
+  // two Idempotency-Key headers are refused, also under the hash policy
+  const two = await new Promise((resolve, reject) => {
+    const r = require('node:http').request(base + '/v1/hashed', {
+      method: 'POST',
+      headers: { 'Idempotency-Key': ['a', 'b'], 'Content-Type': 'application/json' },
+    }, (res) => { res.resume(); resolve(res.statusCode); });
+    r.on('error', reject);
+    r.end('{"amount": 1}');
+  });
+  assert.equal(two, 400);
   const r2 = await post('/v1/charges', 'order:1', { amount: 1 });
   assert.equal(r2.status, 400);
   const key = `order:${newKey()}`;
