@@ -91,7 +91,7 @@ run_suite() {
     timeout 170 "$@" >"$log" 2>&1
     rc=$?
     set -e
-    grep -E '^(# (pass|fail)|RESULT|not ok|ok [0-9]+ - |Ran [0-9]+ tests|OK|FAILED)|\.\.\. (ok|FAIL|ERROR|skipped)' "$log" | sed 's/^/    /' | tail -n 40 || true
+    grep -E '^(# (pass|fail)|RESULT|calls done|not ok|ok [0-9]+ - |Ran [0-9]+ tests|OK|FAILED)|\.\.\. (ok|FAIL|ERROR|skipped)' "$log" | sed 's/^/    /' | tail -n 40 || true
     if [ $rc -eq 0 ]; then
         echo "client $name ... ok"; PASSED=$((PASSED + 1))
     else

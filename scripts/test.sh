@@ -129,7 +129,7 @@ if [ -n "$CLIENT_SUITES" ]; then
     set +e; "$PROJECT_DIR/clients/test.sh" $CLIENT_SUITES >"$OUT/clients.log" 2>&1; rc=$?; set -e
     grep -E '^(client |    RESULT|==> client)' "$OUT/clients.log" || true
     PASSED=$((PASSED + $(grep -c '^client .* \.\.\. ok$' "$OUT/clients.log" || true)))
-    for s in $(sed -n 's/^client \([a-z_]*\) \.\.\. FAILED.*/\1/p' "$OUT/clients.log"); do FAILED=$((FAILED + 1)); FAILED_NAMES+=("client_$s"); done
+    for s in $(sed -n 's/^client \([a-z0-9_]*\) \.\.\. FAILED.*/\1/p' "$OUT/clients.log"); do FAILED=$((FAILED + 1)); FAILED_NAMES+=("client_$s"); done
     if [ $rc -ne 0 ] && ! grep -q '^client .* FAILED' "$OUT/clients.log"; then
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("clients (driver)"); tail -n 30 "$OUT/clients.log"
     fi
