@@ -223,8 +223,18 @@ function idempotent(options) {
         sendAnswer(res, answer(o.profile, outcome, { code: c.error_code, retryAfter: c.retry_after }));
         return 'done';
       };
+      // the fingerprint refuses a body PostgreSQL cannot take (class 22:
+      // a number beyond a double, \u0000): the client's fault, a 400
+      const claim = async () => {
+        try {
+          return (await client.query(SQL_CLAIM, claimArgs())).rows[0];
+        } catch (err) {
+          if (/^22/.test(sqlstate(err) || '')) err.idempotencyBodyInvalid = true;
+          throw err;
+        }
+      };
       if (key !== null && o.leaseSql && state.leaseToken === null) {
-        const c = (await client.query(SQL_CLAIM, claimArgs())).rows[0];
+        const c = await claim();
         if (c.action !== 'execute') return await answerClaim(c);
         state.leaseToken = c.lease_token;
       }
@@ -237,7 +247,7 @@ function idempotent(options) {
       await client.query(o.beginSql);
       inTransaction = true;
       if (key !== null && !o.leaseSql) {
-        const c = (await client.query(SQL_CLAIM, claimArgs())).rows[0];
+        const c = await claim();
         if (c.action !== 'execute') return await answerClaim(c);
       }
       req.idempotency = {
@@ -285,6 +295,10 @@ function idempotent(options) {
       if (isRetryable(err) || isConnectionLoss(err) || lostError) {
         o.log('request will be run again', err);
         return 'retry';
+      }
+      if (err.idempotencyBodyInvalid) {
+        sendAnswer(res, answer(o.profile, 'body_invalid', { message: err.message }));
+        return 'done';
       }
       if (state.leaseToken) await settleLease(request, state, `the handler failed: ${err.message}`);
       if (capture) capture.restore();

@@ -71,6 +71,11 @@ class _Retry(Exception):
     pass
 
 
+class _BodyRefused(Exception):
+    """The fingerprint refused the body (SQLSTATE class 22: a number beyond
+    a double, \\u0000): the client's fault, a 400."""
+
+
 class Context:
     """What the application gets as request.state.idempotency."""
 
@@ -250,8 +255,13 @@ class IdempotencyMiddleware:
 
     async def _claim(self, conn, req):
         cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(SQL_CLAIM, (req["tenant"], req["endpoint"], req["key"], req["method"], req["path"],
-                                      req["json"], self.exclude, self.ttl, self.lease, self.wait))
+        try:
+            await cur.execute(SQL_CLAIM, (req["tenant"], req["endpoint"], req["key"], req["method"], req["path"],
+                                          req["json"], self.exclude, self.ttl, self.lease, self.wait))
+        except psycopg.DataError as err:
+            if (_sqlstate(err) or "").startswith("22"):
+                raise _BodyRefused(str(err)) from err
+            raise
         return await cur.fetchone()
 
     async def _answer_claim(self, send, req, c):
@@ -335,6 +345,9 @@ class IdempotencyMiddleware:
             await send({"type": "http.response.body", "body": body, "more_body": False})
         except _Retry:
             raise
+        except _BodyRefused as err:
+            await conn.rollback()
+            await self._send_answer(send, "body_invalid", message=str(err))
         except Exception as err:
             if not conn.broken:
                 try:

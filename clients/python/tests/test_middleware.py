@@ -113,6 +113,14 @@ class Middleware(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(r.status_code, 400)
         self.assertEqual(self.runs[key], 1)
 
+    async def test_body_refused_by_fingerprint_is_400(self):
+        c, key = self.client(), self.key()
+        r = await c.post("/v1/charges", content=b'{"amount": 1e400}',
+                         headers={"Idempotency-Key": key, "Content-Type": "application/json"})
+        self.assertEqual(r.status_code, 400)
+        self.assertEqual(r.json()["error"]["type"], "invalid_request_error")
+        self.assertNotIn(key, self.runs)
+
     async def test_route_template_and_concrete_path(self):
         c, key = self.client(), self.key()
         h = {"Idempotency-Key": key}

@@ -124,6 +124,14 @@ test('form bodies: excluded members do not count, others do', { skip }, async ()
   assert.equal(runs[key], 1);
 });
 
+test('a body the fingerprint refuses is a 400, not a 500', { skip }, async () => {
+  const key = newKey();
+  const r = await post('/v1/charges', key, '{"amount": 1e400}');
+  assert.equal(r.status, 400);
+  assert.equal((await r.json()).error.type, 'invalid_request_error');
+  assert.equal(runs[key], undefined);
+});
+
 test('the route template names the endpoint; the concrete path is fingerprinted', { skip }, async () => {
   const key = newKey();
   assert.equal((await post('/v1/charges/ch_1/capture', key, { amount: 1 })).status, 200);
