@@ -364,4 +364,9 @@ class IdempotencyMiddleware:
             if heartbeat is not None:
                 heartbeat.cancel()
             scope.get("state", {}).pop("idempotency", None)
+            if not conn.broken and conn.autocommit:  # a lease claim that failed
+                try:
+                    await conn.set_autocommit(False)
+                except psycopg.Error:
+                    pass
             await self.pool.putconn(conn)

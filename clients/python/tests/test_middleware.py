@@ -121,6 +121,21 @@ class Middleware(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(r.json()["error"]["type"], "invalid_request_error")
         self.assertNotIn(key, self.runs)
 
+    async def test_lease_claim_refused_leaves_the_connection_transactional(self):
+        # one pooled connection: the lease claim fails in autocommit, the next request is atomic
+        await self.pool.close()
+        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=1, open=False)
+        await self.pool.open()
+        lease, atomic = self.client(lease="5 seconds", exclude=["/x"]), self.client(exclude=["/y"])
+        r = await lease.post("/v1/charges", content=b'{"amount": 1e400}',
+                             headers={"Idempotency-Key": self.key(), "Content-Type": "application/json"})
+        self.assertEqual(r.status_code, 400)
+        key = self.key()
+        r = await atomic.post("/v1/charges", json={"amount": 2}, headers={"Idempotency-Key": key})
+        self.assertEqual(r.status_code, 200)
+        r = await atomic.post("/v1/charges", json={"amount": 2}, headers={"Idempotency-Key": key})
+        self.assertEqual(r.headers.get("idempotent-replayed"), "true")
+
     async def test_route_template_and_concrete_path(self):
         c, key = self.client(), self.key()
         h = {"Idempotency-Key": key}
