@@ -246,9 +246,13 @@ function idempotent(options) {
       }
       await client.query(o.beginSql);
       inTransaction = true;
+      // an endpoint whose policy has a lease answers even this claim with a
+      // token: it is finished with it in this same transaction
+      let claimToken = null;
       if (key !== null && !o.leaseSql) {
         const c = await claim();
         if (c.action !== 'execute') return await answerClaim(c);
+        claimToken = c.lease_token;
       }
       req.idempotency = {
         client,
@@ -279,7 +283,7 @@ function idempotent(options) {
           if (NOT_STORED.has(k) || capture.headersBefore[k] === v) continue;
           headers[k] = Array.isArray(v) ? v.map(String) : String(v);
         }
-        await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken]);
+        await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken || claimToken]);
       }
       inTransaction = false;
       await client.query('COMMIT');

@@ -296,11 +296,15 @@ class IdempotencyMiddleware:
                 heartbeat = asyncio.ensure_future(self._heartbeat(req, state))
             if self.isolation:
                 await conn.execute(f"SET TRANSACTION ISOLATION LEVEL {self.isolation.upper()}")
+            # an endpoint whose policy has a lease answers even this claim with
+            # a token: it is finished with it in this same transaction
+            claim_token = None
             if key is not None and not self.lease:
                 c = await self._claim(conn, req)
                 if c["action"] != "execute":
                     await conn.rollback()
                     return await self._answer_claim(send, req, c)
+                claim_token = c["lease_token"]
             else:
                 await conn.execute("SELECT 1")  # opens the transaction the application writes in
             scope.setdefault("state", {})["idempotency"] = Context(conn, key, req["tenant"], req["endpoint"], state)
@@ -336,7 +340,8 @@ class IdempotencyMiddleware:
                         else:
                             stored[name] = value
                     await conn.execute(SQL_FINISH, (req["tenant"], req["endpoint"], key, status, body,
-                                                    json.dumps(stored), state["lease_token"]))
+                                                    json.dumps(stored),
+                                                    state["lease_token"] or claim_token))
                 await conn.commit()
                 state["lease_token"] = None
             headers = [(k, v) for k, v in captured["headers"] if k.lower() != b"content-length"]

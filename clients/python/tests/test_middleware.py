@@ -42,6 +42,7 @@ def build_app(pool, hooks, runs, admin, **options):
 
     app.post("/v1/charges")(handler)
     app.post("/v1/charges/{cid}/capture")(handler)
+    app.post("/v1/policy")(handler)
     return app
 
 
@@ -111,6 +112,15 @@ class Middleware(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(r.headers.get("idempotent-replayed"), "true")
         r = await c.post("/v1/charges", content=b"amount=501&currency=usd&metadata[request_ts]=1", headers=h)
         self.assertEqual(r.status_code, 400)
+        self.assertEqual(self.runs[key], 1)
+
+    async def test_endpoint_policy_lease_without_the_option(self):
+        await self.admin.execute("INSERT INTO idempotency.endpoints (endpoint, lease) "
+                                 "VALUES ('POST /v1/policy', '30 seconds') ON CONFLICT DO NOTHING")
+        c, key = self.client(), self.key()
+        self.assertEqual((await c.post("/v1/policy", json={"amount": 11}, headers={"Idempotency-Key": key})).status_code, 200)
+        r = await c.post("/v1/policy", json={"amount": 11}, headers={"Idempotency-Key": key})
+        self.assertEqual(r.headers.get("idempotent-replayed"), "true")
         self.assertEqual(self.runs[key], 1)
 
     async def test_body_refused_by_fingerprint_is_400(self):

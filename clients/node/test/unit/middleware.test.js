@@ -48,6 +48,7 @@ function app() {
   a.post('/v1/nowait', idempotent(opts({ wait: '0 s' })), handler);
   a.post('/v1/lease', idempotent(opts({ lease: '2 seconds', heartbeatMs: 100 })), handler);
   a.post('/v1/charges/:id/capture', idempotent(opts()), handler);
+  a.post('/v1/policy', idempotent(opts()), handler);
   a.use((err, req, res, next) => { res.status(500).json({ error: { type: 'api_error', message: err.message } }); });
   return a;
 }
@@ -58,6 +59,7 @@ test.before(async () => {
   admin = new pg.Client(conn);
   await admin.connect();
   await admin.query('CREATE TABLE IF NOT EXISTS charges (id text PRIMARY KEY, idem_key text, amount int)');
+  await admin.query("INSERT INTO idempotency.endpoints (endpoint, lease) VALUES ('POST /v1/policy', '30 seconds') ON CONFLICT DO NOTHING");
   await new Promise((resolve) => { server = app().listen(0, '127.0.0.1', resolve); });
   base = `http://127.0.0.1:${server.address().port}`;
 });
@@ -121,6 +123,15 @@ test('form bodies: excluded members do not count, others do', { skip }, async ()
   assert.equal(r2.status, 200);
   assert.equal(r2.headers.get('idempotent-replayed'), 'true');
   assert.equal((await form('amount=501&currency=usd&metadata[request_ts]=1')).status, 400);
+  assert.equal(runs[key], 1);
+});
+
+test('an endpoint whose policy has a lease, without the lease option: finished in the same transaction', { skip }, async () => {
+  const key = newKey();
+  const r1 = await post('/v1/policy', key, { amount: 11 });
+  assert.equal(r1.status, 200);
+  const r2 = await post('/v1/policy', key, { amount: 11 });
+  assert.equal(r2.headers.get('idempotent-replayed'), 'true');
   assert.equal(runs[key], 1);
 });
 
