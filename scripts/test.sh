@@ -123,6 +123,17 @@ run_regress regress preload.conf "${preload_tests[@]}"
 run_regress regress_nopreload nopreload.conf "${nopreload_tests[@]}"
 run_regress isolation preload.conf "$PROJECT_DIR"/test/specs/*.spec
 run_tap
+# the HTTP clients (clients/test.sh): each suite one test, named client_SUITE in TESTS
+CLIENT_SUITES=$(for s in node_unit node_e2e python_unit python_e2e; do selected "client_$s" && echo "$s"; done || true)
+if [ -n "$CLIENT_SUITES" ]; then
+    set +e; "$PROJECT_DIR/clients/test.sh" $CLIENT_SUITES >"$OUT/clients.log" 2>&1; rc=$?; set -e
+    grep -E '^(client |    RESULT|==> client)' "$OUT/clients.log" || true
+    PASSED=$((PASSED + $(grep -c '^client .* \.\.\. ok$' "$OUT/clients.log" || true)))
+    for s in $(sed -n 's/^client \([a-z0-9_]*\) \.\.\. FAILED.*/\1/p' "$OUT/clients.log"); do FAILED=$((FAILED + 1)); FAILED_NAMES+=("client_$s"); done
+    if [ $rc -ne 0 ] && ! grep -q '^client .* FAILED' "$OUT/clients.log"; then
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("clients (driver)"); tail -n 30 "$OUT/clients.log"
+    fi
+fi
 
 echo
 if [ $FAILED -gt 0 ]; then

@@ -1,0 +1,83 @@
+'use strict';
+// Holds back what handlers write to an http.ServerResponse (status,
+// headers, body) until the key is finished and committed, then sends it;
+// or throws it away and puts the response back as it was, for a retry.
+
+function captureResponse(res) {
+  const saved = { writeHead: res.writeHead, write: res.write, end: res.end };
+  const headersBefore = res.getHeaders();
+  let chunks = [];
+  let settle = null;
+
+  const toBuffer = (chunk, enc) => (Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, typeof enc === 'string' ? enc : 'utf8'));
+
+  res.writeHead = function writeHead(status, reason, headers) {
+    if (typeof reason !== 'string') headers = reason;
+    res.statusCode = status;
+    if (Array.isArray(headers)) {
+      for (let i = 0; i + 1 < headers.length; i += 2) res.setHeader(headers[i], headers[i + 1]);
+    } else if (headers) {
+      for (const [k, v] of Object.entries(headers)) res.setHeader(k, v);
+    }
+    return res;
+  };
+  res.write = function write(chunk, enc, cb) {
+    if (typeof enc === 'function') { cb = enc; enc = undefined; }
+    if (chunk != null) chunks.push(toBuffer(chunk, enc));
+    if (cb) process.nextTick(cb);
+    return true;
+  };
+  res.end = function end(chunk, enc, cb) {
+    if (typeof chunk === 'function') { cb = chunk; chunk = undefined; } else if (typeof enc === 'function') { cb = enc; enc = undefined; }
+    if (chunk != null) chunks.push(toBuffer(chunk, enc));
+    if (settle) settle.resolve({ status: res.statusCode, headers: res.getHeaders(), body: Buffer.concat(chunks) });
+    settle = null;
+    if (cb) process.nextTick(cb);
+    return res;
+  };
+
+  function restore() {
+    res.writeHead = saved.writeHead;
+    res.write = saved.write;
+    res.end = saved.end;
+  }
+
+  return {
+    // runner.run(done) starts the handlers; resolves with the response
+    // when they end it, rejects when they pass on an error.
+    run(runner) {
+      return new Promise((resolve, reject) => {
+        settle = { resolve, reject };
+        try {
+          runner.run((err) => {
+            if (settle) settle.reject(err);
+            settle = null;
+          });
+        } catch (err) {
+          if (settle) settle.reject(err);
+          settle = null;
+        }
+      });
+    },
+    // sends a captured response (its headers are already set on res)
+    send(out) {
+      restore();
+      res.statusCode = out.status;
+      res.end(out.body.length ? out.body : undefined);
+    },
+    restore,
+    // headers the response had before the handlers ran (per delivery, never stored)
+    headersBefore,
+    // forget what the handlers did: the response is as before they ran
+    reset() {
+      restore();
+      chunks = [];
+      settle = null;
+      for (const name of res.getHeaderNames()) res.removeHeader(name);
+      for (const [k, v] of Object.entries(headersBefore)) res.setHeader(k, v);
+      res.statusCode = 200;
+    },
+  };
+}
+
+module.exports = { captureResponse };

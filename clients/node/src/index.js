@@ -1,0 +1,326 @@
+'use strict';
+// Express 5 middleware: HTTP idempotency keys on the idempotency PostgreSQL
+// extension.  idempotent(options) returns a middleware that claims the key
+// on a pooled client inside a transaction, hands that client to the
+// handlers that follow (req.idempotency.client), captures their response,
+// finishes the key and commits before the first byte is sent, and answers
+// replays, conflicts and mismatches per the chosen profile.
+
+const { parseKeyHeader, applyKeyPolicy, KeyError } = require('./header');
+const { fingerprintBody, formToJson, BodyError } = require('./body');
+const { answer, ACTION_OUTCOME } = require('./profiles');
+const { captureResponse } = require('./capture');
+
+// Errors after which the whole request is run again: serialization
+// failure, deadlock, and a connection lost before COMMIT was acknowledged
+// (in atomic mode the next claim replays if the commit went through).
+const RETRY_SQLSTATES = new Set(['40001', '40P01']);
+const LOST_SQLSTATES = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006']);
+const LOST_MESSAGES = /Connection terminated|Client has encountered a connection error|ECONNRESET|EPIPE|not queryable/;
+
+// Response headers that describe one transmission, never stored.
+const NOT_STORED = new Set(['connection', 'keep-alive', 'transfer-encoding', 'date', 'content-length',
+  'upgrade', 'proxy-connection', 'trailer', 'idempotent-replayed', 'idempotency-key']);
+
+const SQL_CLAIM = `SELECT action, error_code, retry_after, response_status, response_headers,
+       response_body, lease_token::text AS lease_token
+  FROM idempotency.idem_claim($1, $2, $3,
+       idempotency.idem_fingerprint($4, $5, $6::jsonb, $7::text[]),
+       $8::interval, $9::interval, $10::interval)`;
+const SQL_FINISH = 'SELECT idempotency.idem_finish_bytes($1, $2, $3, $4, $5::bytea, $6::jsonb, $7::bigint)';
+const SQL_HEARTBEAT = 'SELECT idempotency.idem_heartbeat($1, $2, $3, $4::bigint, $5::interval)';
+const SQL_FAIL = "SELECT idempotency.idem_fail($1, $2, $3, 'unknown', $4, $5::bigint)";
+const SQL_RELEASE = 'SELECT idempotency.idem_release($1, $2, $3, $4::bigint)';
+const SQL_DOWNSTREAM = 'SELECT idempotency.idem_downstream_key($1, $2, $3, $4) AS key';
+
+const sqlstate = (err) => (err && (err.code || (err.cause && err.cause.code))) || null;
+const isRetryable = (err) => RETRY_SQLSTATES.has(sqlstate(err));
+const isConnectionLoss = (err) =>
+  !!err && (LOST_SQLSTATES.has(sqlstate(err)) || LOST_MESSAGES.test(String(err.message || '')) ||
+    (err.cause ? isConnectionLoss(err.cause) : false));
+
+// "30 seconds", "30s", "500 ms", "2 min", or a number of seconds, in ms.
+function intervalMs(value) {
+  if (typeof value === 'number') return value * 1000;
+  const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|min|mins|minutes?)?\s*$/i.exec(String(value));
+  if (!m) throw new TypeError(`cannot read ${value} as an interval (use e.g. '30 seconds')`);
+  const unit = (m[2] || 's').toLowerCase();
+  const f = unit.startsWith('ms') || unit.startsWith('milli') ? 1 : unit.startsWith('min') ? 60000 : 1000;
+  return Number(m[1]) * f;
+}
+const pgInterval = (value) => (value == null ? null : `${intervalMs(value)} milliseconds`);
+
+const poolsWatched = new WeakSet();
+
+function normalize(options) {
+  const o = { ...options };
+  if (!o.pool || typeof o.pool.connect !== 'function') throw new TypeError('idempotent: options.pool (a pg.Pool) is required');
+  if (o.tenant === undefined) throw new TypeError('idempotent: options.tenant (a string or req => string) is required');
+  o.profile = o.profile || 'stripe';
+  if (o.profile !== 'stripe' && o.profile !== 'ietf') throw new TypeError("idempotent: profile is 'stripe' or 'ietf'");
+  o.keyPolicy = o.keyPolicy || 'refuse';
+  if (o.keyPolicy !== 'refuse' && o.keyPolicy !== 'hash') throw new TypeError("idempotent: keyPolicy is 'refuse' or 'hash'");
+  o.exclude = o.exclude || null;
+  o.required = !!o.required;
+  o.retries = o.retries === undefined ? 3 : o.retries;
+  o.limit = o.limit || 1024 * 1024;
+  o.isolation = o.isolation || null;
+  o.log = o.log || (() => {});
+  o.storeStatus = o.storeStatus || ((status) => status < 500);
+  o.beginSql = o.isolation ? `BEGIN ISOLATION LEVEL ${o.isolation}` : 'BEGIN';
+  if (o.isolation && !/^(READ COMMITTED|REPEATABLE READ|SERIALIZABLE)$/i.test(o.isolation)) {
+    throw new TypeError('idempotent: isolation is READ COMMITTED, REPEATABLE READ or SERIALIZABLE');
+  }
+  o.leaseSql = pgInterval(o.lease);
+  o.waitSql = pgInterval(o.wait);
+  o.ttlSql = pgInterval(o.ttl);
+  o.heartbeatMs = o.lease ? (o.heartbeatMs || Math.max(100, intervalMs(o.lease) / 3)) : null;
+  if (!poolsWatched.has(o.pool) && typeof o.pool.on === 'function') {
+    // an idle client whose backend was killed emits 'error' on the pool,
+    // which would end the process without a listener
+    poolsWatched.add(o.pool);
+    o.pool.on('error', (err) => o.log('idle database client lost', err));
+  }
+  return o;
+}
+
+function sendAnswer(res, a) {
+  res.statusCode = a.status;
+  for (const [k, v] of Object.entries(a.headers)) res.setHeader(k, v);
+  res.end(a.body === undefined ? undefined : Buffer.from(JSON.stringify(a.body)));
+}
+
+function sendStored(res, status, headers, body) {
+  res.statusCode = status;
+  for (const [k, v] of Object.entries(headers || {})) res.setHeader(k, v);
+  res.end(body && body.length ? body : undefined);
+}
+
+// The handlers that follow this middleware in its route, run again on a
+// retry; outside a route (app.use) there is only Express's next, run once.
+function makeRunner(req, next, self) {
+  const stack = req.route && Array.isArray(req.route.stack) ? req.route.stack : null;
+  const at = stack ? stack.findIndex((layer) => layer.handle === self) : -1;
+  if (at < 0 || typeof stack[at].handleRequest !== 'function') {
+    // Express's own next: errors go to the application's error handler,
+    // whose answer is captured like any other
+    return { repeatable: false, run: () => next() };
+  }
+  const method = req.method.toLowerCase() === 'head' && !req.route.methods.head ? 'get' : req.method.toLowerCase();
+  return {
+    repeatable: true,
+    run(done) {
+      let i = at + 1;
+      const step = (err) => {
+        if (err === 'route' || err === 'router') return done(new Error(`next('${err}') leaves an idempotent route`));
+        while (i < stack.length) {
+          const layer = stack[i++];
+          if (!layer.method || layer.method === method) {
+            return err ? layer.handleError(err, req, req.res, step) : layer.handleRequest(req, req.res, step);
+          }
+        }
+        return done(err || new Error('no handler after the idempotency middleware answered'));
+      };
+      step();
+    },
+  };
+}
+
+function idempotent(options) {
+  const o = normalize(options);
+
+  async function middleware(req, res, next) {
+    let rawKey;
+    let key;
+    try {
+      // headersDistinct keeps two Idempotency-Key headers apart (headers joins them with ", ")
+      rawKey = parseKeyHeader(req.headersDistinct ? req.headersDistinct['idempotency-key'] : req.headers['idempotency-key']);
+      key = rawKey === null ? null : applyKeyPolicy(rawKey, o.keyPolicy);
+    } catch (err) {
+      if (!(err instanceof KeyError)) return next(err);
+      return sendAnswer(res, answer(o.profile, 'key_invalid', { message: err.message }));
+    }
+    if (key === null && o.required) {
+      return sendAnswer(res, answer(o.profile, 'key_missing', { message: 'this request needs an Idempotency-Key header' }));
+    }
+    let body;
+    try {
+      body = await fingerprintBody(req, o.limit);
+    } catch (err) {
+      if (!(err instanceof BodyError)) return next(err);
+      return sendAnswer(res, answer(o.profile, 'body_invalid', { message: err.message }));
+    }
+    if (body.parsed !== undefined || req.body === undefined) req.body = body.parsed;
+    let tenant;
+    let endpoint;
+    try {
+      tenant = typeof o.tenant === 'function' ? await o.tenant(req) : o.tenant;
+      endpoint = typeof o.endpoint === 'function' ? await o.endpoint(req) : o.endpoint;
+      if (!endpoint) {
+        if (!req.route) throw new Error('idempotent: outside a route, options.endpoint is required');
+        endpoint = `${req.method} ${req.baseUrl || ''}${req.route.path}`;
+      }
+    } catch (err) {
+      return next(err);
+    }
+    const request = { tenant, endpoint, key, rawKey, path: req.originalUrl || req.url, json: body.json };
+    const runner = makeRunner(req, next, middleware);
+    const state = { leaseToken: null, noSideEffect: false };
+    for (let attempt = 0; ; attempt++) {
+      const outcome = await attemptOnce(req, res, next, request, runner, state);
+      if (outcome !== 'retry') return;
+      if (attempt >= o.retries || !runner.repeatable) break;
+      await new Promise((r) => setTimeout(r, (5 + Math.random() * 20) * 2 ** attempt));
+    }
+    if (state.leaseToken) await settleLease(request, state, 'retries exhausted');
+    sendAnswer(res, answer(o.profile, 'unavailable', { retryAfter: 1 }));
+  }
+
+  async function settleLease(request, state, reason) {
+    const { tenant, endpoint, key } = request;
+    try {
+      if (state.noSideEffect) await o.pool.query(SQL_RELEASE, [tenant, endpoint, key, state.leaseToken]);
+      else await o.pool.query(SQL_FAIL, [tenant, endpoint, key, reason, state.leaseToken]);
+    } catch (err) {
+      o.log('could not settle the lease (maintenance will mark it unknown when it expires)', err);
+    }
+    state.leaseToken = null;
+  }
+
+  // One run of the request.  Returns 'retry' when it should run again,
+  // 'done' once something was sent or handed to Express's error handler.
+  async function attemptOnce(req, res, next, request, runner, state) {
+    const { tenant, endpoint, key } = request;
+    let client;
+    try {
+      client = await o.pool.connect();
+    } catch (err) {
+      o.log('no database connection', err);
+      return 'retry';
+    }
+    let lostError = null;
+    const onClientError = (err) => { lostError = err; o.log('database client lost', err); };
+    client.on('error', onClientError);
+    let heartbeat = null;
+    let inTransaction = false;
+    let capture = null;
+    try {
+      const claimArgs = () => [tenant, endpoint, key, req.method, request.path, request.json, o.exclude,
+        o.ttlSql, o.leaseSql, o.waitSql];
+      const answerClaim = async (c) => {
+        if (inTransaction) { inTransaction = false; await client.query('ROLLBACK'); }
+        if (c.action === 'replay') {
+          const headers = {};
+          for (const [k, v] of Object.entries(c.response_headers || {})) {
+            if (k.toLowerCase() !== 'idempotency-key') headers[k] = v;
+          }
+          headers['Idempotency-Key'] = request.rawKey;
+          sendStored(res, c.response_status, headers, c.response_body);
+          return 'done';
+        }
+        const outcome = ACTION_OUTCOME[c.action];
+        if (!outcome) throw new Error(`unexpected claim action ${c.action}`);
+        sendAnswer(res, answer(o.profile, outcome, { code: c.error_code, retryAfter: c.retry_after }));
+        return 'done';
+      };
+      // the fingerprint refuses a body PostgreSQL cannot take (class 22:
+      // a number beyond a double, \u0000): the client's fault, a 400
+      const claim = async () => {
+        try {
+          return (await client.query(SQL_CLAIM, claimArgs())).rows[0];
+        } catch (err) {
+          if (/^22/.test(sqlstate(err) || '')) err.idempotencyBodyInvalid = true;
+          throw err;
+        }
+      };
+      if (key !== null && o.leaseSql && state.leaseToken === null) {
+        const c = await claim();
+        if (c.action !== 'execute') return await answerClaim(c);
+        state.leaseToken = c.lease_token;
+      }
+      if (state.leaseToken) {
+        heartbeat = setInterval(() => {
+          o.pool.query(SQL_HEARTBEAT, [tenant, endpoint, key, state.leaseToken, o.leaseSql])
+            .catch((err) => o.log('heartbeat failed', err));
+        }, o.heartbeatMs);
+      }
+      await client.query(o.beginSql);
+      inTransaction = true;
+      // an endpoint whose policy has a lease answers even this claim with a
+      // token: it is finished with it in this same transaction
+      let claimToken = null;
+      if (key !== null && !o.leaseSql) {
+        const c = await claim();
+        if (c.action !== 'execute') return await answerClaim(c);
+        claimToken = c.lease_token;
+      }
+      req.idempotency = {
+        client,
+        key,
+        tenant,
+        endpoint,
+        leaseToken: state.leaseToken,
+        attempt: undefined,
+        noSideEffect() { state.noSideEffect = true; },
+        async downstreamKey(step) {
+          if (key === null) throw new Error('no Idempotency-Key: no downstream key');
+          return (await client.query(SQL_DOWNSTREAM, [tenant, endpoint, key, step])).rows[0].key;
+        },
+      };
+      capture = captureResponse(res);
+      const out = await capture.run(runner);
+      if (lostError) throw lostError;
+      if (!o.storeStatus(out.status)) {
+        inTransaction = false;
+        await client.query('ROLLBACK');
+        if (state.leaseToken) await settleLease(request, state, `the handler answered ${out.status}`);
+        capture.send(out);
+        return 'done';
+      }
+      if (key !== null) {
+        const headers = {};
+        for (const [k, v] of Object.entries(out.headers)) {
+          if (NOT_STORED.has(k) || capture.headersBefore[k] === v) continue;
+          headers[k] = Array.isArray(v) ? v.map(String) : String(v);
+        }
+        await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken || claimToken]);
+      }
+      inTransaction = false;
+      await client.query('COMMIT');
+      state.leaseToken = null;
+      capture.send(out);
+      return 'done';
+    } catch (err) {
+      if (heartbeat) { clearInterval(heartbeat); heartbeat = null; }
+      if (inTransaction && !lostError && !isConnectionLoss(err)) {
+        try { await client.query('ROLLBACK'); } catch (e) { lostError = e; }
+      }
+      if (capture) capture.reset();
+      if (isRetryable(err) || isConnectionLoss(err) || lostError) {
+        o.log('request will be run again', err);
+        return 'retry';
+      }
+      if (err.idempotencyBodyInvalid) {
+        sendAnswer(res, answer(o.profile, 'body_invalid', { message: err.message }));
+        return 'done';
+      }
+      if (state.leaseToken) await settleLease(request, state, `the handler failed: ${err.message}`);
+      if (capture) capture.restore();
+      next(err);
+      return 'done';
+    } finally {
+      if (heartbeat) clearInterval(heartbeat);
+      client.off('error', onClientError);
+      if (lostError) {
+        client.on('error', () => {});
+        client.release(lostError);
+      } else {
+        client.release();
+      }
+    }
+  }
+
+  return middleware;
+}
+
+module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs };

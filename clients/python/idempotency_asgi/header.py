@@ -1,0 +1,63 @@
+"""The Idempotency-Key request header: read bare (Stripe) or as an RFC 8941
+sf-string (IETF draft), and the key policy that maps a key outside the
+extension's rule to one inside it, or refuses it."""
+
+import base64
+import hashlib
+import re
+
+KEY_RULE = re.compile(r"[A-Za-z0-9_-]{1,255}")
+
+
+class KeyError_(ValueError):
+    """The Idempotency-Key header cannot be used."""
+
+
+def _parse_sf_string(text):
+    out = []
+    i = 1
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 1
+            if i >= len(text) or text[i] not in '"\\':
+                raise KeyError_("invalid escape in the Idempotency-Key string")
+            out.append(text[i])
+        elif c == '"':
+            if i != len(text) - 1:
+                raise KeyError_("characters after the end of the Idempotency-Key string")
+            return "".join(out)
+        else:
+            if not 0x20 <= ord(c) <= 0x7E:
+                raise KeyError_("invalid character in the Idempotency-Key string")
+            out.append(c)
+        i += 1
+    raise KeyError_("unterminated Idempotency-Key string")
+
+
+def parse_key_header(values):
+    """The key of a request from its Idempotency-Key header values (a list
+    of str), or None when it has none."""
+    if not values:
+        return None
+    if len(values) != 1:
+        raise KeyError_("more than one Idempotency-Key header")
+    text = values[0].strip()
+    if text == "":
+        raise KeyError_("empty Idempotency-Key header")
+    key = _parse_sf_string(text) if text.startswith('"') else text
+    if key == "":
+        raise KeyError_("empty Idempotency-Key")
+    return key
+
+
+def apply_key_policy(key, policy):
+    """A key within the extension's rule passes unchanged; any other is
+    refused ('refuse') or replaced ('hash') by "h_" and the base64url
+    SHA-256 of its UTF-8 bytes."""
+    if KEY_RULE.fullmatch(key):
+        return key
+    if policy == "hash":
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+        return "h_" + base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+    raise KeyError_("an Idempotency-Key is 1 to 255 characters from A-Z a-z 0-9 - _")

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The HTTP clients' tests: for each of clients/node and clients/python, its
+# unit tests and an end-to-end test (a real HTTP server using the
+# middleware, driven by a real client library with its own retries, under
+# injected faults).  Prints one line "client SUITE ... ok|FAILED" per suite
+# and exits non-zero when one failed.
+#
+#   clients/test.sh [SUITE...]     suites: node_unit node_e2e python_unit python_e2e
+#
+# With IDEM_TEST_PGPORT (and IDEM_TEST_PGHOST, IDEM_TEST_PGUSER) set, the
+# tests use that running cluster (its library preloaded, the extension
+# installable, a superuser); otherwise a throwaway cluster is started with
+# the helpers of scripts/common.sh and stopped at the end.  Each suite gets
+# a database of its own.  Everything listens on loopback only.
+
+. "$(dirname "$0")/../scripts/common.sh"
+
+CLIENTS_DIR=$PROJECT_DIR/clients
+ALL_SUITES="node_unit node_e2e python_unit python_e2e"
+SUITES=${*:-$ALL_SUITES}
+PY=/usr/bin/python3
+PY_PACKAGES="python3-psycopg python3-psycopg-pool python3-starlette python3-fastapi python3-httpx python3-uvicorn python3-urllib3"
+
+apt_install() {
+    if is_root; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    else
+        die "missing packages: $*. Install them with: sudo apt-get install -y $*"
+    fi
+}
+
+ensure_node() {
+    command -v node >/dev/null && command -v npm >/dev/null || { say "installing nodejs npm"; apt_install nodejs npm; }
+    if [ ! -f "$CLIENTS_DIR/node/node_modules/.package-lock.json" ] ||
+       [ "$CLIENTS_DIR/node/package-lock.json" -nt "$CLIENTS_DIR/node/node_modules/.package-lock.json" ]; then
+        say "npm ci (clients/node)"
+        (cd "$CLIENTS_DIR/node" && npm ci --no-audit --no-fund --loglevel=error) >/dev/null
+    fi
+}
+
+ensure_python() {
+    local missing=() p
+    for p in $PY_PACKAGES; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] || { say "installing ${missing[*]}"; apt_install "${missing[@]}"; }
+}
+
+if [ -z "${IDEM_TEST_PGPORT:-}" ]; then
+    ensure_deps
+    build_local_install
+    CLUSTER_DIR=$BUILD_DIR/clients
+    if [ -f "$CLUSTER_DIR/data/postmaster.pid" ]; then
+        as_pg pg_ctl -D "$CLUSTER_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$CLUSTER_DIR"
+    own_dir "$CLUSTER_DIR"
+    start_cluster "$CLUSTER_DIR" "max_connections = 100
+idempotency.maintenance_interval = '1s'"
+    trap 'as_pg pg_ctl -D "$CLUSTER_DIR/data" -m immediate -w stop >/dev/null 2>&1 || true' EXIT
+    export IDEM_TEST_PGHOST=127.0.0.1 IDEM_TEST_PGPORT=$PORT IDEM_TEST_PGUSER=$PGOS_USER
+fi
+export IDEM_TEST_PGHOST=${IDEM_TEST_PGHOST:-127.0.0.1} IDEM_TEST_PGUSER=${IDEM_TEST_PGUSER:-$PGOS_USER}
+LOG_DIR=${BUILD_DIR:-$PROJECT_DIR/build}/clients-log
+mkdir -p "$LOG_DIR"
+
+# A fresh database with the extension for one suite: sets IDEM_TEST_PGDATABASE.
+fresh_db() {
+    local db=idem_$1
+    export PGOPTIONS='-c client_min_messages=warning'
+    psql -X -q -h "$IDEM_TEST_PGHOST" -p "$IDEM_TEST_PGPORT" -U "$IDEM_TEST_PGUSER" -d postgres -v ON_ERROR_STOP=1 \
+        -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
+    psql -X -q -h "$IDEM_TEST_PGHOST" -p "$IDEM_TEST_PGPORT" -U "$IDEM_TEST_PGUSER" -d "$db" -v ON_ERROR_STOP=1 \
+        -c 'CREATE EXTENSION idempotency CASCADE' >/dev/null
+    unset PGOPTIONS
+    export IDEM_TEST_PGDATABASE=$db
+}
+
+PASSED=0
+FAILED=0
+run_suite() {
+    local name=$1; shift
+    local log=$LOG_DIR/$name.log rc
+    fresh_db "$name"
+    say "client $name"
+    set +e
+    timeout 170 "$@" >"$log" 2>&1
+    rc=$?
+    set -e
+    grep -E '^(# (pass|fail)|RESULT|calls done|not ok|ok [0-9]+ - |Ran [0-9]+ tests|OK|FAILED)|\.\.\. (ok|FAIL|ERROR|skipped)' "$log" | sed 's/^/    /' | tail -n 40 || true
+    if [ $rc -eq 0 ]; then
+        echo "client $name ... ok"; PASSED=$((PASSED + 1))
+    else
+        tail -n 60 "$log"
+        echo "client $name ... FAILED (exit $rc, log $log)"; FAILED=$((FAILED + 1))
+    fi
+}
+
+for s in $SUITES; do
+    case $s in
+        node_unit) ensure_node; run_suite "$s" node --test --test-concurrency=1 "$CLIENTS_DIR/node/test/unit/" ;;
+        node_e2e) ensure_node; run_suite "$s" node "$CLIENTS_DIR/node/test/e2e/run.js" ;;
+        python_unit) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" -m unittest discover -v -s "$CLIENTS_DIR/python/tests" -t "$CLIENTS_DIR/python" ;;
+        python_e2e) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" "$CLIENTS_DIR/python/tests/e2e/run.py" ;;
+        *) die "unknown suite $s (suites: $ALL_SUITES)" ;;
+    esac
+done
+echo "clients: $PASSED passed, $FAILED failed"
+[ $FAILED -eq 0 ]
