@@ -109,7 +109,20 @@ typedef struct IdemRow
 	TimestampTz completed_at;
 } IdemRow;
 
-/* A claim in atomic mode, waiting for its finish in this transaction. */
+/*
+ * A claim of this transaction that holds its scope lock: in atomic mode,
+ * waiting for its finish (or finished, failed or released in a
+ * subtransaction that may still roll back); in lease mode, a row inserted.
+ *
+ * The list follows subtransactions exactly as the locks do (they belong to
+ * the subtransaction that took them, and pass to the parent when it
+ * commits): an entry made in a subtransaction that rolls back goes with its
+ * lock, and the end of a claim (done_level) is undone when the
+ * subtransaction that ended it rolls back, since the row written by the
+ * finish (or fail) goes too.  A claim that is pending again must then be
+ * finished before COMMIT, which otherwise raises IK500 and so rolls back
+ * the business writes of a key without a completion.
+ */
 typedef struct PendingClaim
 {
 	struct PendingClaim *next;
@@ -120,10 +133,13 @@ typedef struct PendingClaim
 	TimestampTz created_at;
 	TimestampTz expires_at;
 	LOCKTAG		tag;
-	int			nest_level;		/* subtransaction that made the claim */
+	int			nest_level;		/* subtransaction whose lock it is */
+	int			done_level;		/* 0: pending; else the subtransaction that
+								 * ended it (made it, for a lease) */
 } PendingClaim;
 
 static PendingClaim *pending_claims = NULL;
+static int	claims_held = 0;	/* entries in pending_claims */
 
 /* The statements on idempotency.keys, prepared once per backend. */
 typedef enum IdemStmt
@@ -371,6 +387,7 @@ IdemAddInterval(TimestampTz ts, const Interval *iv)
  * ----------------------------------------------------------------
  */
 
+/* The pending (unfinished) atomic claim of a scope, or NULL. */
 static PendingClaim *
 IdemFindPending(const IdemScope *scope, PendingClaim ***link)
 {
@@ -378,7 +395,8 @@ IdemFindPending(const IdemScope *scope, PendingClaim ***link)
 
 	for (p = &pending_claims; *p != NULL; p = &(*p)->next)
 	{
-		if (IdemTextEqual((*p)->key, scope->key) &&
+		if ((*p)->done_level == 0 &&
+			IdemTextEqual((*p)->key, scope->key) &&
 			IdemTextEqual((*p)->endpoint, scope->endpoint) &&
 			IdemTextEqual((*p)->tenant, scope->tenant))
 		{
@@ -390,14 +408,31 @@ IdemFindPending(const IdemScope *scope, PendingClaim ***link)
 	return NULL;
 }
 
+/*
+ * Remember a claim that keeps its scope lock until the transaction ends:
+ * pending (atomic mode), or ended at once (leased).  Refused with IK429
+ * when the transaction already holds idempotency.max_claims_per_transaction
+ * of them, before the lock table of the whole server is at risk.
+ */
 static void
 IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
 			   TimestampTz created_at, TimestampTz expires_at,
-			   const LOCKTAG *tag)
+			   const LOCKTAG *tag, bool leased)
 {
-	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
-	PendingClaim *pc = palloc(sizeof(PendingClaim));
+	MemoryContext old;
+	PendingClaim *pc;
 
+	if (claims_held >= idem_max_claims_per_transaction)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_TOO_MANY_CLAIMS),
+				 errmsg("too many idempotency keys claimed in one transaction"),
+				 errdetail_plural("The transaction already holds %d claim, the most idempotency.max_claims_per_transaction allows.",
+								  "The transaction already holds %d claims, the most idempotency.max_claims_per_transaction allows.",
+								  claims_held, claims_held),
+				 errhint("Each claim holds a lock until the transaction ends: claim fewer keys per transaction, or raise idempotency.max_claims_per_transaction together with max_locks_per_transaction.")));
+
+	old = MemoryContextSwitchTo(TopTransactionContext);
+	pc = palloc(sizeof(PendingClaim));
 	pc->tenant = DatumGetTextPCopy(PointerGetDatum(scope->tenant));
 	pc->endpoint = DatumGetTextPCopy(PointerGetDatum(scope->endpoint));
 	pc->key = DatumGetTextPCopy(PointerGetDatum(scope->key));
@@ -406,24 +441,35 @@ IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
 	pc->expires_at = expires_at;
 	pc->tag = *tag;
 	pc->nest_level = GetCurrentTransactionNestLevel();
+	pc->done_level = leased ? pc->nest_level : 0;
 	pc->next = pending_claims;
 	pending_claims = pc;
+	claims_held++;
 	MemoryContextSwitchTo(old);
 }
 
 /*
- * Forget a pending claim.  With release_lock, also give up the scope lock
- * now, so that a waiting duplicate proceeds before this transaction ends
- * (only where the lock belongs to the current subtransaction).
+ * End a pending claim (finished, failed or released).  With release_lock,
+ * also give up the scope lock now, so that a waiting duplicate proceeds
+ * before this transaction ends; only where the claim and its lock belong to
+ * the current subtransaction, whose rollback would undo the claim anyway,
+ * and the entry then goes.  Otherwise the entry stays, ended at this level,
+ * to be made pending again if this subtransaction rolls back.
  */
 static void
-IdemDropPending(PendingClaim **link, bool release_lock)
+IdemEndPending(PendingClaim **link, bool release_lock)
 {
 	PendingClaim *pc = *link;
+	int			level = GetCurrentTransactionNestLevel();
 
-	*link = pc->next;
-	if (release_lock && pc->nest_level == GetCurrentTransactionNestLevel())
+	if (release_lock && pc->nest_level == level)
+	{
 		IdemUnlockScope(&pc->tag);
+		*link = pc->next;
+		claims_held--;
+	}
+	else
+		pc->done_level = level;
 }
 
 static void
@@ -434,22 +480,30 @@ IdemXactCallback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_COMMIT:
 		case XACT_EVENT_PARALLEL_PRE_COMMIT:
 		case XACT_EVENT_PRE_PREPARE:
-			if (pending_claims != NULL)
 			{
-				PendingClaim *pc = pending_claims;
+				PendingClaim *first = NULL;
+				PendingClaim *pc;
 				int			n = 0;
 
-				for (; pc != NULL; pc = pc->next)
+				for (pc = pending_claims; pc != NULL; pc = pc->next)
+				{
+					if (pc->done_level != 0)
+						continue;
+					if (first == NULL)
+						first = pc;
 					n++;
-				pc = pending_claims;
+				}
+				if (n == 0)
+					break;
 				pending_claims = NULL;
+				claims_held = 0;
 				ereport(ERROR,
 						(errcode(ERRCODE_IDEM_UNFINISHED_CLAIM),
 						 errmsg("transaction claimed an idempotency key but neither finished nor released it"),
 						 errdetail_plural("%d key of endpoint \"%s\" (tenant \"%s\") was claimed in atomic mode and is still unfinished.",
 										  "%d keys were claimed in atomic mode and are still unfinished, one of endpoint \"%s\" (tenant \"%s\").",
-										  n, n, text_to_cstring(pc->endpoint),
-										  text_to_cstring(pc->tenant)),
+										  n, n, text_to_cstring(first->endpoint),
+										  text_to_cstring(first->tenant)),
 						 errhint("Call idem_finish, idem_fail or idem_release before COMMIT; the transaction has been rolled back.")));
 			}
 			break;
@@ -460,10 +514,17 @@ IdemXactCallback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* the memory went with TopTransactionContext */
 			pending_claims = NULL;
+			claims_held = 0;
 			break;
 	}
 }
 
+/*
+ * A subtransaction that rolls back takes with it the claims it made (their
+ * locks are released with it) and undoes the ends of claims it finished,
+ * failed or released (their rows are gone); one that commits passes both to
+ * its parent, as its locks pass to the parent's resource owner.
+ */
 static void
 IdemSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 					SubTransactionId parentSubid, void *arg)
@@ -471,18 +532,30 @@ IdemSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 	int			level = GetCurrentTransactionNestLevel();
 	PendingClaim **p = &pending_claims;
 
+	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
+		return;
 	while (*p != NULL)
 	{
 		PendingClaim *pc = *p;
 
-		if (event == SUBXACT_EVENT_ABORT_SUB && pc->nest_level >= level)
+		if (event == SUBXACT_EVENT_ABORT_SUB)
 		{
-			/* the claim is rolled back with the subtransaction (and its lock) */
-			*p = pc->next;
-			continue;
+			if (pc->nest_level >= level)
+			{
+				*p = pc->next;
+				claims_held--;
+				continue;
+			}
+			if (pc->done_level >= level)
+				pc->done_level = 0;
 		}
-		if (event == SUBXACT_EVENT_COMMIT_SUB && pc->nest_level >= level)
-			pc->nest_level = level - 1;
+		else
+		{
+			if (pc->nest_level >= level)
+				pc->nest_level = level - 1;
+			if (pc->done_level >= level)
+				pc->done_level = level - 1;
+		}
 		p = &pc->next;
 	}
 }
@@ -590,6 +663,20 @@ IdemLoadRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 		Datum		values[4];
 		uint64		i;
 
+		/*
+		 * Lock the parent before IdemExec takes its snapshot.  A maintenance
+		 * pass that moves rows out of the default partition holds ACCESS
+		 * EXCLUSIVE on the parent until it commits.  Waiting for it inside
+		 * the statement would leave the statement a snapshot taken before
+		 * the move committed, in which the row is still in the default
+		 * partition, and deleted by the time it is locked: "no live claim"
+		 * (IK404) at READ COMMITTED, a serialization failure above.  Waiting
+		 * here, the snapshot sees the row where it was moved to, and the
+		 * invalidations taken in with the lock make the statement plan for
+		 * the new partition.  A transaction that already holds the lock
+		 * keeps any move out until it ends.
+		 */
+		IdemLockKeys();
 		IdemScopeValues(scope, values);
 		values[3] = TimestampTzGetDatum(now);
 		IdemExec(STMT_LOOKUP_FOR_UPDATE, values, NULL, SPI_OK_SELECT);
@@ -907,15 +994,54 @@ IdemWaitForLock(const LOCKTAG *tag, int64 wait_ms)
 	return false;
 }
 
+/* Take the scope lock, waiting until deadline; *waited tells if it had to. */
 static bool
-IdemAcquireScopeLock(const LOCKTAG *tag, TimestampTz deadline)
+IdemAcquireScopeLock(const LOCKTAG *tag, TimestampTz deadline, bool *waited)
 {
 	int64		left_ms;
 
+	*waited = false;
 	if (IdemLockScope(tag, true))
 		return true;
+	*waited = true;
 	left_ms = (deadline - GetCurrentTimestamp() + 999) / 1000;
 	return IdemWaitForLock(tag, left_ms);
+}
+
+/*
+ * The times of a claim made at now: its expiry, now + ttl, and in lease
+ * mode (lease not NULL) the end of its lease, now + lease.
+ */
+static void
+IdemClaimTimes(TimestampTz now, const Interval *ttl, const Interval *lease,
+			   TimestampTz *expires_at, TimestampTz *locked_until)
+{
+	*expires_at = IdemAddInterval(now, ttl);
+	if (*expires_at <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be positive")));
+	if (*expires_at > now + (int64) idem_max_ttl * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl exceeds idempotency.max_ttl"),
+				 errdetail("Keys may be kept for at most %d seconds.", idem_max_ttl),
+				 errhint("Ask for a shorter ttl, or raise idempotency.max_ttl.")));
+	*locked_until = 0;
+	if (lease != NULL)
+	{
+		*locked_until = IdemAddInterval(now, lease);
+		if (*locked_until <= now)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lease must be positive")));
+		if (*locked_until > *expires_at)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ttl is shorter than the lease"),
+					 errdetail("A key must live at least as long as the lease on its work."),
+					 errhint("Ask for a longer ttl or a shorter lease.")));
+	}
 }
 
 PG_FUNCTION_INFO_V1(idem_claim);
@@ -931,16 +1057,17 @@ idem_claim(PG_FUNCTION_ARGS)
 	IdemScope	scope;
 	bytea	   *fingerprint;
 	const IdemEndpointPolicy *policy;
-	const Interval *ttl;
-	const Interval *lease;
-	Interval	default_ttl;
+	Interval	ttl;
+	Interval	lease_buf;
+	const Interval *lease = NULL;
 	int64		wait_ms;
 	TimestampTz now;
 	TimestampTz expires_at;
-	TimestampTz locked_until = 0;
+	TimestampTz locked_until;
 	TimestampTz deadline;
 	LOCKTAG		tag;
 	bool		locked;
+	bool		waited;
 	IdemRow		row;
 	ClaimResult r;
 
@@ -951,45 +1078,25 @@ idem_claim(PG_FUNCTION_ARGS)
 	policy = IdemGetEndpointPolicy(scope.endpoint_str);
 	now = GetCurrentTimestamp();
 
-	/* lifetime: the argument, else the endpoint's, else the setting */
+	/*
+	 * lifetime: the argument, else the endpoint's, else the setting; copied,
+	 * since the policy cache may be emptied while the claim waits
+	 */
 	if (!PG_ARGISNULL(4))
-		ttl = PG_GETARG_INTERVAL_P(4);
+		ttl = *PG_GETARG_INTERVAL_P(4);
 	else if (policy->has_ttl)
-		ttl = &policy->ttl;
+		ttl = policy->ttl;
 	else
 	{
-		memset(&default_ttl, 0, sizeof(default_ttl));
-		default_ttl.time = (int64) idem_default_ttl * USECS_PER_SEC;
-		ttl = &default_ttl;
+		memset(&ttl, 0, sizeof(ttl));
+		ttl.time = (int64) idem_default_ttl * USECS_PER_SEC;
 	}
-	expires_at = IdemAddInterval(now, ttl);
-	if (expires_at <= now)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("ttl must be positive")));
-	if (expires_at > now + (int64) idem_max_ttl * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("ttl exceeds idempotency.max_ttl"),
-				 errdetail("Keys may be kept for at most %d seconds.", idem_max_ttl),
-				 errhint("Ask for a shorter ttl, or raise idempotency.max_ttl.")));
-
-	lease = !PG_ARGISNULL(5) ? PG_GETARG_INTERVAL_P(5) :
-		(policy->has_lease ? &policy->lease : NULL);
-	if (lease != NULL)
+	if (!PG_ARGISNULL(5) || policy->has_lease)
 	{
-		locked_until = IdemAddInterval(now, lease);
-		if (locked_until <= now)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("lease must be positive")));
-		if (locked_until > expires_at)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("ttl is shorter than the lease"),
-					 errdetail("A key must live at least as long as the lease on its work."),
-					 errhint("Ask for a longer ttl or a shorter lease.")));
+		lease_buf = !PG_ARGISNULL(5) ? *PG_GETARG_INTERVAL_P(5) : policy->lease;
+		lease = &lease_buf;
 	}
+	IdemClaimTimes(now, &ttl, lease, &expires_at, &locked_until);
 
 	if (!PG_ARGISNULL(6))
 	{
@@ -1021,7 +1128,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	}
 
 	IdemScopeLockTag(&tag, scope.tenant, scope.endpoint, scope.key);
-	locked = IdemAcquireScopeLock(&tag, deadline);
+	locked = IdemAcquireScopeLock(&tag, deadline, &waited);
 	if (!locked)
 	{
 		/* an atomic-mode duplicate is still running */
@@ -1031,6 +1138,16 @@ idem_claim(PG_FUNCTION_ARGS)
 		r.retry_after = 1;
 		IdemStatsCount(scope.endpoint_str, IDEM_COUNT_IN_PROGRESS);
 		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+	}
+
+	/*
+	 * After a wait, the claim is made now: a row that expired meanwhile is
+	 * expired for it, and its own times count from now.
+	 */
+	if (waited)
+	{
+		now = GetCurrentTimestamp();
+		IdemClaimTimes(now, &ttl, lease, &expires_at, &locked_until);
 	}
 
 	IdemSPIConnect();
@@ -1082,10 +1199,11 @@ idem_claim(PG_FUNCTION_ARGS)
 								 PG_WAIT_EXTENSION);
 				ResetLatch(MyLatch);
 				CHECK_FOR_INTERRUPTS();
-				locked = IdemAcquireScopeLock(&tag, deadline);
+				locked = IdemAcquireScopeLock(&tag, deadline, &waited);
 				if (locked)
 				{
 					now = GetCurrentTimestamp();
+					IdemClaimTimes(now, &ttl, lease, &expires_at, &locked_until);
 					continue;
 				}
 				row.has_locked_until = false;
@@ -1129,13 +1247,14 @@ idem_claim(PG_FUNCTION_ARGS)
 			token &= PG_INT64_MAX;
 		} while (token == 0);
 
+		IdemAddPending(&scope, fingerprint, now, expires_at, &tag, true);
 		IdemInsertRow(&scope, now, fingerprint, IDEM_STATE_IN_PROGRESS,
 					  &token, &locked_until, NULL, NULL, NULL, expires_at);
 		r.has_token = true;
 		r.lease_token = token;
 	}
 	else
-		IdemAddPending(&scope, fingerprint, now, expires_at, &tag);
+		IdemAddPending(&scope, fingerprint, now, expires_at, &tag, false);
 	SPI_finish();
 
 	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_EXECUTES);
@@ -1269,7 +1388,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 					  pc->expires_at);
 		IdemReport(scope, pc->fingerprint, "in_progress", "completed", false,
 				   resp->status, pc->created_at);
-		IdemDropPending(link, false);
+		IdemEndPending(link, false);
 	}
 	else
 	{
@@ -1409,7 +1528,7 @@ idem_fail(PG_FUNCTION_ARGS)
 					  NULL, NULL, NULL, reason, NULL, pc->expires_at);
 		IdemReport(&scope, pc->fingerprint, "in_progress",
 				   IdemStateName(outcome), false, -1, pc->created_at);
-		IdemDropPending(link, false);
+		IdemEndPending(link, false);
 	}
 	else
 	{
@@ -1456,7 +1575,7 @@ idem_release(PG_FUNCTION_ARGS)
 		IdemRefuseToken(fcinfo, 3);
 		IdemReport(&scope, pc->fingerprint, "in_progress", NULL, false, -1,
 				   pc->created_at);
-		IdemDropPending(link, true);
+		IdemEndPending(link, true);
 	}
 	else
 	{

@@ -32,5 +32,6 @@ extern void IdemKeysAttnums(const char *const *names, int n,
 							AttrNumber *attnums, uint64 *generation);
 extern int	IdemKeysNatts(void);
 extern Oid	IdemKeysOwner(void);
+extern void IdemLockKeys(void);
 
 #endif							/* IDEM_KEYSCAN_H */
