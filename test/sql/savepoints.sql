@@ -1,0 +1,351 @@
+--
+-- Savepoints and PL/pgSQL EXCEPTION blocks around every per-key call, at
+-- every isolation level; the bound on claims per transaction; the bound on
+-- the endpoint policy cache.
+--
+-- A finish, fail or release undone by a rolled-back subtransaction leaves
+-- the claim pending again (and COMMIT then raises IK500, rolling back the
+-- business write); a claim made in a rolled-back subtransaction is gone with
+-- its lock; leased rows changed in a rolled-back subtransaction are as they
+-- were.
+--
+CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+SET client_min_messages = warning;
+
+CREATE FUNCTION fp(s text) RETURNS bytea
+LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
+
+CREATE FUNCTION try(stmt text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE stmt;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+-- the key's state as idem_lookup shows it (an unfinished atomic claim of
+-- this transaction shows as in_progress), or 'none'
+CREATE FUNCTION state(k text) RETURNS text
+LANGUAGE sql AS $$
+    SELECT coalesce((SELECT state FROM idempotency.idem_lookup('t', 'e', k)), 'none')
+$$;
+
+-- scope locks this session holds
+CREATE FUNCTION scope_locks() RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT count(*) FROM pg_locks
+    WHERE locktype = 'advisory' AND objsubid = 18756 AND pid = pg_backend_pid()
+$$;
+
+-- run stmt in an EXCEPTION block, then raise, so that the block rolls back
+CREATE FUNCTION undone(stmt text) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    BEGIN
+        EXECUTE stmt;
+        RAISE EXCEPTION 'handler failed after the call';
+    EXCEPTION WHEN raise_exception THEN
+        RETURN 'undone';
+    END;
+END $$;
+
+CREATE TABLE biz (key text NOT NULL);
+
+\set VERBOSITY sqlstate
+
+--
+-- Atomic mode: a finish undone by ROLLBACK TO.  Before the fix COMMIT
+-- committed the business row without the key, and the next claim executed
+-- again.  At each isolation level.
+--
+BEGIN ISOLATION LEVEL READ COMMITTED;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'rc1', fp('x'));
+INSERT INTO biz VALUES ('rc1');
+SAVEPOINT s;
+SELECT idempotency.idem_finish('t', 'e', 'rc1', 201, '{}');
+SELECT state('rc1') AS after_finish;
+ROLLBACK TO s;
+SELECT state('rc1') AS after_rollback_to;
+COMMIT;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'rr1', fp('x'));
+INSERT INTO biz VALUES ('rr1');
+SAVEPOINT s;
+SELECT idempotency.idem_finish('t', 'e', 'rr1', 201, '{}');
+ROLLBACK TO s;
+COMMIT;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'sr1', fp('x'));
+INSERT INTO biz VALUES ('sr1');
+SAVEPOINT s;
+SELECT idempotency.idem_finish('t', 'e', 'sr1', 201, '{}');
+ROLLBACK TO s;
+COMMIT;
+-- nothing committed: each key executes once more
+SELECT count(*) AS biz_rows FROM biz;
+BEGIN;
+SELECT k, c.action FROM unnest(ARRAY['rc1', 'rr1', 'sr1']) k,
+    LATERAL idempotency.idem_claim('t', 'e', k, fp('x')) c;
+ROLLBACK;
+
+-- finished again after the rollback: COMMIT succeeds, retries replay
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'a2', fp('x'));
+INSERT INTO biz VALUES ('a2');
+SAVEPOINT s;
+SELECT idempotency.idem_finish('t', 'e', 'a2', 201, '{"try": 1}');
+ROLLBACK TO s;
+SELECT idempotency.idem_finish('t', 'e', 'a2', 201, '{"try": 2}');
+COMMIT;
+SELECT action, response_json FROM idempotency.idem_claim('t', 'e', 'a2', fp('x'));
+
+-- the same with idem_fail and idem_release, at each isolation level
+BEGIN ISOLATION LEVEL READ COMMITTED;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'a3', fp('x'));
+SAVEPOINT s;
+SELECT idempotency.idem_fail('t', 'e', 'a3', 'failed', 'card declined');
+ROLLBACK TO s;
+SELECT state('a3') AS after_rollback_to;
+COMMIT;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'a4', fp('x'));
+INSERT INTO biz VALUES ('a4');
+SAVEPOINT s;
+SELECT idempotency.idem_release('t', 'e', 'a4');
+ROLLBACK TO s;
+SELECT state('a4') AS after_rollback_to, scope_locks();
+COMMIT;
+SELECT state('a3') AS a3, state('a4') AS a4,
+    count(*) FILTER (WHERE key = 'a4') AS biz_rows FROM biz;
+
+-- a release undone, then done again: commits, and the key is free (the lock
+-- stays until COMMIT: ROLLBACK TO starts the savepoint anew, and the release
+-- runs in it)
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'a5', fp('x'));
+SAVEPOINT s;
+SELECT idempotency.idem_release('t', 'e', 'a5');
+ROLLBACK TO s;
+SELECT idempotency.idem_release('t', 'e', 'a5');
+SELECT scope_locks();
+COMMIT;
+SELECT state('a5') AS a5;
+
+--
+-- PL/pgSQL EXCEPTION blocks: finish, fail and release undone by the block.
+--
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'x1', fp('x'));
+INSERT INTO biz VALUES ('x1');
+SELECT undone($$SELECT idempotency.idem_finish('t', 'e', 'x1', 201, '{}')$$);
+SELECT state('x1') AS after_finish_undone;
+SELECT undone($$SELECT idempotency.idem_fail('t', 'e', 'x1')$$);
+SELECT state('x1') AS after_fail_undone;
+SELECT undone($$SELECT idempotency.idem_release('t', 'e', 'x1')$$);
+SELECT state('x1') AS after_release_undone, scope_locks();
+COMMIT;
+SELECT state('x1') AS x1, count(*) FILTER (WHERE key = 'x1') AS biz_rows FROM biz;
+-- a block that does not fail keeps the finish
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'x2', fp('x'));
+DO $$ BEGIN
+    PERFORM idempotency.idem_finish('t', 'e', 'x2', 201, '{}');
+EXCEPTION WHEN OTHERS THEN
+    RAISE;
+END $$;
+COMMIT;
+SELECT state('x2') AS x2;
+
+--
+-- Claims made in a rolled-back subtransaction are gone, with their locks.
+--
+BEGIN;
+SAVEPOINT s;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'c1', fp('x'));
+SELECT scope_locks() AS locks_in_savepoint;
+ROLLBACK TO s;
+SELECT state('c1') AS c1, scope_locks() AS locks_after;
+SELECT undone($$SELECT idempotency.idem_claim('t', 'e', 'c2', fp('x'))$$);
+SELECT state('c2') AS c2, scope_locks() AS locks_after_block;
+-- and the same key can be claimed again in the transaction
+SELECT action FROM idempotency.idem_claim('t', 'e', 'c1', fp('x'));
+SELECT idempotency.idem_finish('t', 'e', 'c1', 200);
+COMMIT;
+SELECT state('c1') AS c1;
+
+--
+-- Nested savepoints: a finish in an inner savepoint that was released into
+-- an outer one is undone by rolling the outer one back.
+--
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'n1', fp('x'));
+SAVEPOINT a;
+SAVEPOINT b;
+SELECT idempotency.idem_finish('t', 'e', 'n1', 201);
+RELEASE SAVEPOINT b;
+SELECT state('n1') AS after_release_b;
+ROLLBACK TO a;
+SELECT state('n1') AS after_rollback_to_a;
+SELECT idempotency.idem_finish('t', 'e', 'n1', 201);
+COMMIT;
+-- a claim and its finish in savepoints that are both released commit
+BEGIN;
+SAVEPOINT a;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'n2', fp('x'));
+SAVEPOINT b;
+SELECT idempotency.idem_finish('t', 'e', 'n2', 201);
+RELEASE SAVEPOINT b;
+RELEASE SAVEPOINT a;
+COMMIT;
+-- a claim released into its parent is still pending there
+BEGIN;
+SAVEPOINT a;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'n3', fp('x'));
+RELEASE SAVEPOINT a;
+SELECT state('n3') AS n3_pending, scope_locks();
+COMMIT;
+SELECT state('n1') AS n1, state('n2') AS n2, state('n3') AS n3;
+-- released, claimed again in a savepoint that rolls back: the release stands
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'n4', fp('x'));
+SAVEPOINT s;
+SELECT idempotency.idem_release('t', 'e', 'n4');
+SELECT action FROM idempotency.idem_claim('t', 'e', 'n4', fp('x'));
+RELEASE SAVEPOINT s;
+SAVEPOINT s2;
+SELECT idempotency.idem_finish('t', 'e', 'n4', 201);
+ROLLBACK TO s2;
+-- the second claim is pending again, the first stays released
+SELECT state('n4') AS n4;
+COMMIT;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'n5', fp('x'));
+SAVEPOINT s;
+SELECT idempotency.idem_release('t', 'e', 'n5');
+SELECT action FROM idempotency.idem_claim('t', 'e', 'n5', fp('y'));
+ROLLBACK TO s;
+-- the first claim is pending again (fingerprint of 'x'), the second gone
+SELECT state, fingerprint = fp('x') AS first_claim FROM idempotency.idem_lookup('t', 'e', 'n5');
+SELECT idempotency.idem_finish('t', 'e', 'n5', 201);
+COMMIT;
+SELECT state('n5') AS n5;
+
+--
+-- Lease mode: finish, fail, release, heartbeat and resolve inside a
+-- savepoint or an EXCEPTION block that rolls back leave the row as it was.
+--
+CREATE TABLE tokens (key text PRIMARY KEY, token bigint);
+INSERT INTO tokens SELECT k, c.lease_token
+FROM unnest(ARRAY['l1', 'l2']) k,
+     LATERAL idempotency.idem_claim('t', 'e', k, fp('x'), lease => '1 min') c;
+CREATE FUNCTION tok(k text) RETURNS bigint
+LANGUAGE sql AS $$ SELECT token FROM tokens WHERE key = k $$;
+CREATE FUNCTION lease_row(k text) RETURNS text
+LANGUAGE sql AS $$
+    SELECT state || ' ' || (locked_until IS NOT NULL)::text || ' ' || coalesce(response_status::text, '-')
+    FROM idempotency.idem_lookup('t', 'e', k)
+$$;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SAVEPOINT s;
+SELECT idempotency.idem_finish('t', 'e', 'l1', 201, lease_token => tok('l1'));
+ROLLBACK TO s;
+SAVEPOINT s;
+SELECT idempotency.idem_fail('t', 'e', 'l1', lease_token => tok('l1'));
+ROLLBACK TO s;
+SAVEPOINT s;
+SELECT idempotency.idem_release('t', 'e', 'l1', lease_token => tok('l1'));
+ROLLBACK TO s;
+SAVEPOINT s;
+SELECT idempotency.idem_heartbeat('t', 'e', 'l1', tok('l1'), '50 s') > now();
+ROLLBACK TO s;
+SELECT lease_row('l1') AS l1;
+COMMIT;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT undone($$SELECT idempotency.idem_finish('t', 'e', 'l1', 201, lease_token => tok('l1'))$$);
+SELECT undone($$SELECT idempotency.idem_fail('t', 'e', 'l1', lease_token => tok('l1'))$$);
+SELECT undone($$SELECT idempotency.idem_release('t', 'e', 'l1', lease_token => tok('l1'))$$);
+SELECT undone($$SELECT idempotency.idem_heartbeat('t', 'e', 'l1', tok('l1'), '50 s')$$);
+COMMIT;
+SELECT lease_row('l1') AS l1;
+-- a lease claim in a rolled-back savepoint leaves no row and no lock
+BEGIN;
+SAVEPOINT s;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'l3', fp('x'), lease => '1 min');
+ROLLBACK TO s;
+SELECT state('l3') AS l3, scope_locks();
+COMMIT;
+-- resolve: l2 is marked unknown, then resolved in savepoints that roll back
+SELECT idempotency.idem_fail('t', 'e', 'l2', lease_token => tok('l2'));
+BEGIN ISOLATION LEVEL READ COMMITTED;
+SAVEPOINT s;
+SELECT idempotency.idem_resolve('t', 'e', 'l2', 200, '{}');
+ROLLBACK TO s;
+SELECT undone($$SELECT idempotency.idem_resolve('t', 'e', 'l2', 200, '{}')$$);
+SELECT lease_row('l2') AS l2;
+-- and a resolve that stays
+SELECT idempotency.idem_resolve('t', 'e', 'l2', 200, '{}');
+COMMIT;
+SELECT lease_row('l2') AS l2;
+
+--
+-- idempotency.max_claims_per_transaction: a transaction's claims hold one
+-- scope lock each until it ends; beyond the setting a claim is IK429.
+--
+\set VERBOSITY default
+SHOW idempotency.max_claims_per_transaction;
+SET idempotency.max_claims_per_transaction = 3;
+BEGIN;
+SELECT count(*) AS claimed FROM generate_series(1, 3) i,
+    LATERAL idempotency.idem_claim('t', 'e', 'm' || i, fp('x')) c;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'm4', fp('x'));
+ROLLBACK;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'm1', fp('x'));
+SELECT action FROM idempotency.idem_claim('t', 'e', 'm2', fp('x'), lease => '1 min');
+-- a release gives its lock back at once, and so does a rolled-back savepoint
+SELECT idempotency.idem_release('t', 'e', 'm1');
+SAVEPOINT s;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'm3', fp('x'));
+SELECT action FROM idempotency.idem_claim('t', 'e', 'm4', fp('x'));
+SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'm5', fp('x'))$$);
+ROLLBACK TO s;
+SELECT action FROM idempotency.idem_claim('t', 'e', 'm5', fp('x'));
+SELECT action FROM idempotency.idem_claim('t', 'e', 'm6', fp('x'));
+-- replays hold no lock: they are never refused
+SELECT action FROM idempotency.idem_claim('t', 'e', 'a2', fp('x'));
+SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'm7', fp('x'))$$);
+ROLLBACK;
+RESET idempotency.max_claims_per_transaction;
+-- only superusers may raise it
+CREATE ROLE idem_sp_client;
+GRANT idempotency_client TO idem_sp_client;
+SET ROLE idem_sp_client;
+SELECT try($$SET idempotency.max_claims_per_transaction = 100000$$);
+RESET ROLE;
+DROP ROLE idem_sp_client;
+
+--
+-- The endpoint policy cache is bounded: 5,000 endpoint names without a
+-- policy row leave it at most 1,000 entries (about 400 kB; before the bound,
+-- every name stayed: about 2 MB here).  A finish looks the policy up before
+-- it finds that there is no claim (IK404), and counts nothing in the stats.
+--
+DO $$
+BEGIN
+    FOR i IN 1 .. 5000 LOOP
+        BEGIN
+            PERFORM idempotency.idem_finish('t', 'ep' || i, 'k', 200);
+        EXCEPTION WHEN SQLSTATE 'IK404' THEN
+            NULL;
+        END;
+    END LOOP;
+END $$;
+SELECT total_bytes < 1024 * 1024 AS cache_bounded
+FROM pg_backend_memory_contexts
+WHERE 'idempotency endpoint policies' IN (name, ident);  -- PostgreSQL 15, 18
+
+DROP TABLE biz, tokens;
+DROP FUNCTION fp(text), try(text), state(text), scope_locks(), undone(text),
+    tok(text), lease_row(text);
+TRUNCATE idempotency.keys;
