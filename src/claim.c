@@ -448,6 +448,21 @@ IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
 	MemoryContextSwitchTo(old);
 }
 
+/* Unlink an entry (*link) and free it. */
+static void
+IdemForgetPending(PendingClaim **link)
+{
+	PendingClaim *pc = *link;
+
+	*link = pc->next;
+	claims_held--;
+	pfree(pc->tenant);
+	pfree(pc->endpoint);
+	pfree(pc->key);
+	pfree(pc->fingerprint);
+	pfree(pc);
+}
+
 /*
  * End a pending claim (finished, failed or released).  With release_lock,
  * also give up the scope lock now, so that a waiting duplicate proceeds
@@ -465,8 +480,7 @@ IdemEndPending(PendingClaim **link, bool release_lock)
 	if (release_lock && pc->nest_level == level)
 	{
 		IdemUnlockScope(&pc->tag);
-		*link = pc->next;
-		claims_held--;
+		IdemForgetPending(link);
 	}
 	else
 		pc->done_level = level;
@@ -542,8 +556,7 @@ IdemSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 		{
 			if (pc->nest_level >= level)
 			{
-				*p = pc->next;
-				claims_held--;
+				IdemForgetPending(p);
 				continue;
 			}
 			if (pc->done_level >= level)

@@ -9,8 +9,11 @@
 -- its lock; leased rows changed in a rolled-back subtransaction are as they
 -- were.
 --
-CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+-- the helpers live in a schema of their own, dropped at the end
+CREATE SCHEMA savepoints_test;
+SET search_path = savepoints_test, public;
 
 CREATE FUNCTION fp(s text) RETURNS bytea
 LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
@@ -28,7 +31,7 @@ END $$;
 -- this transaction shows as in_progress), or 'none'
 CREATE FUNCTION state(k text) RETURNS text
 LANGUAGE sql AS $$
-    SELECT coalesce((SELECT state FROM idempotency.idem_lookup('t', 'e', k)), 'none')
+    SELECT coalesce((SELECT state FROM idempotency.idem_lookup('sp', 'e', k)), 'none')
 $$;
 
 -- scope locks this session holds
@@ -60,59 +63,59 @@ CREATE TABLE biz (key text NOT NULL);
 -- again.  At each isolation level.
 --
 BEGIN ISOLATION LEVEL READ COMMITTED;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'rc1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'rc1', fp('x'));
 INSERT INTO biz VALUES ('rc1');
 SAVEPOINT s;
-SELECT idempotency.idem_finish('t', 'e', 'rc1', 201, '{}');
+SELECT idempotency.idem_finish('sp', 'e', 'rc1', 201, '{}');
 SELECT state('rc1') AS after_finish;
 ROLLBACK TO s;
 SELECT state('rc1') AS after_rollback_to;
 COMMIT;
 BEGIN ISOLATION LEVEL REPEATABLE READ;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'rr1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'rr1', fp('x'));
 INSERT INTO biz VALUES ('rr1');
 SAVEPOINT s;
-SELECT idempotency.idem_finish('t', 'e', 'rr1', 201, '{}');
+SELECT idempotency.idem_finish('sp', 'e', 'rr1', 201, '{}');
 ROLLBACK TO s;
 COMMIT;
 BEGIN ISOLATION LEVEL SERIALIZABLE;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'sr1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'sr1', fp('x'));
 INSERT INTO biz VALUES ('sr1');
 SAVEPOINT s;
-SELECT idempotency.idem_finish('t', 'e', 'sr1', 201, '{}');
+SELECT idempotency.idem_finish('sp', 'e', 'sr1', 201, '{}');
 ROLLBACK TO s;
 COMMIT;
 -- nothing committed: each key executes once more
 SELECT count(*) AS biz_rows FROM biz;
 BEGIN;
 SELECT k, c.action FROM unnest(ARRAY['rc1', 'rr1', 'sr1']) k,
-    LATERAL idempotency.idem_claim('t', 'e', k, fp('x')) c;
+    LATERAL idempotency.idem_claim('sp', 'e', k, fp('x')) c;
 ROLLBACK;
 
 -- finished again after the rollback: COMMIT succeeds, retries replay
 BEGIN ISOLATION LEVEL REPEATABLE READ;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'a2', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a2', fp('x'));
 INSERT INTO biz VALUES ('a2');
 SAVEPOINT s;
-SELECT idempotency.idem_finish('t', 'e', 'a2', 201, '{"try": 1}');
+SELECT idempotency.idem_finish('sp', 'e', 'a2', 201, '{"try": 1}');
 ROLLBACK TO s;
-SELECT idempotency.idem_finish('t', 'e', 'a2', 201, '{"try": 2}');
+SELECT idempotency.idem_finish('sp', 'e', 'a2', 201, '{"try": 2}');
 COMMIT;
-SELECT action, response_json FROM idempotency.idem_claim('t', 'e', 'a2', fp('x'));
+SELECT action, response_json FROM idempotency.idem_claim('sp', 'e', 'a2', fp('x'));
 
 -- the same with idem_fail and idem_release, at each isolation level
 BEGIN ISOLATION LEVEL READ COMMITTED;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'a3', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a3', fp('x'));
 SAVEPOINT s;
-SELECT idempotency.idem_fail('t', 'e', 'a3', 'failed', 'card declined');
+SELECT idempotency.idem_fail('sp', 'e', 'a3', 'failed', 'card declined');
 ROLLBACK TO s;
 SELECT state('a3') AS after_rollback_to;
 COMMIT;
 BEGIN ISOLATION LEVEL SERIALIZABLE;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'a4', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a4', fp('x'));
 INSERT INTO biz VALUES ('a4');
 SAVEPOINT s;
-SELECT idempotency.idem_release('t', 'e', 'a4');
+SELECT idempotency.idem_release('sp', 'e', 'a4');
 ROLLBACK TO s;
 SELECT state('a4') AS after_rollback_to, scope_locks();
 COMMIT;
@@ -123,11 +126,11 @@ SELECT state('a3') AS a3, state('a4') AS a4,
 -- stays until COMMIT: ROLLBACK TO starts the savepoint anew, and the release
 -- runs in it)
 BEGIN ISOLATION LEVEL REPEATABLE READ;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'a5', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a5', fp('x'));
 SAVEPOINT s;
-SELECT idempotency.idem_release('t', 'e', 'a5');
+SELECT idempotency.idem_release('sp', 'e', 'a5');
 ROLLBACK TO s;
-SELECT idempotency.idem_release('t', 'e', 'a5');
+SELECT idempotency.idem_release('sp', 'e', 'a5');
 SELECT scope_locks();
 COMMIT;
 SELECT state('a5') AS a5;
@@ -136,21 +139,21 @@ SELECT state('a5') AS a5;
 -- PL/pgSQL EXCEPTION blocks: finish, fail and release undone by the block.
 --
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'x1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'x1', fp('x'));
 INSERT INTO biz VALUES ('x1');
-SELECT undone($$SELECT idempotency.idem_finish('t', 'e', 'x1', 201, '{}')$$);
+SELECT undone($$SELECT idempotency.idem_finish('sp', 'e', 'x1', 201, '{}')$$);
 SELECT state('x1') AS after_finish_undone;
-SELECT undone($$SELECT idempotency.idem_fail('t', 'e', 'x1')$$);
+SELECT undone($$SELECT idempotency.idem_fail('sp', 'e', 'x1')$$);
 SELECT state('x1') AS after_fail_undone;
-SELECT undone($$SELECT idempotency.idem_release('t', 'e', 'x1')$$);
+SELECT undone($$SELECT idempotency.idem_release('sp', 'e', 'x1')$$);
 SELECT state('x1') AS after_release_undone, scope_locks();
 COMMIT;
 SELECT state('x1') AS x1, count(*) FILTER (WHERE key = 'x1') AS biz_rows FROM biz;
 -- a block that does not fail keeps the finish
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'x2', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'x2', fp('x'));
 DO $$ BEGIN
-    PERFORM idempotency.idem_finish('t', 'e', 'x2', 201, '{}');
+    PERFORM idempotency.idem_finish('sp', 'e', 'x2', 201, '{}');
 EXCEPTION WHEN OTHERS THEN
     RAISE;
 END $$;
@@ -162,15 +165,15 @@ SELECT state('x2') AS x2;
 --
 BEGIN;
 SAVEPOINT s;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'c1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'c1', fp('x'));
 SELECT scope_locks() AS locks_in_savepoint;
 ROLLBACK TO s;
 SELECT state('c1') AS c1, scope_locks() AS locks_after;
-SELECT undone($$SELECT idempotency.idem_claim('t', 'e', 'c2', fp('x'))$$);
+SELECT undone($$SELECT idempotency.idem_claim('sp', 'e', 'c2', fp('x'))$$);
 SELECT state('c2') AS c2, scope_locks() AS locks_after_block;
 -- and the same key can be claimed again in the transaction
-SELECT action FROM idempotency.idem_claim('t', 'e', 'c1', fp('x'));
-SELECT idempotency.idem_finish('t', 'e', 'c1', 200);
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'c1', fp('x'));
+SELECT idempotency.idem_finish('sp', 'e', 'c1', 200);
 COMMIT;
 SELECT state('c1') AS c1;
 
@@ -179,55 +182,55 @@ SELECT state('c1') AS c1;
 -- an outer one is undone by rolling the outer one back.
 --
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'n1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n1', fp('x'));
 SAVEPOINT a;
 SAVEPOINT b;
-SELECT idempotency.idem_finish('t', 'e', 'n1', 201);
+SELECT idempotency.idem_finish('sp', 'e', 'n1', 201);
 RELEASE SAVEPOINT b;
 SELECT state('n1') AS after_release_b;
 ROLLBACK TO a;
 SELECT state('n1') AS after_rollback_to_a;
-SELECT idempotency.idem_finish('t', 'e', 'n1', 201);
+SELECT idempotency.idem_finish('sp', 'e', 'n1', 201);
 COMMIT;
 -- a claim and its finish in savepoints that are both released commit
 BEGIN;
 SAVEPOINT a;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'n2', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n2', fp('x'));
 SAVEPOINT b;
-SELECT idempotency.idem_finish('t', 'e', 'n2', 201);
+SELECT idempotency.idem_finish('sp', 'e', 'n2', 201);
 RELEASE SAVEPOINT b;
 RELEASE SAVEPOINT a;
 COMMIT;
 -- a claim released into its parent is still pending there
 BEGIN;
 SAVEPOINT a;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'n3', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n3', fp('x'));
 RELEASE SAVEPOINT a;
 SELECT state('n3') AS n3_pending, scope_locks();
 COMMIT;
 SELECT state('n1') AS n1, state('n2') AS n2, state('n3') AS n3;
 -- released, claimed again in a savepoint that rolls back: the release stands
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'n4', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n4', fp('x'));
 SAVEPOINT s;
-SELECT idempotency.idem_release('t', 'e', 'n4');
-SELECT action FROM idempotency.idem_claim('t', 'e', 'n4', fp('x'));
+SELECT idempotency.idem_release('sp', 'e', 'n4');
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n4', fp('x'));
 RELEASE SAVEPOINT s;
 SAVEPOINT s2;
-SELECT idempotency.idem_finish('t', 'e', 'n4', 201);
+SELECT idempotency.idem_finish('sp', 'e', 'n4', 201);
 ROLLBACK TO s2;
 -- the second claim is pending again, the first stays released
 SELECT state('n4') AS n4;
 COMMIT;
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'n5', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n5', fp('x'));
 SAVEPOINT s;
-SELECT idempotency.idem_release('t', 'e', 'n5');
-SELECT action FROM idempotency.idem_claim('t', 'e', 'n5', fp('y'));
+SELECT idempotency.idem_release('sp', 'e', 'n5');
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n5', fp('y'));
 ROLLBACK TO s;
 -- the first claim is pending again (fingerprint of 'x'), the second gone
-SELECT state, fingerprint = fp('x') AS first_claim FROM idempotency.idem_lookup('t', 'e', 'n5');
-SELECT idempotency.idem_finish('t', 'e', 'n5', 201);
+SELECT state, fingerprint = fp('x') AS first_claim FROM idempotency.idem_lookup('sp', 'e', 'n5');
+SELECT idempotency.idem_finish('sp', 'e', 'n5', 201);
 COMMIT;
 SELECT state('n5') AS n5;
 
@@ -238,53 +241,53 @@ SELECT state('n5') AS n5;
 CREATE TABLE tokens (key text PRIMARY KEY, token bigint);
 INSERT INTO tokens SELECT k, c.lease_token
 FROM unnest(ARRAY['l1', 'l2']) k,
-     LATERAL idempotency.idem_claim('t', 'e', k, fp('x'), lease => '1 min') c;
+     LATERAL idempotency.idem_claim('sp', 'e', k, fp('x'), lease => '1 min') c;
 CREATE FUNCTION tok(k text) RETURNS bigint
 LANGUAGE sql AS $$ SELECT token FROM tokens WHERE key = k $$;
 CREATE FUNCTION lease_row(k text) RETURNS text
 LANGUAGE sql AS $$
     SELECT state || ' ' || (locked_until IS NOT NULL)::text || ' ' || coalesce(response_status::text, '-')
-    FROM idempotency.idem_lookup('t', 'e', k)
+    FROM idempotency.idem_lookup('sp', 'e', k)
 $$;
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SAVEPOINT s;
-SELECT idempotency.idem_finish('t', 'e', 'l1', 201, lease_token => tok('l1'));
+SELECT idempotency.idem_finish('sp', 'e', 'l1', 201, lease_token => tok('l1'));
 ROLLBACK TO s;
 SAVEPOINT s;
-SELECT idempotency.idem_fail('t', 'e', 'l1', lease_token => tok('l1'));
+SELECT idempotency.idem_fail('sp', 'e', 'l1', lease_token => tok('l1'));
 ROLLBACK TO s;
 SAVEPOINT s;
-SELECT idempotency.idem_release('t', 'e', 'l1', lease_token => tok('l1'));
+SELECT idempotency.idem_release('sp', 'e', 'l1', lease_token => tok('l1'));
 ROLLBACK TO s;
 SAVEPOINT s;
-SELECT idempotency.idem_heartbeat('t', 'e', 'l1', tok('l1'), '50 s') > now();
+SELECT idempotency.idem_heartbeat('sp', 'e', 'l1', tok('l1'), '50 s') > now();
 ROLLBACK TO s;
 SELECT lease_row('l1') AS l1;
 COMMIT;
 BEGIN ISOLATION LEVEL SERIALIZABLE;
-SELECT undone($$SELECT idempotency.idem_finish('t', 'e', 'l1', 201, lease_token => tok('l1'))$$);
-SELECT undone($$SELECT idempotency.idem_fail('t', 'e', 'l1', lease_token => tok('l1'))$$);
-SELECT undone($$SELECT idempotency.idem_release('t', 'e', 'l1', lease_token => tok('l1'))$$);
-SELECT undone($$SELECT idempotency.idem_heartbeat('t', 'e', 'l1', tok('l1'), '50 s')$$);
+SELECT undone($$SELECT idempotency.idem_finish('sp', 'e', 'l1', 201, lease_token => tok('l1'))$$);
+SELECT undone($$SELECT idempotency.idem_fail('sp', 'e', 'l1', lease_token => tok('l1'))$$);
+SELECT undone($$SELECT idempotency.idem_release('sp', 'e', 'l1', lease_token => tok('l1'))$$);
+SELECT undone($$SELECT idempotency.idem_heartbeat('sp', 'e', 'l1', tok('l1'), '50 s')$$);
 COMMIT;
 SELECT lease_row('l1') AS l1;
 -- a lease claim in a rolled-back savepoint leaves no row and no lock
 BEGIN;
 SAVEPOINT s;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'l3', fp('x'), lease => '1 min');
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'l3', fp('x'), lease => '1 min');
 ROLLBACK TO s;
 SELECT state('l3') AS l3, scope_locks();
 COMMIT;
 -- resolve: l2 is marked unknown, then resolved in savepoints that roll back
-SELECT idempotency.idem_fail('t', 'e', 'l2', lease_token => tok('l2'));
+SELECT idempotency.idem_fail('sp', 'e', 'l2', lease_token => tok('l2'));
 BEGIN ISOLATION LEVEL READ COMMITTED;
 SAVEPOINT s;
-SELECT idempotency.idem_resolve('t', 'e', 'l2', 200, '{}');
+SELECT idempotency.idem_resolve('sp', 'e', 'l2', 200, '{}');
 ROLLBACK TO s;
-SELECT undone($$SELECT idempotency.idem_resolve('t', 'e', 'l2', 200, '{}')$$);
+SELECT undone($$SELECT idempotency.idem_resolve('sp', 'e', 'l2', 200, '{}')$$);
 SELECT lease_row('l2') AS l2;
 -- and a resolve that stays
-SELECT idempotency.idem_resolve('t', 'e', 'l2', 200, '{}');
+SELECT idempotency.idem_resolve('sp', 'e', 'l2', 200, '{}');
 COMMIT;
 SELECT lease_row('l2') AS l2;
 
@@ -297,33 +300,33 @@ SHOW idempotency.max_claims_per_transaction;
 SET idempotency.max_claims_per_transaction = 3;
 BEGIN;
 SELECT count(*) AS claimed FROM generate_series(1, 3) i,
-    LATERAL idempotency.idem_claim('t', 'e', 'm' || i, fp('x')) c;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'm4', fp('x'));
+    LATERAL idempotency.idem_claim('sp', 'e', 'm' || i, fp('x')) c;
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm4', fp('x'));
 ROLLBACK;
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'm1', fp('x'));
-SELECT action FROM idempotency.idem_claim('t', 'e', 'm2', fp('x'), lease => '1 min');
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm2', fp('x'), lease => '1 min');
 -- a release gives its lock back at once, and so does a rolled-back savepoint
-SELECT idempotency.idem_release('t', 'e', 'm1');
+SELECT idempotency.idem_release('sp', 'e', 'm1');
 SAVEPOINT s;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'm3', fp('x'));
-SELECT action FROM idempotency.idem_claim('t', 'e', 'm4', fp('x'));
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'm5', fp('x'))$$);
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm3', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm4', fp('x'));
+SELECT try($$SELECT idempotency.idem_claim('sp', 'e', 'm5', fp('x'))$$);
 ROLLBACK TO s;
-SELECT action FROM idempotency.idem_claim('t', 'e', 'm5', fp('x'));
-SELECT action FROM idempotency.idem_claim('t', 'e', 'm6', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm5', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm6', fp('x'));
 -- replays hold no lock: they are never refused
-SELECT action FROM idempotency.idem_claim('t', 'e', 'a2', fp('x'));
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'm7', fp('x'))$$);
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a2', fp('x'));
+SELECT try($$SELECT idempotency.idem_claim('sp', 'e', 'm7', fp('x'))$$);
 ROLLBACK;
 RESET idempotency.max_claims_per_transaction;
 -- only superusers may raise it
-CREATE ROLE idem_sp_client;
-GRANT idempotency_client TO idem_sp_client;
-SET ROLE idem_sp_client;
-SELECT try($$SET idempotency.max_claims_per_transaction = 100000$$);
+CREATE ROLE regress_idem_sp_client;
+GRANT idempotency_client TO regress_idem_sp_client;
+SET ROLE regress_idem_sp_client;
+SET idempotency.max_claims_per_transaction = 100000;
 RESET ROLE;
-DROP ROLE idem_sp_client;
+DROP ROLE regress_idem_sp_client;
 
 --
 -- The endpoint policy cache is bounded: 5,000 endpoint names without a
@@ -335,7 +338,7 @@ DO $$
 BEGIN
     FOR i IN 1 .. 5000 LOOP
         BEGIN
-            PERFORM idempotency.idem_finish('t', 'ep' || i, 'k', 200);
+            PERFORM idempotency.idem_finish('sp', 'ep' || i, 'k', 200);
         EXCEPTION WHEN SQLSTATE 'IK404' THEN
             NULL;
         END;
@@ -345,7 +348,6 @@ SELECT total_bytes < 1024 * 1024 AS cache_bounded
 FROM pg_backend_memory_contexts
 WHERE 'idempotency endpoint policies' IN (name, ident);  -- PostgreSQL 15, 18
 
-DROP TABLE biz, tokens;
-DROP FUNCTION fp(text), try(text), state(text), scope_locks(), undone(text),
-    tok(text), lease_row(text);
+DROP SCHEMA savepoints_test CASCADE;
+RESET search_path;
 TRUNCATE idempotency.keys;
