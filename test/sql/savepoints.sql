@@ -195,7 +195,8 @@ RELEASE SAVEPOINT a;
 SELECT state('n3') AS n3_pending, scope_locks();
 COMMIT;
 SELECT state('n1') AS n1, state('n2') AS n2, state('n3') AS n3;
--- released, claimed again in a savepoint that rolls back: the release stands
+-- released and claimed again in a savepoint that is kept, then the new
+-- claim's finish rolled back
 BEGIN;
 SELECT action FROM idempotency.idem_claim('sp', 'e', 'n4', fp('x'));
 SAVEPOINT s;
@@ -208,6 +209,7 @@ ROLLBACK TO s2;
 -- the second claim is pending again, the first stays released
 SELECT state('n4') AS n4;
 COMMIT;
+-- released and claimed again in a savepoint that rolls back
 BEGIN;
 SELECT action FROM idempotency.idem_claim('sp', 'e', 'n5', fp('x'));
 SAVEPOINT s;
