@@ -336,6 +336,100 @@ SELECT total_bytes < 1024 * 1024 AS cache_bounded
 FROM pg_backend_memory_contexts
 WHERE 'idempotency endpoint policies' IN (name, ident);  -- PostgreSQL 15, 18
 
+--
+-- Random sequences of claim, finish, fail, release and nested EXCEPTION
+-- blocks that roll back or not, checked after every step against a model
+-- kept in a table (which subtransactions roll back as they roll back the
+-- claims): every key's state as idem_lookup shows it, and every claim's
+-- answer.  Each transaction then releases what is pending and commits.
+-- Seeded, so the same sequences run every time.  Before the fix a
+-- rolled-back finish left the claim forgotten ("want in_progress, got none").
+--
+CREATE TABLE model (k text PRIMARY KEY, st text NOT NULL);
+CREATE SEQUENCE checks;     -- not rolled back: counts every check made
+CREATE FUNCTION check_model() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    want text;
+    got text;
+BEGIN
+    PERFORM nextval('checks');
+    FOR i IN 0 .. 4 LOOP
+        SELECT m.st INTO want FROM model m WHERE m.k = 'r' || i;
+        got := state('r' || i);
+        IF coalesce(want, 'none') <> got THEN
+            RAISE EXCEPTION 'model mismatch on r%: want %, got %', i, coalesce(want, 'none'), got;
+        END IF;
+    END LOOP;
+END $$;
+CREATE FUNCTION random_calls(depth int, n int) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    op int;
+    key text;
+    cur text;
+    act text;
+    want text;
+BEGIN
+    FOR i IN 1 .. n LOOP
+        op := floor(random() * 6);
+        key := 'r' || floor(random() * 5);
+        SELECT m.st INTO cur FROM model m WHERE m.k = key;
+        IF op = 0 THEN
+            act := (idempotency.idem_claim('sp', 'e', key, fp('x'))).action;
+            want := CASE coalesce(cur, 'none') WHEN 'none' THEN 'execute'
+                    WHEN 'in_progress' THEN 'in_progress'
+                    WHEN 'completed' THEN 'replay' ELSE 'pending' END;
+            IF act <> want THEN
+                RAISE EXCEPTION 'claim of % (%): want %, got %', key, cur, want, act;
+            END IF;
+            IF act = 'execute' THEN
+                INSERT INTO model VALUES (key, 'in_progress');
+            END IF;
+        ELSIF op = 1 AND cur = 'in_progress' THEN
+            PERFORM idempotency.idem_finish('sp', 'e', key, 201);
+            UPDATE model SET st = 'completed' WHERE k = key;
+        ELSIF op = 2 AND cur = 'in_progress' THEN
+            PERFORM idempotency.idem_fail('sp', 'e', key, 'failed');
+            UPDATE model SET st = 'failed' WHERE k = key;
+        ELSIF op = 3 AND cur = 'in_progress' THEN
+            PERFORM idempotency.idem_release('sp', 'e', key);
+            DELETE FROM model WHERE k = key;
+        ELSIF op >= 4 AND depth < 4 THEN
+            BEGIN
+                PERFORM random_calls(depth + 1, 6);
+                IF random() < 0.5 THEN
+                    RAISE EXCEPTION USING ERRCODE = 'P0099';
+                END IF;
+            EXCEPTION WHEN SQLSTATE 'P0099' THEN
+                NULL;
+            END;
+        END IF;
+        PERFORM check_model();
+    END LOOP;
+END $$;
+CREATE PROCEDURE random_transactions(n int)
+LANGUAGE plpgsql AS $$
+BEGIN
+    FOR t IN 1 .. n LOOP
+        PERFORM random_calls(0, 25);
+        PERFORM idempotency.idem_release('sp', 'e', k) FROM model WHERE st = 'in_progress';
+        COMMIT;
+        DELETE FROM model;
+        DELETE FROM idempotency.keys WHERE tenant = 'sp' AND key LIKE 'r_';
+        COMMIT;
+    END LOOP;
+END $$;
+SELECT setseed(0.25);
+SET default_transaction_isolation = 'read committed';
+CALL random_transactions(40);
+SET default_transaction_isolation = 'repeatable read';
+CALL random_transactions(40);
+SET default_transaction_isolation = 'serializable';
+CALL random_transactions(40);
+RESET default_transaction_isolation;
+SELECT last_value > 3000 AS checked_after_over_3000_steps FROM checks;
+
 DROP SCHEMA savepoints_test CASCADE;
 RESET search_path;
 TRUNCATE idempotency.keys;
