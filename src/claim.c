@@ -50,6 +50,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -107,6 +108,8 @@ typedef struct IdemRow
 	TimestampTz expires_at;
 	bool		has_completed_at;
 	TimestampTz completed_at;
+	Oid			partoid;		/* where a probe found it (or InvalidOid) */
+	ItemPointerData tid;
 } IdemRow;
 
 /*
@@ -163,41 +166,53 @@ typedef enum IdemStmt
 
 typedef struct IdemStmtDef
 {
-	const char *sql;
-	int			nargs;
+	const char *sql;			/* on the parent, by scope */
+	const char *by_tid;			/* on one partition (%s), by ctid, which is
+								 * the parameter after sql's; or NULL */
+	int			nargs;			/* of sql */
 	Oid			argtypes[17];
 } IdemStmtDef;
 
 #define SCOPE_TYPES TEXTOID, TEXTOID, TEXTOID
 #define RESPONSE_TYPES INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID
 
+#define COMPLETE_SET \
+	" SET state = 'completed', completed_at = $4," \
+	" locked_until = NULL, fail_reason = NULL, response_status = $5," \
+	" response_headers = $6, body_kind = $7, body_encrypted = $8," \
+	" response_body = $9, body_ref = $10"
+#define FAIL_SET	" SET state = $5, fail_reason = $6, locked_until = NULL"
+#define HEARTBEAT_SET " SET locked_until = $5"
+
 static const IdemStmtDef stmt_defs[NUM_STMTS] = {
 	[STMT_LOOKUP_FOR_UPDATE] = {
 		"SELECT " ROW_COLUMNS " FROM idempotency.keys" LIVE_WHERE " FOR UPDATE",
+		"SELECT 1 FROM ONLY %s WHERE ctid = $5 FOR UPDATE",
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_DELETE_EXPIRED] = {
 		"DELETE FROM idempotency.keys" SCOPE_WHERE " AND expires_at <= $4",
+		NULL,
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_DELETE_LIVE] = {
 		"DELETE FROM idempotency.keys" LIVE_WHERE,
+		"DELETE FROM ONLY %s WHERE ctid = $5",
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_COMPLETE] = {
-		"UPDATE idempotency.keys SET state = 'completed', completed_at = $4,"
-		" locked_until = NULL, fail_reason = NULL, response_status = $5,"
-		" response_headers = $6, body_kind = $7, body_encrypted = $8,"
-		" response_body = $9, body_ref = $10" LIVE_WHERE,
+		"UPDATE idempotency.keys" COMPLETE_SET LIVE_WHERE,
+		"UPDATE ONLY %s" COMPLETE_SET " WHERE ctid = $11",
 		10, {SCOPE_TYPES, TIMESTAMPTZOID, RESPONSE_TYPES}
 	},
 	[STMT_FAIL] = {
-		"UPDATE idempotency.keys SET state = $5, fail_reason = $6,"
-		" locked_until = NULL" LIVE_WHERE,
+		"UPDATE idempotency.keys" FAIL_SET LIVE_WHERE,
+		"UPDATE ONLY %s" FAIL_SET " WHERE ctid = $7",
 		6, {SCOPE_TYPES, TIMESTAMPTZOID, TEXTOID, TEXTOID}
 	},
 	[STMT_HEARTBEAT] = {
-		"UPDATE idempotency.keys SET locked_until = $5" LIVE_WHERE,
+		"UPDATE idempotency.keys" HEARTBEAT_SET LIVE_WHERE,
+		"UPDATE ONLY %s" HEARTBEAT_SET " WHERE ctid = $6",
 		5, {SCOPE_TYPES, TIMESTAMPTZOID, TIMESTAMPTZOID}
 	},
 };
@@ -231,33 +246,72 @@ IdemStateFromName(const char *name)
  * Run one of the statements with the latest snapshot, so that what
  * committed since the transaction's snapshot was taken is seen (the scope
  * lock orders the writers; see the file header), as the owner of the table.
+ * With a row that a probe found (row->partoid valid; see IdemLoadRow), on
+ * that version of the row only, by its ctid, planned for this one call.
  */
 static void
-IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
+IdemExecOn(IdemStmt stmt, const IdemRow *row, Datum *values,
+		   const char *nulls, int expected)
 {
+	const IdemStmtDef *def = &stmt_defs[stmt];
 	IdemOwnerSection section;
+	SPIPlanPtr	plan;
 	int			rc;
 
 	IdemBeginOwnerSection(&section, IdemKeysOwner(), 0);
-	if (stmt_plans[stmt] == NULL)
+	if (row != NULL && OidIsValid(row->partoid))
 	{
-		SPIPlanPtr	plan;
+		Oid			argtypes[lengthof(def->argtypes) + 1];
+		Datum		args[lengthof(def->argtypes) + 1];
+		char		argnulls[lengthof(def->argtypes) + 1];
+		char	   *part;
 
-		plan = SPI_prepare(stmt_defs[stmt].sql, stmt_defs[stmt].nargs,
-						   (Oid *) stmt_defs[stmt].argtypes);
+		Assert(def->by_tid != NULL);
+		part = quote_qualified_identifier(get_namespace_name(get_rel_namespace(row->partoid)),
+										  get_rel_name(row->partoid));
+		memcpy(argtypes, def->argtypes, sizeof(Oid) * def->nargs);
+		memcpy(args, values, sizeof(Datum) * def->nargs);
+		if (nulls)
+			memcpy(argnulls, nulls, def->nargs);
+		else
+			memset(argnulls, ' ', def->nargs);
+		argtypes[def->nargs] = TIDOID;
+		args[def->nargs] = PointerGetDatum(&row->tid);
+		argnulls[def->nargs] = ' ';
+		plan = SPI_prepare(psprintf(def->by_tid, part), def->nargs + 1,
+						   argtypes);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 stmt_defs[stmt].sql, SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		stmt_plans[stmt] = plan;
+				 def->by_tid, SPI_result_code_string(SPI_result));
+		rc = SPI_execute_snapshot(plan, args, argnulls, GetLatestSnapshot(),
+								  InvalidSnapshot, false, true, 0);
+		SPI_freeplan(plan);
 	}
-	rc = SPI_execute_snapshot(stmt_plans[stmt], values, nulls,
-							  GetLatestSnapshot(), InvalidSnapshot,
-							  false, true, 0);
+	else
+	{
+		if (stmt_plans[stmt] == NULL)
+		{
+			plan = SPI_prepare(def->sql, def->nargs, (Oid *) def->argtypes);
+			if (plan == NULL)
+				elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+					 def->sql, SPI_result_code_string(SPI_result));
+			SPI_keepplan(plan);
+			stmt_plans[stmt] = plan;
+		}
+		rc = SPI_execute_snapshot(stmt_plans[stmt], values, nulls,
+								  GetLatestSnapshot(), InvalidSnapshot,
+								  false, true, 0);
+	}
 	if (rc != expected)
 		elog(ERROR, "statement on idempotency.keys failed: %s",
 			 SPI_result_code_string(rc));
 	IdemEndOwnerSection(&section);
+}
+
+static void
+IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
+{
+	IdemExecOn(stmt, NULL, values, nulls, expected);
 }
 
 static void
@@ -655,68 +709,127 @@ IdemScanRowCallback(TupleTableSlot *slot, void *arg)
 		n[i] = slot->tts_isnull[st->attnums[i] - 1];
 	}
 	IdemTakeRow(st->row, v, n, st->now, st->cxt);
+	if (st->row->found)
+	{
+		st->row->partoid = slot->tts_tableOid;
+		st->row->tid = slot->tts_tid;
+	}
 	/* there is at most one live row: once found, nothing else matters */
 	return st->row->found;
 }
 
 /*
+ * Probe each partition's unique index for the scope's rows (see keyscan.c),
+ * the partition covering hint (where the live row is most likely) first,
+ * until the live row is found: fill row with it, note whether expired ones
+ * exist.
+ */
+static void
+IdemProbeRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+			 IdemRow *row, MemoryContext cxt)
+{
+	ScanRowState st;
+
+	memset(row, 0, sizeof(*row));
+	st.row = row;
+	st.now = now;
+	st.cxt = cxt;
+	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
+					&row_attnums_generation);
+	st.attnums = row_attnums;
+	IdemScanScope(scope->tenant, scope->endpoint, scope->key, now, hint,
+				  IdemScanRowCallback, &st);
+}
+
+/*
+ * The live row of a SERIALIZABLE transaction's lease-mode call, locked.  It
+ * is found by a probe, which takes no predicate locks (see IdemProbeIndex
+ * in keyscan.c), then locked by its ctid, and the statements that change
+ * it go by its ctid too (IdemExecOn); the only predicate lock taken is the
+ * one on the row itself.  A statement by scope would read the partition's
+ * index with predicate locks on its pages, and calls on different keys
+ * whose index entries share a page (time-ordered keys always do) would
+ * make each other fail.  This is sound: the call decides on the version it
+ * has locked, and whoever changes the row must lock it first, so the row
+ * lock orders them, as it orders the statements at the other levels.  A
+ * version that was replaced after the probe is not visible to the lock's
+ * (later) snapshot: the probe then finds the new one.  The old version's
+ * ctid cannot be reused meanwhile, since its deleter committed after this
+ * transaction's snapshot was taken.
+ */
+static void
+IdemLockProbedRow(const IdemScope *scope, TimestampTz now, IdemRow *row,
+				  MemoryContext cxt)
+{
+	Datum		values[4];
+
+	IdemScopeValues(scope, values);
+	values[3] = TimestampTzGetDatum(now);
+	for (;;)
+	{
+		IdemProbeRow(scope, now, now, row, cxt);
+		if (!row->found)
+			return;
+		IdemExecOn(STMT_LOOKUP_FOR_UPDATE, row, values, NULL, SPI_OK_SELECT);
+		if (SPI_processed == 1)
+			return;
+		/* a newer version of the row committed after the probe: find it */
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/*
  * Read the scope's rows with the latest snapshot: fill row with the live
  * one, note whether expired ones exist.  for_update reads (and locks) the
- * live row only, through SPI; otherwise each partition's unique index is
- * probed directly (see keyscan.c), the partition covering hint (where the
- * live row is most likely) first, until the live row is found.
+ * live row only, through SPI (or see IdemLockProbedRow); otherwise each
+ * partition's unique index is probed directly (IdemProbeRow).
  */
 static void
 IdemLoadRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 			bool for_update, IdemRow *row, MemoryContext cxt)
 {
-	memset(row, 0, sizeof(*row));
-	if (for_update)
+	Datum		values[4];
+	uint64		i;
+
+	if (!for_update)
 	{
-		Datum		values[4];
-		uint64		i;
-
-		/*
-		 * Lock the parent before IdemExec takes its snapshot.  A maintenance
-		 * pass that moves rows out of the default partition holds ACCESS
-		 * EXCLUSIVE on the parent until it commits.  Waiting for it inside
-		 * the statement would leave the statement a snapshot taken before
-		 * the move committed, in which the row is still in the default
-		 * partition, and deleted by the time it is locked: "no live claim"
-		 * (IK404) at READ COMMITTED, a serialization failure above.  Waiting
-		 * here, the snapshot sees the row where it was moved to, and the
-		 * invalidations taken in with the lock make the statement plan for
-		 * the new partition.  A transaction that already holds the lock
-		 * keeps any move out until it ends.
-		 */
-		IdemLockKeys();
-		IdemScopeValues(scope, values);
-		values[3] = TimestampTzGetDatum(now);
-		IdemExec(STMT_LOOKUP_FOR_UPDATE, values, NULL, SPI_OK_SELECT);
-		for (i = 0; i < SPI_processed; i++)
-		{
-			Datum		v[NUM_ROW_COLUMNS];
-			bool		n[NUM_ROW_COLUMNS];
-			int			c;
-
-			for (c = 0; c < (int) NUM_ROW_COLUMNS; c++)
-				v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-									 c + 1, &n[c]);
-			IdemTakeRow(row, v, n, now, cxt);
-		}
+		IdemProbeRow(scope, now, hint, row, cxt);
+		return;
 	}
-	else
-	{
-		ScanRowState st;
 
-		st.row = row;
-		st.now = now;
-		st.cxt = cxt;
-		IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
-						&row_attnums_generation);
-		st.attnums = row_attnums;
-		IdemScanScope(scope->tenant, scope->endpoint, scope->key, now, hint,
-					  IdemScanRowCallback, &st);
+	/*
+	 * Lock the parent before IdemExec takes its snapshot.  A maintenance
+	 * pass that moves rows out of the default partition holds ACCESS
+	 * EXCLUSIVE on the parent until it commits.  Waiting for it inside the
+	 * statement would leave the statement a snapshot taken before the move
+	 * committed, in which the row is still in the default partition, and
+	 * deleted by the time it is locked: "no live claim" (IK404) at READ
+	 * COMMITTED, a serialization failure above.  Waiting here, the snapshot
+	 * sees the row where it was moved to, and the invalidations taken in
+	 * with the lock make the statement plan for the new partition.  A
+	 * transaction that already holds the lock keeps any move out until it
+	 * ends.
+	 */
+	IdemLockKeys();
+	if (IsolationIsSerializable())
+	{
+		IdemLockProbedRow(scope, now, row, cxt);
+		return;
+	}
+	memset(row, 0, sizeof(*row));
+	IdemScopeValues(scope, values);
+	values[3] = TimestampTzGetDatum(now);
+	IdemExec(STMT_LOOKUP_FOR_UPDATE, values, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		v[NUM_ROW_COLUMNS];
+		bool		n[NUM_ROW_COLUMNS];
+		int			c;
+
+		for (c = 0; c < (int) NUM_ROW_COLUMNS; c++)
+			v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+								 c + 1, &n[c]);
+		IdemTakeRow(row, v, n, now, cxt);
 	}
 }
 
@@ -1416,7 +1529,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 		IdemScopeValues(scope, values);
 		values[3] = TimestampTzGetDatum(now);
 		IdemResponseValues(resp, values + 4, nulls + 4);
-		IdemExec(STMT_COMPLETE, values, nulls, SPI_OK_UPDATE);
+		IdemExecOn(STMT_COMPLETE, &row, values, nulls, SPI_OK_UPDATE);
 		IdemReport(scope, row.fingerprint, IdemStateName(row.state),
 				   "completed", false, resp->status, row.created_at);
 	}
@@ -1558,7 +1671,7 @@ idem_fail(PG_FUNCTION_ARGS)
 		values[4] = CStringGetTextDatum(IdemStateName(outcome));
 		values[5] = reason ? CStringGetTextDatum(reason) : (Datum) 0;
 		nulls[5] = reason ? ' ' : 'n';
-		IdemExec(STMT_FAIL, values, nulls, SPI_OK_UPDATE);
+		IdemExecOn(STMT_FAIL, &row, values, nulls, SPI_OK_UPDATE);
 		IdemReport(&scope, row.fingerprint, IdemStateName(row.state),
 				   IdemStateName(outcome), false, -1, row.created_at);
 	}
@@ -1601,7 +1714,7 @@ idem_release(PG_FUNCTION_ARGS)
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS), "release", &row, cxt);
 		IdemScopeValues(&scope, values);
 		values[3] = TimestampTzGetDatum(now);
-		IdemExec(STMT_DELETE_LIVE, values, NULL, SPI_OK_DELETE);
+		IdemExecOn(STMT_DELETE_LIVE, &row, values, NULL, SPI_OK_DELETE);
 		SPI_finish();
 		IdemReport(&scope, row.fingerprint, "in_progress", NULL, false, -1,
 				   row.created_at);
@@ -1652,7 +1765,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	IdemScopeValues(&scope, values);
 	values[3] = TimestampTzGetDatum(now);
 	values[4] = TimestampTzGetDatum(until);
-	IdemExec(STMT_HEARTBEAT, values, NULL, SPI_OK_UPDATE);
+	IdemExecOn(STMT_HEARTBEAT, &row, values, NULL, SPI_OK_UPDATE);
 	SPI_finish();
 	PG_RETURN_TIMESTAMPTZ(until);
 }
@@ -1700,7 +1813,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	IdemScopeValues(&scope, values);
 	values[3] = TimestampTzGetDatum(now);
 	IdemResponseValues(&resp, values + 4, nulls + 4);
-	IdemExec(STMT_COMPLETE, values, nulls, SPI_OK_UPDATE);
+	IdemExecOn(STMT_COMPLETE, &row, values, nulls, SPI_OK_UPDATE);
 	SPI_finish();
 
 	IdemReport(&scope, row.fingerprint, IdemStateName(row.state), "completed",

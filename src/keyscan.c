@@ -384,7 +384,8 @@ IdemPartitionFor(Relation parent, PartitionDesc pd, TimestampTz ts)
 
 /*
  * Call callback for each row of the scope in one partition that snapshot
- * sees; true: stop.
+ * sees, with the slot's tts_tableOid and tts_tid saying where the row is;
+ * true: stop.
  *
  * In a SERIALIZABLE transaction, a scan with an MVCC snapshot takes
  * predicate locks (SIREAD) on the index pages and heap tuples it reads (see
@@ -432,11 +433,16 @@ IdemProbeIndex(Relation parent, Relation part, Relation idx,
 			stop = callback(slot, arg);
 		else
 		{
+			TupleTableSlot *mapped;
+
 			if (*parent_slot == NULL)
 				*parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent),
 														&TTSOpsVirtual);
-			stop = callback(execute_attr_map_slot(probe->map, slot, *parent_slot),
-							arg);
+			mapped = execute_attr_map_slot(probe->map, slot, *parent_slot);
+			/* where the row is, as the slot of the partition says */
+			mapped->tts_tableOid = slot->tts_tableOid;
+			mapped->tts_tid = slot->tts_tid;
+			stop = callback(mapped, arg);
 		}
 	}
 	index_endscan(scan);

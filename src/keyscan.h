@@ -14,8 +14,8 @@
 #include "utils/snapshot.h"
 
 /*
- * Called for every row of the scope, with the row in the parent's layout;
- * returns true to stop the scan.
+ * Called for every row of the scope, with the row in the parent's layout
+ * (tts_tableOid and tts_tid say where it is); returns true to stop the scan.
  */
 typedef bool (*IdemScopeRowCallback) (TupleTableSlot *slot, void *arg);
 
