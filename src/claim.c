@@ -51,6 +51,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -109,9 +110,24 @@ typedef struct IdemRow
 	TimestampTz expires_at;
 	bool		has_completed_at;
 	TimestampTz completed_at;
+	Oid			partoid;		/* where a probe found it (or InvalidOid) */
+	ItemPointerData tid;
 } IdemRow;
 
-/* A claim in atomic mode, waiting for its finish in this transaction. */
+/*
+ * A claim of this transaction that holds its scope lock: in atomic mode,
+ * waiting for its finish (or finished, failed or released in a
+ * subtransaction that may still roll back); in lease mode, a row inserted.
+ *
+ * The list follows subtransactions exactly as the locks do (they belong to
+ * the subtransaction that took them, and pass to the parent when it
+ * commits): an entry made in a subtransaction that rolls back goes with its
+ * lock, and the end of a claim (done_level) is undone when the
+ * subtransaction that ended it rolls back, since the row written by the
+ * finish (or fail) goes too.  A claim that is pending again must then be
+ * finished before COMMIT, which otherwise raises IK500 and so rolls back
+ * the business writes of a key without a completion.
+ */
 typedef struct PendingClaim
 {
 	struct PendingClaim *next;
@@ -122,10 +138,13 @@ typedef struct PendingClaim
 	TimestampTz created_at;
 	TimestampTz expires_at;
 	LOCKTAG		tag;
-	int			nest_level;		/* subtransaction that made the claim */
+	int			nest_level;		/* subtransaction whose lock it is */
+	int			done_level;		/* 0: pending; else the subtransaction that
+								 * ended it (made it, for a lease) */
 } PendingClaim;
 
 static PendingClaim *pending_claims = NULL;
+static int	claims_held = 0;	/* entries in pending_claims */
 
 /* The statements on idempotency.keys, prepared once per backend. */
 typedef enum IdemStmt
@@ -149,41 +168,53 @@ typedef enum IdemStmt
 
 typedef struct IdemStmtDef
 {
-	const char *sql;
-	int			nargs;
+	const char *sql;			/* on the parent, by scope */
+	const char *by_tid;			/* on one partition (%s), by ctid, which is
+								 * the parameter after sql's; or NULL */
+	int			nargs;			/* of sql */
 	Oid			argtypes[17];
 } IdemStmtDef;
 
 #define SCOPE_TYPES TEXTOID, TEXTOID, TEXTOID
 #define RESPONSE_TYPES INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID
 
+#define COMPLETE_SET \
+	" SET state = 'completed', completed_at = $4," \
+	" locked_until = NULL, fail_reason = NULL, response_status = $5," \
+	" response_headers = $6, body_kind = $7, body_encrypted = $8," \
+	" response_body = $9, body_ref = $10"
+#define FAIL_SET	" SET state = $5, fail_reason = $6, locked_until = NULL"
+#define HEARTBEAT_SET " SET locked_until = $5"
+
 static const IdemStmtDef stmt_defs[NUM_STMTS] = {
 	[STMT_LOOKUP_FOR_UPDATE] = {
 		"SELECT " ROW_COLUMNS " FROM idempotency.keys" LIVE_WHERE " FOR UPDATE",
+		"SELECT 1 FROM ONLY %s WHERE ctid = $5 FOR UPDATE",
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_DELETE_EXPIRED] = {
 		"DELETE FROM idempotency.keys" SCOPE_WHERE " AND expires_at <= $4",
+		NULL,
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_DELETE_LIVE] = {
 		"DELETE FROM idempotency.keys" LIVE_WHERE,
+		"DELETE FROM ONLY %s WHERE ctid = $5",
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_COMPLETE] = {
-		"UPDATE idempotency.keys SET state = 'completed', completed_at = $4,"
-		" locked_until = NULL, fail_reason = NULL, response_status = $5,"
-		" response_headers = $6, body_kind = $7, body_encrypted = $8,"
-		" response_body = $9, body_ref = $10" LIVE_WHERE,
+		"UPDATE idempotency.keys" COMPLETE_SET LIVE_WHERE,
+		"UPDATE ONLY %s" COMPLETE_SET " WHERE ctid = $11",
 		10, {SCOPE_TYPES, TIMESTAMPTZOID, RESPONSE_TYPES}
 	},
 	[STMT_FAIL] = {
-		"UPDATE idempotency.keys SET state = $5, fail_reason = $6,"
-		" locked_until = NULL" LIVE_WHERE,
+		"UPDATE idempotency.keys" FAIL_SET LIVE_WHERE,
+		"UPDATE ONLY %s" FAIL_SET " WHERE ctid = $7",
 		6, {SCOPE_TYPES, TIMESTAMPTZOID, TEXTOID, TEXTOID}
 	},
 	[STMT_HEARTBEAT] = {
-		"UPDATE idempotency.keys SET locked_until = $5" LIVE_WHERE,
+		"UPDATE idempotency.keys" HEARTBEAT_SET LIVE_WHERE,
+		"UPDATE ONLY %s" HEARTBEAT_SET " WHERE ctid = $6",
 		5, {SCOPE_TYPES, TIMESTAMPTZOID, TIMESTAMPTZOID}
 	},
 };
@@ -217,33 +248,72 @@ IdemStateFromName(const char *name)
  * Run one of the statements with the latest snapshot, so that what
  * committed since the transaction's snapshot was taken is seen (the scope
  * lock orders the writers; see the file header), as the owner of the table.
+ * With a row that a probe found (row->partoid valid; see IdemLoadRow), on
+ * that version of the row only, by its ctid, planned for this one call.
  */
 static void
-IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
+IdemExecOn(IdemStmt stmt, const IdemRow *row, Datum *values,
+		   const char *nulls, int expected)
 {
+	const IdemStmtDef *def = &stmt_defs[stmt];
 	IdemOwnerSection section;
+	SPIPlanPtr	plan;
 	int			rc;
 
 	IdemBeginOwnerSection(&section, IdemKeysOwner(), 0);
-	if (stmt_plans[stmt] == NULL)
+	if (row != NULL && OidIsValid(row->partoid))
 	{
-		SPIPlanPtr	plan;
+		Oid			argtypes[lengthof(def->argtypes) + 1];
+		Datum		args[lengthof(def->argtypes) + 1];
+		char		argnulls[lengthof(def->argtypes) + 1];
+		char	   *part;
 
-		plan = SPI_prepare(stmt_defs[stmt].sql, stmt_defs[stmt].nargs,
-						   (Oid *) stmt_defs[stmt].argtypes);
+		Assert(def->by_tid != NULL);
+		part = quote_qualified_identifier(get_namespace_name(get_rel_namespace(row->partoid)),
+										  get_rel_name(row->partoid));
+		memcpy(argtypes, def->argtypes, sizeof(Oid) * def->nargs);
+		memcpy(args, values, sizeof(Datum) * def->nargs);
+		if (nulls)
+			memcpy(argnulls, nulls, def->nargs);
+		else
+			memset(argnulls, ' ', def->nargs);
+		argtypes[def->nargs] = TIDOID;
+		args[def->nargs] = PointerGetDatum(&row->tid);
+		argnulls[def->nargs] = ' ';
+		plan = SPI_prepare(psprintf(def->by_tid, part), def->nargs + 1,
+						   argtypes);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 stmt_defs[stmt].sql, SPI_result_code_string(SPI_result));
-		SPI_keepplan(plan);
-		stmt_plans[stmt] = plan;
+				 def->by_tid, SPI_result_code_string(SPI_result));
+		rc = SPI_execute_snapshot(plan, args, argnulls, GetLatestSnapshot(),
+								  InvalidSnapshot, false, true, 0);
+		SPI_freeplan(plan);
 	}
-	rc = SPI_execute_snapshot(stmt_plans[stmt], values, nulls,
-							  GetLatestSnapshot(), InvalidSnapshot,
-							  false, true, 0);
+	else
+	{
+		if (stmt_plans[stmt] == NULL)
+		{
+			plan = SPI_prepare(def->sql, def->nargs, (Oid *) def->argtypes);
+			if (plan == NULL)
+				elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+					 def->sql, SPI_result_code_string(SPI_result));
+			SPI_keepplan(plan);
+			stmt_plans[stmt] = plan;
+		}
+		rc = SPI_execute_snapshot(stmt_plans[stmt], values, nulls,
+								  GetLatestSnapshot(), InvalidSnapshot,
+								  false, true, 0);
+	}
 	if (rc != expected)
 		elog(ERROR, "statement on idempotency.keys failed: %s",
 			 SPI_result_code_string(rc));
 	IdemEndOwnerSection(&section);
+}
+
+static void
+IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
+{
+	IdemExecOn(stmt, NULL, values, nulls, expected);
 }
 
 static void
@@ -400,6 +470,7 @@ IdemAddInterval(TimestampTz ts, const Interval *iv)
  * ----------------------------------------------------------------
  */
 
+/* The pending (unfinished) atomic claim of a scope, or NULL. */
 static PendingClaim *
 IdemFindPending(const IdemScope *scope, PendingClaim ***link)
 {
@@ -407,7 +478,8 @@ IdemFindPending(const IdemScope *scope, PendingClaim ***link)
 
 	for (p = &pending_claims; *p != NULL; p = &(*p)->next)
 	{
-		if (IdemTextEqual((*p)->key, scope->key) &&
+		if ((*p)->done_level == 0 &&
+			IdemTextEqual((*p)->key, scope->key) &&
 			IdemTextEqual((*p)->endpoint, scope->endpoint) &&
 			IdemTextEqual((*p)->tenant, scope->tenant))
 		{
@@ -419,14 +491,31 @@ IdemFindPending(const IdemScope *scope, PendingClaim ***link)
 	return NULL;
 }
 
+/*
+ * Remember a claim that keeps its scope lock until the transaction ends:
+ * pending (atomic mode), or ended at once (leased).  Refused with IK429
+ * when the transaction already holds idempotency.max_claims_per_transaction
+ * of them, before the lock table of the whole server is at risk.
+ */
 static void
 IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
 			   TimestampTz created_at, TimestampTz expires_at,
-			   const LOCKTAG *tag)
+			   const LOCKTAG *tag, bool leased)
 {
-	MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
-	PendingClaim *pc = palloc(sizeof(PendingClaim));
+	MemoryContext old;
+	PendingClaim *pc;
 
+	if (claims_held >= idem_max_claims_per_transaction)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_TOO_MANY_CLAIMS),
+				 errmsg("too many idempotency keys claimed in one transaction"),
+				 errdetail_plural("The transaction already holds %d claim, the most idempotency.max_claims_per_transaction allows.",
+								  "The transaction already holds %d claims, the most idempotency.max_claims_per_transaction allows.",
+								  claims_held, claims_held),
+				 errhint("Each claim holds a lock until the transaction ends: claim fewer keys per transaction, or raise idempotency.max_claims_per_transaction together with max_locks_per_transaction.")));
+
+	old = MemoryContextSwitchTo(TopTransactionContext);
+	pc = palloc(sizeof(PendingClaim));
 	pc->tenant = DatumGetTextPCopy(PointerGetDatum(scope->tenant));
 	pc->endpoint = DatumGetTextPCopy(PointerGetDatum(scope->endpoint));
 	pc->key = DatumGetTextPCopy(PointerGetDatum(scope->key));
@@ -435,24 +524,49 @@ IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
 	pc->expires_at = expires_at;
 	pc->tag = *tag;
 	pc->nest_level = GetCurrentTransactionNestLevel();
+	pc->done_level = leased ? pc->nest_level : 0;
 	pc->next = pending_claims;
 	pending_claims = pc;
+	claims_held++;
 	MemoryContextSwitchTo(old);
 }
 
-/*
- * Forget a pending claim.  With release_lock, also give up the scope lock
- * now, so that a waiting duplicate proceeds before this transaction ends
- * (only where the lock belongs to the current subtransaction).
- */
+/* Unlink an entry (*link) and free it. */
 static void
-IdemDropPending(PendingClaim **link, bool release_lock)
+IdemForgetPending(PendingClaim **link)
 {
 	PendingClaim *pc = *link;
 
 	*link = pc->next;
-	if (release_lock && pc->nest_level == GetCurrentTransactionNestLevel())
+	claims_held--;
+	pfree(pc->tenant);
+	pfree(pc->endpoint);
+	pfree(pc->key);
+	pfree(pc->fingerprint);
+	pfree(pc);
+}
+
+/*
+ * End a pending claim (finished, failed or released).  With release_lock,
+ * also give up the scope lock now, so that a waiting duplicate proceeds
+ * before this transaction ends; only where the claim and its lock belong to
+ * the current subtransaction, whose rollback would undo the claim anyway,
+ * and the entry then goes.  Otherwise the entry stays, ended at this level,
+ * to be made pending again if this subtransaction rolls back.
+ */
+static void
+IdemEndPending(PendingClaim **link, bool release_lock)
+{
+	PendingClaim *pc = *link;
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (release_lock && pc->nest_level == level)
+	{
 		IdemUnlockScope(&pc->tag);
+		IdemForgetPending(link);
+	}
+	else
+		pc->done_level = level;
 }
 
 static void
@@ -463,22 +577,30 @@ IdemXactCallback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_COMMIT:
 		case XACT_EVENT_PARALLEL_PRE_COMMIT:
 		case XACT_EVENT_PRE_PREPARE:
-			if (pending_claims != NULL)
 			{
-				PendingClaim *pc = pending_claims;
+				PendingClaim *first = NULL;
+				PendingClaim *pc;
 				int			n = 0;
 
-				for (; pc != NULL; pc = pc->next)
+				for (pc = pending_claims; pc != NULL; pc = pc->next)
+				{
+					if (pc->done_level != 0)
+						continue;
+					if (first == NULL)
+						first = pc;
 					n++;
-				pc = pending_claims;
+				}
+				if (n == 0)
+					break;
 				pending_claims = NULL;
+				claims_held = 0;
 				ereport(ERROR,
 						(errcode(ERRCODE_IDEM_UNFINISHED_CLAIM),
 						 errmsg("transaction claimed an idempotency key but neither finished nor released it"),
 						 errdetail_plural("%d key of endpoint \"%s\" (tenant \"%s\") was claimed in atomic mode and is still unfinished.",
 										  "%d keys were claimed in atomic mode and are still unfinished, one of endpoint \"%s\" (tenant \"%s\").",
-										  n, n, text_to_cstring(pc->endpoint),
-										  text_to_cstring(pc->tenant)),
+										  n, n, text_to_cstring(first->endpoint),
+										  text_to_cstring(first->tenant)),
 						 errhint("Call idem_finish, idem_fail or idem_release before COMMIT; the transaction has been rolled back.")));
 			}
 			break;
@@ -489,10 +611,17 @@ IdemXactCallback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* the memory went with TopTransactionContext */
 			pending_claims = NULL;
+			claims_held = 0;
 			break;
 	}
 }
 
+/*
+ * A subtransaction that rolls back takes with it the claims it made (their
+ * locks are released with it) and undoes the ends of claims it finished,
+ * failed or released (their rows are gone); one that commits passes both to
+ * its parent, as its locks pass to the parent's resource owner.
+ */
 static void
 IdemSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 					SubTransactionId parentSubid, void *arg)
@@ -500,18 +629,29 @@ IdemSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 	int			level = GetCurrentTransactionNestLevel();
 	PendingClaim **p = &pending_claims;
 
+	if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB)
+		return;
 	while (*p != NULL)
 	{
 		PendingClaim *pc = *p;
 
-		if (event == SUBXACT_EVENT_ABORT_SUB && pc->nest_level >= level)
+		if (event == SUBXACT_EVENT_ABORT_SUB)
 		{
-			/* the claim is rolled back with the subtransaction (and its lock) */
-			*p = pc->next;
-			continue;
+			if (pc->nest_level >= level)
+			{
+				IdemForgetPending(p);
+				continue;
+			}
+			if (pc->done_level >= level)
+				pc->done_level = 0;
 		}
-		if (event == SUBXACT_EVENT_COMMIT_SUB && pc->nest_level >= level)
-			pc->nest_level = level - 1;
+		else
+		{
+			if (pc->nest_level >= level)
+				pc->nest_level = level - 1;
+			if (pc->done_level >= level)
+				pc->done_level = level - 1;
+		}
 		p = &pc->next;
 	}
 }
@@ -598,54 +738,127 @@ IdemScanRowCallback(TupleTableSlot *slot, void *arg)
 		n[i] = slot->tts_isnull[st->attnums[i] - 1];
 	}
 	IdemTakeRow(st->row, v, n, st->now, st->cxt);
+	if (st->row->found)
+	{
+		st->row->partoid = slot->tts_tableOid;
+		st->row->tid = slot->tts_tid;
+	}
 	/* there is at most one live row: once found, nothing else matters */
 	return st->row->found;
 }
 
 /*
+ * Probe each partition's unique index for the scope's rows (see keyscan.c),
+ * the partition covering hint (where the live row is most likely) first,
+ * until the live row is found: fill row with it, note whether expired ones
+ * exist.
+ */
+static void
+IdemProbeRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+			 IdemRow *row, MemoryContext cxt)
+{
+	ScanRowState st;
+
+	memset(row, 0, sizeof(*row));
+	st.row = row;
+	st.now = now;
+	st.cxt = cxt;
+	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
+					&row_attnums_generation);
+	st.attnums = row_attnums;
+	IdemScanScope(scope->tenant, scope->endpoint, scope->key, now, hint,
+				  IdemScanRowCallback, &st);
+}
+
+/*
+ * The live row of a SERIALIZABLE transaction's lease-mode call, locked.  It
+ * is found by a probe, which takes no predicate locks (see IdemProbeIndex
+ * in keyscan.c), then locked by its ctid, and the statements that change
+ * it go by its ctid too (IdemExecOn); the only predicate lock taken is the
+ * one on the row itself.  A statement by scope would read the partition's
+ * index with predicate locks on its pages, and calls on different keys
+ * whose index entries share a page (time-ordered keys always do) would
+ * make each other fail.  This is sound: the call decides on the version it
+ * has locked, and whoever changes the row must lock it first, so the row
+ * lock orders them, as it orders the statements at the other levels.  A
+ * version that was replaced after the probe is not visible to the lock's
+ * (later) snapshot: the probe then finds the new one.  The old version's
+ * ctid cannot be reused meanwhile, since its deleter committed after this
+ * transaction's snapshot was taken.
+ */
+static void
+IdemLockProbedRow(const IdemScope *scope, TimestampTz now, IdemRow *row,
+				  MemoryContext cxt)
+{
+	Datum		values[4];
+
+	IdemScopeValues(scope, values);
+	values[3] = TimestampTzGetDatum(now);
+	for (;;)
+	{
+		IdemProbeRow(scope, now, now, row, cxt);
+		if (!row->found)
+			return;
+		IdemExecOn(STMT_LOOKUP_FOR_UPDATE, row, values, NULL, SPI_OK_SELECT);
+		if (SPI_processed == 1)
+			return;
+		/* a newer version of the row committed after the probe: find it */
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/*
  * Read the scope's rows with the latest snapshot: fill row with the live
  * one, note whether expired ones exist.  for_update reads (and locks) the
- * live row only, through SPI; otherwise each partition's unique index is
- * probed directly (see keyscan.c), the partition covering hint (where the
- * live row is most likely) first, until the live row is found.
+ * live row only, through SPI (or see IdemLockProbedRow); otherwise each
+ * partition's unique index is probed directly (IdemProbeRow).
  */
 static void
 IdemLoadRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 			bool for_update, IdemRow *row, MemoryContext cxt)
 {
-	memset(row, 0, sizeof(*row));
-	if (for_update)
+	Datum		values[4];
+	uint64		i;
+
+	if (!for_update)
 	{
-		Datum		values[4];
-		uint64		i;
-
-		IdemScopeValues(scope, values);
-		values[3] = TimestampTzGetDatum(now);
-		IdemExec(STMT_LOOKUP_FOR_UPDATE, values, NULL, SPI_OK_SELECT);
-		for (i = 0; i < SPI_processed; i++)
-		{
-			Datum		v[NUM_ROW_COLUMNS];
-			bool		n[NUM_ROW_COLUMNS];
-			int			c;
-
-			for (c = 0; c < (int) NUM_ROW_COLUMNS; c++)
-				v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-									 c + 1, &n[c]);
-			IdemTakeRow(row, v, n, now, cxt);
-		}
+		IdemProbeRow(scope, now, hint, row, cxt);
+		return;
 	}
-	else
-	{
-		ScanRowState st;
 
-		st.row = row;
-		st.now = now;
-		st.cxt = cxt;
-		IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
-						&row_attnums_generation);
-		st.attnums = row_attnums;
-		IdemScanScope(scope->tenant, scope->endpoint, scope->key, now, hint,
-					  IdemScanRowCallback, &st);
+	/*
+	 * Lock the parent before IdemExec takes its snapshot.  A maintenance
+	 * pass that moves rows out of the default partition holds ACCESS
+	 * EXCLUSIVE on the parent until it commits.  Waiting for it inside the
+	 * statement would leave the statement a snapshot taken before the move
+	 * committed, in which the row is still in the default partition, and
+	 * deleted by the time it is locked: "no live claim" (IK404) at READ
+	 * COMMITTED, a serialization failure above.  Waiting here, the snapshot
+	 * sees the row where it was moved to, and the invalidations taken in
+	 * with the lock make the statement plan for the new partition.  A
+	 * transaction that already holds the lock keeps any move out until it
+	 * ends.
+	 */
+	IdemLockKeys();
+	if (IsolationIsSerializable())
+	{
+		IdemLockProbedRow(scope, now, row, cxt);
+		return;
+	}
+	memset(row, 0, sizeof(*row));
+	IdemScopeValues(scope, values);
+	values[3] = TimestampTzGetDatum(now);
+	IdemExec(STMT_LOOKUP_FOR_UPDATE, values, NULL, SPI_OK_SELECT);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		v[NUM_ROW_COLUMNS];
+		bool		n[NUM_ROW_COLUMNS];
+		int			c;
+
+		for (c = 0; c < (int) NUM_ROW_COLUMNS; c++)
+			v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+								 c + 1, &n[c]);
+		IdemTakeRow(row, v, n, now, cxt);
 	}
 }
 
@@ -936,15 +1149,54 @@ IdemWaitForLock(const LOCKTAG *tag, int64 wait_ms)
 	return false;
 }
 
+/* Take the scope lock, waiting until deadline; *waited tells if it had to. */
 static bool
-IdemAcquireScopeLock(const LOCKTAG *tag, TimestampTz deadline)
+IdemAcquireScopeLock(const LOCKTAG *tag, TimestampTz deadline, bool *waited)
 {
 	int64		left_ms;
 
+	*waited = false;
 	if (IdemLockScope(tag, true))
 		return true;
+	*waited = true;
 	left_ms = (deadline - GetCurrentTimestamp() + 999) / 1000;
 	return IdemWaitForLock(tag, left_ms);
+}
+
+/*
+ * The times of a claim made at now: its expiry, now + ttl, and in lease
+ * mode (lease not NULL) the end of its lease, now + lease.
+ */
+static void
+IdemClaimTimes(TimestampTz now, const Interval *ttl, const Interval *lease,
+			   TimestampTz *expires_at, TimestampTz *locked_until)
+{
+	*expires_at = IdemAddInterval(now, ttl);
+	if (*expires_at <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be positive")));
+	if (*expires_at > now + (int64) idem_max_ttl * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl exceeds idempotency.max_ttl"),
+				 errdetail("Keys may be kept for at most %d seconds.", idem_max_ttl),
+				 errhint("Ask for a shorter ttl, or raise idempotency.max_ttl.")));
+	*locked_until = 0;
+	if (lease != NULL)
+	{
+		*locked_until = IdemAddInterval(now, lease);
+		if (*locked_until <= now)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lease must be positive")));
+		if (*locked_until > *expires_at)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ttl is shorter than the lease"),
+					 errdetail("A key must live at least as long as the lease on its work."),
+					 errhint("Ask for a longer ttl or a shorter lease.")));
+	}
 }
 
 PG_FUNCTION_INFO_V1(idem_claim);
@@ -960,16 +1212,17 @@ idem_claim(PG_FUNCTION_ARGS)
 	IdemScope	scope;
 	bytea	   *fingerprint;
 	const IdemEndpointPolicy *policy;
-	const Interval *ttl;
-	const Interval *lease;
-	Interval	default_ttl;
+	Interval	ttl;
+	Interval	lease_buf;
+	const Interval *lease = NULL;
 	int64		wait_ms;
 	TimestampTz now;
 	TimestampTz expires_at;
-	TimestampTz locked_until = 0;
+	TimestampTz locked_until;
 	TimestampTz deadline;
 	LOCKTAG		tag;
 	bool		locked;
+	bool		waited;
 	IdemRow		row;
 	ClaimResult r;
 
@@ -980,45 +1233,25 @@ idem_claim(PG_FUNCTION_ARGS)
 	policy = IdemGetEndpointPolicy(scope.endpoint_str);
 	now = GetCurrentTimestamp();
 
-	/* lifetime: the argument, else the endpoint's, else the setting */
+	/*
+	 * lifetime: the argument, else the endpoint's, else the setting; copied,
+	 * since the policy cache may be emptied while the claim waits
+	 */
 	if (!PG_ARGISNULL(4))
-		ttl = PG_GETARG_INTERVAL_P(4);
+		ttl = *PG_GETARG_INTERVAL_P(4);
 	else if (policy->has_ttl)
-		ttl = &policy->ttl;
+		ttl = policy->ttl;
 	else
 	{
-		memset(&default_ttl, 0, sizeof(default_ttl));
-		default_ttl.time = (int64) idem_default_ttl * USECS_PER_SEC;
-		ttl = &default_ttl;
+		memset(&ttl, 0, sizeof(ttl));
+		ttl.time = (int64) idem_default_ttl * USECS_PER_SEC;
 	}
-	expires_at = IdemAddInterval(now, ttl);
-	if (expires_at <= now)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("ttl must be positive")));
-	if (expires_at > now + (int64) idem_max_ttl * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("ttl exceeds idempotency.max_ttl"),
-				 errdetail("Keys may be kept for at most %d seconds.", idem_max_ttl),
-				 errhint("Ask for a shorter ttl, or raise idempotency.max_ttl.")));
-
-	lease = !PG_ARGISNULL(5) ? PG_GETARG_INTERVAL_P(5) :
-		(policy->has_lease ? &policy->lease : NULL);
-	if (lease != NULL)
+	if (!PG_ARGISNULL(5) || policy->has_lease)
 	{
-		locked_until = IdemAddInterval(now, lease);
-		if (locked_until <= now)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("lease must be positive")));
-		if (locked_until > expires_at)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("ttl is shorter than the lease"),
-					 errdetail("A key must live at least as long as the lease on its work."),
-					 errhint("Ask for a longer ttl or a shorter lease.")));
+		lease_buf = !PG_ARGISNULL(5) ? *PG_GETARG_INTERVAL_P(5) : policy->lease;
+		lease = &lease_buf;
 	}
+	IdemClaimTimes(now, &ttl, lease, &expires_at, &locked_until);
 
 	if (!PG_ARGISNULL(6))
 		wait_ms = IdemWaitMs(PG_GETARG_INTERVAL_P(6));
@@ -1044,7 +1277,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	}
 
 	IdemScopeLockTag(&tag, scope.tenant, scope.endpoint, scope.key);
-	locked = IdemAcquireScopeLock(&tag, deadline);
+	locked = IdemAcquireScopeLock(&tag, deadline, &waited);
 	if (!locked)
 	{
 		/* an atomic-mode duplicate is still running */
@@ -1054,6 +1287,16 @@ idem_claim(PG_FUNCTION_ARGS)
 		r.retry_after = 1;
 		IdemStatsCount(scope.endpoint_str, IDEM_COUNT_IN_PROGRESS);
 		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+	}
+
+	/*
+	 * After a wait, the claim is made now: a row that expired meanwhile is
+	 * expired for it, and its own times count from now.
+	 */
+	if (waited)
+	{
+		now = GetCurrentTimestamp();
+		IdemClaimTimes(now, &ttl, lease, &expires_at, &locked_until);
 	}
 
 	IdemSPIConnect();
@@ -1105,10 +1348,11 @@ idem_claim(PG_FUNCTION_ARGS)
 								 PG_WAIT_EXTENSION);
 				ResetLatch(MyLatch);
 				CHECK_FOR_INTERRUPTS();
-				locked = IdemAcquireScopeLock(&tag, deadline);
+				locked = IdemAcquireScopeLock(&tag, deadline, &waited);
 				if (locked)
 				{
 					now = GetCurrentTimestamp();
+					IdemClaimTimes(now, &ttl, lease, &expires_at, &locked_until);
 					continue;
 				}
 				row.has_locked_until = false;
@@ -1152,13 +1396,14 @@ idem_claim(PG_FUNCTION_ARGS)
 			token &= PG_INT64_MAX;
 		} while (token == 0);
 
+		IdemAddPending(&scope, fingerprint, now, expires_at, &tag, true);
 		IdemInsertRow(&scope, now, fingerprint, IDEM_STATE_IN_PROGRESS,
 					  &token, &locked_until, NULL, NULL, NULL, expires_at);
 		r.has_token = true;
 		r.lease_token = token;
 	}
 	else
-		IdemAddPending(&scope, fingerprint, now, expires_at, &tag);
+		IdemAddPending(&scope, fingerprint, now, expires_at, &tag, false);
 	SPI_finish();
 
 	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_EXECUTES);
@@ -1292,7 +1537,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 					  pc->expires_at);
 		IdemReport(scope, pc->fingerprint, "in_progress", "completed", false,
 				   resp->status, pc->created_at);
-		IdemDropPending(link, false);
+		IdemEndPending(link, false);
 	}
 	else
 	{
@@ -1307,7 +1552,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 		IdemScopeValues(scope, values);
 		values[3] = TimestampTzGetDatum(now);
 		IdemResponseValues(resp, values + 4, nulls + 4);
-		IdemExec(STMT_COMPLETE, values, nulls, SPI_OK_UPDATE);
+		IdemExecOn(STMT_COMPLETE, &row, values, nulls, SPI_OK_UPDATE);
 		IdemReport(scope, row.fingerprint, IdemStateName(row.state),
 				   "completed", false, resp->status, row.created_at);
 	}
@@ -1433,7 +1678,7 @@ idem_fail(PG_FUNCTION_ARGS)
 					  NULL, NULL, NULL, reason, NULL, pc->expires_at);
 		IdemReport(&scope, pc->fingerprint, "in_progress",
 				   IdemStateName(outcome), false, -1, pc->created_at);
-		IdemDropPending(link, false);
+		IdemEndPending(link, false);
 	}
 	else
 	{
@@ -1450,7 +1695,7 @@ idem_fail(PG_FUNCTION_ARGS)
 		values[4] = CStringGetTextDatum(IdemStateName(outcome));
 		values[5] = reason ? CStringGetTextDatum(reason) : (Datum) 0;
 		nulls[5] = reason ? ' ' : 'n';
-		IdemExec(STMT_FAIL, values, nulls, SPI_OK_UPDATE);
+		IdemExecOn(STMT_FAIL, &row, values, nulls, SPI_OK_UPDATE);
 		IdemReport(&scope, row.fingerprint, IdemStateName(row.state),
 				   IdemStateName(outcome), false, -1, row.created_at);
 	}
@@ -1480,7 +1725,7 @@ idem_release(PG_FUNCTION_ARGS)
 		IdemRefuseToken(fcinfo, 3);
 		IdemReport(&scope, pc->fingerprint, "in_progress", NULL, false, -1,
 				   pc->created_at);
-		IdemDropPending(link, true);
+		IdemEndPending(link, true);
 	}
 	else
 	{
@@ -1493,7 +1738,7 @@ idem_release(PG_FUNCTION_ARGS)
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS), "release", &row, cxt);
 		IdemScopeValues(&scope, values);
 		values[3] = TimestampTzGetDatum(now);
-		IdemExec(STMT_DELETE_LIVE, values, NULL, SPI_OK_DELETE);
+		IdemExecOn(STMT_DELETE_LIVE, &row, values, NULL, SPI_OK_DELETE);
 		SPI_finish();
 		IdemReport(&scope, row.fingerprint, "in_progress", NULL, false, -1,
 				   row.created_at);
@@ -1544,7 +1789,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	IdemScopeValues(&scope, values);
 	values[3] = TimestampTzGetDatum(now);
 	values[4] = TimestampTzGetDatum(until);
-	IdemExec(STMT_HEARTBEAT, values, NULL, SPI_OK_UPDATE);
+	IdemExecOn(STMT_HEARTBEAT, &row, values, NULL, SPI_OK_UPDATE);
 	SPI_finish();
 	PG_RETURN_TIMESTAMPTZ(until);
 }
@@ -1592,7 +1837,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	IdemScopeValues(&scope, values);
 	values[3] = TimestampTzGetDatum(now);
 	IdemResponseValues(&resp, values + 4, nulls + 4);
-	IdemExec(STMT_COMPLETE, values, nulls, SPI_OK_UPDATE);
+	IdemExecOn(STMT_COMPLETE, &row, values, nulls, SPI_OK_UPDATE);
 	SPI_finish();
 
 	IdemReport(&scope, row.fingerprint, IdemStateName(row.state), "completed",

@@ -7,6 +7,13 @@
  *	  so every backend drops its cache when a policy changes (at commit);
  *	  invalidations of other relations leave the cache alone.
  *
+ *	  Endpoint names come from the callers, and most have no row (they use
+ *	  the settings), so the cache is bounded: when it holds
+ *	  IDEM_ENDPOINT_CACHE_MAX names, it is emptied before the next one goes
+ *	  in.  An API has far fewer endpoints than that; a caller that passes
+ *	  ever new names costs itself a lookup per call, and the backend no more
+ *	  memory than the bound.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -27,6 +34,8 @@
 #include "keys.h"
 #include "keyscan.h"
 
+#define IDEM_ENDPOINT_CACHE_MAX 1000
+
 typedef struct EndpointCacheEntry
 {
 	char		endpoint[IDEM_SCOPE_MAX_LEN + 1];	/* hash key */
@@ -40,18 +49,24 @@ static SPIPlanPtr endpoint_plan = NULL;
 static Oid	endpoints_relid = InvalidOid;	/* once known */
 
 static void
-IdemEndpointCacheReset(Datum arg, Oid relid)
+IdemEndpointCacheEmpty(void)
 {
-	/* the table's own invalidations, or all of them */
-	if (OidIsValid(relid) && OidIsValid(endpoints_relid) &&
-		relid != endpoints_relid)
-		return;
 	if (endpoint_cache != NULL)
 	{
 		hash_destroy(endpoint_cache);
 		endpoint_cache = NULL;
 	}
 	endpoint_last = NULL;
+}
+
+static void
+IdemEndpointCacheReset(Datum arg, Oid relid)
+{
+	/* the table's own invalidations, or all of them */
+	if (OidIsValid(relid) && OidIsValid(endpoints_relid) &&
+		relid != endpoints_relid)
+		return;
+	IdemEndpointCacheEmpty();
 	endpoints_relid = InvalidOid;
 }
 
@@ -138,6 +153,9 @@ IdemGetEndpointPolicy(const char *endpoint)
 		CacheRegisterRelcacheCallback(IdemEndpointCacheReset, (Datum) 0);
 		endpoint_callback_registered = true;
 	}
+	if (endpoint_cache != NULL &&
+		hash_get_num_entries(endpoint_cache) >= IDEM_ENDPOINT_CACHE_MAX)
+		IdemEndpointCacheEmpty();
 	if (endpoint_cache == NULL)
 	{
 		HASHCTL		ctl;

@@ -32,6 +32,7 @@ int			idem_default_ttl = 24 * 60 * 60;
 int			idem_max_ttl = 7 * 24 * 60 * 60;
 int			idem_claim_wait = 0;
 int			idem_partition_interval = 24 * 60 * 60;
+int			idem_max_claims_per_transaction = 1000;
 
 bool		idem_enable_worker = true;
 int			idem_maintenance_interval = 60;
@@ -179,6 +180,14 @@ IdemGucInit(void)
 							&idem_claim_wait,
 							0, 0, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_claims_per_transaction",
+							"Most keys one transaction may hold claimed at once.",
+							"Each claim holds a lock until its transaction ends; the limit keeps one transaction from filling the lock table that every session shares.",
+							&idem_max_claims_per_transaction,
+							1000, 1, INT_MAX,
+							PGC_SUSET, 0,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.partition_interval",

@@ -13,6 +13,7 @@ extern int	idem_default_ttl;
 extern int	idem_max_ttl;
 extern int	idem_claim_wait;
 extern int	idem_partition_interval;
+extern int	idem_max_claims_per_transaction;
 
 /* maintenance */
 extern bool idem_enable_worker;

@@ -158,6 +158,13 @@ IdemKeysRelid(void)
 	return keys_relid;
 }
 
+/* Lock idempotency.keys (the parent) for reading, as a query of it would. */
+void
+IdemLockKeys(void)
+{
+	LockRelationOid(IdemKeysRelid(), AccessShareLock);
+}
+
 /* the owner of idempotency.keys: the role the extension's own SQL runs as */
 Oid
 IdemKeysOwner(void)
@@ -375,7 +382,28 @@ IdemPartitionFor(Relation parent, PartitionDesc pd, TimestampTz ts)
 	return index >= 0 ? index : bounds->default_index;
 }
 
-/* Call callback for each row of the scope in one partition; true: stop. */
+/*
+ * Call callback for each row of the scope in one partition that snapshot
+ * sees, with the slot's tts_tableOid and tts_tid saying where the row is;
+ * true: stop.
+ *
+ * In a SERIALIZABLE transaction, a scan with an MVCC snapshot takes
+ * predicate locks (SIREAD) on the index pages and heap tuples it reads (see
+ * SerializationNeededForRead in predicate.c).  A probe takes none: the
+ * index is scanned with SnapshotAny, which is not an MVCC snapshot, and
+ * each version it returns is tested against snapshot here.  The rows read
+ * are the same; only the locks are left out.  This is sound because those
+ * locks could not protect anything the protocol relies on: the probe reads
+ * with the latest snapshot, not the transaction's, so what it sees is
+ * outside what serializable snapshot isolation reasons about in any case,
+ * and the read is ordered instead by the scope lock, which the caller holds
+ * and which every transaction that makes a row of the scope holds until it
+ * ends.  What the locks did do was make transactions that claimed
+ * different keys conflict whenever their keys shared an index page (always,
+ * for time-ordered keys) and fill the predicate lock table, which is shared
+ * by the whole server.  The transaction's own reads of other tables keep
+ * their predicate locks.
+ */
 static bool
 IdemProbeIndex(Relation parent, Relation part, Relation idx,
 			   const PartitionProbe *probe, Snapshot snapshot,
@@ -387,6 +415,7 @@ IdemProbeIndex(Relation parent, Relation part, Relation idx,
 	ScanKeyData skey[3];
 	IndexScanDesc scan;
 	TupleTableSlot *slot = table_slot_create(part, NULL);
+	bool		unlocked = IsolationIsSerializable();
 	bool		stop = false;
 
 	for (int k = 0; k < 3; k++)
@@ -394,19 +423,26 @@ IdemProbeIndex(Relation parent, Relation part, Relation idx,
 							   InvalidOid, idx->rd_indcollation[k],
 							   F_TEXTEQ,
 							   PointerGetDatum(vals[probe->scope_col[k]]));
-	scan = index_beginscan(part, idx, snapshot, 3, 0);
+	scan = index_beginscan(part, idx, unlocked ? SnapshotAny : snapshot, 3, 0);
 	index_rescan(scan, skey, 3, NULL, 0);
 	while (!stop && index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
+		if (unlocked && !table_tuple_satisfies_snapshot(part, slot, snapshot))
+			continue;
 		if (probe->map == NULL)
 			stop = callback(slot, arg);
 		else
 		{
+			TupleTableSlot *mapped;
+
 			if (*parent_slot == NULL)
 				*parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent),
 														&TTSOpsVirtual);
-			stop = callback(execute_attr_map_slot(probe->map, slot, *parent_slot),
-							arg);
+			mapped = execute_attr_map_slot(probe->map, slot, *parent_slot);
+			/* where the row is, as the slot of the partition says */
+			mapped->tts_tableOid = slot->tts_tableOid;
+			mapped->tts_tid = slot->tts_tid;
+			stop = callback(mapped, arg);
 		}
 	}
 	index_endscan(scan);

@@ -14,8 +14,8 @@
 #include "utils/snapshot.h"
 
 /*
- * Called for every row of the scope, with the row in the parent's layout;
- * returns true to stop the scan.
+ * Called for every row of the scope, with the row in the parent's layout
+ * (tts_tableOid and tts_tid say where it is); returns true to stop the scan.
  */
 typedef bool (*IdemScopeRowCallback) (TupleTableSlot *slot, void *arg);
 
@@ -32,5 +32,6 @@ extern void IdemKeysAttnums(const char *const *names, int n,
 							AttrNumber *attnums, uint64 *generation);
 extern int	IdemKeysNatts(void);
 extern Oid	IdemKeysOwner(void);
+extern void IdemLockKeys(void);
 
 #endif							/* IDEM_KEYSCAN_H */
