@@ -28,6 +28,7 @@
 
 #include "port/pg_bitutils.h"
 
+#include "compat.h"
 #include "number_format.h"
 
 #define DOUBLE_MANTISSA_BITS	52
