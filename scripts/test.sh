@@ -68,14 +68,11 @@ make_staged() {
         make -C "$STAGE/project" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" "$@"
 }
 
-# Run "make installcheck" for one suite (regress or isolation) with the
-# named tests; $1 names the suite's output folder.
+# Run "make installcheck" for one kind of test ($2: regress or isolation)
+# with the tests named after it; $1 names the suite and its output folder.
 run_installcheck() {
     local suite=$1 kind=$2; shift 2
-    local tests=() name
-    for name in "$@"; do
-        selected "$name" && tests+=("$name")
-    done
+    local tests=("$@")
     [ ${#tests[@]} -eq 0 ] && return 0
     say "$suite: ${tests[*]}"
     local dir=$OUT/$suite
@@ -157,21 +154,27 @@ shopt -s nullglob
 preload_tests=() nopreload_tests=() specs=()
 for f in "$PROJECT_DIR"/test/sql/*.sql; do
     name=$(basename "$f" .sql)
+    selected "$name" || continue
     case $name in
         nopreload_*) nopreload_tests+=("$name") ;;
         *) preload_tests+=("$name") ;;
     esac
 done
-for f in "$PROJECT_DIR"/test/specs/*.spec; do specs+=("$(basename "$f" .spec)"); done
+for f in "$PROJECT_DIR"/test/specs/*.spec; do
+    name=$(basename "$f" .spec)
+    selected "$name" && specs+=("$name")
+done
 
 trap 'stop_cluster "$OUT/preload"; stop_cluster "$OUT/nopreload"' EXIT
 
 # pg_regress and the isolation tester, with the library preloaded
-own_dir "$OUT/preload"
-start_cluster "$OUT/preload" "$(cat "$STAGE/test/preload.conf")"
-run_installcheck regress regress "${preload_tests[@]}"
-run_installcheck isolation isolation "${specs[@]}"
-stop_cluster "$OUT/preload"
+if [ ${#preload_tests[@]} -gt 0 ] || [ ${#specs[@]} -gt 0 ]; then
+    own_dir "$OUT/preload"
+    start_cluster "$OUT/preload" "$(cat "$STAGE/test/preload.conf")"
+    run_installcheck regress regress "${preload_tests[@]}"
+    run_installcheck isolation isolation "${specs[@]}"
+    stop_cluster "$OUT/preload"
+fi
 
 # pg_regress without the library preloaded
 if [ ${#nopreload_tests[@]} -gt 0 ]; then

@@ -63,7 +63,9 @@ SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /up', 'up-
 -- a view of the user's over the scope columns stops the update, which
 -- changes nothing then
 CREATE VIEW public.regress_idem_my_keys AS SELECT tenant, key FROM idempotency.keys;
+\set SHOW_CONTEXT never
 ALTER EXTENSION idempotency UPDATE;
+\set SHOW_CONTEXT errors
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 DROP VIEW public.regress_idem_my_keys;
 
