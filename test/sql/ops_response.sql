@@ -2,6 +2,11 @@
 -- Stored responses: sensitive headers are dropped, the size cap, endpoints
 -- that keep no body, encryption at rest, compression.
 --
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/no_worker_passes.sql
+\if :worker_passes_likely
+\quit
+\endif
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;

@@ -4,6 +4,11 @@
 -- the current version makes (functions, columns and their collations,
 -- constraints, indexes, views, triggers, privileges).
 --
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/no_worker_passes.sql
+\if :worker_passes_likely
+\quit
+\endif
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS idempotency CASCADE;
 CREATE EXTENSION idempotency VERSION '0.1.0' CASCADE;
