@@ -37,7 +37,7 @@ ifeq ($(WERROR),1)
 PG_CFLAGS += -Werror
 endif
 
-EXTRA_CLEAN = build test/expected.tmp
+EXTRA_CLEAN = build test/expected.tmp src/.pg_config
 
 # Tests, found by their files: test/sql/*.sql (pg_regress), test/specs/*.spec
 # (isolation tester), test/t/*.pl (TAP); expected output in test/expected.
@@ -63,13 +63,21 @@ sql/$(EXTENSION)--$(EXTVERSION).sql: $(sort $(wildcard sql/parts/*.sql)) idempot
 	cat $(sort $(wildcard sql/parts/*.sql)) > $@
 
 # PGXS runs the TAP tests in "make installcheck"; this runs them alone.
+# They start clusters of their own, which initdb refuses to do as root (make
+# test runs them as the postgres user).
+ifeq ($(shell id -u),0)
+prove_installcheck = @echo "TAP tests skipped: initdb cannot run as root (make test runs them as the postgres user)"
+endif
 .PHONY: prove_installcheck
 prove_installcheck:
 	$(prove_installcheck)
 
-# A release tarball of the committed tree: idempotency-VERSION.tar.gz
+# A release tarball of the committed tree (HEAD), for PGXN and packagers:
+# idempotency-VERSION.tar.gz.  META.json must give the control file's version.
 .PHONY: dist
 dist:
+	@test "$$(grep -c '"version": "$(EXTVERSION)"' META.json)" = 2 || \
+		{ echo "META.json does not give version $(EXTVERSION) (the control file's) for the distribution and the extension" >&2; exit 1; }
 	git archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
 		-o $(EXTENSION)-$(EXTVERSION).tar.gz HEAD
 

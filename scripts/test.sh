@@ -23,7 +23,13 @@ else
 fi
 build_local_install "$PGC"
 stage_tests
-OUT=$BUILD_DIR/test-output
+# the suites run in a copy of the project of their own: 002_make_run copies
+# $STAGE/project, which must hold the sources only
+SUITE=$STAGE/suite
+cp -r "$STAGE/project" "$SUITE"
+own_dir "$SUITE"
+# one folder of results per server version
+OUT=$BUILD_DIR/test-output/pg$("$PGC" --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
 rm -rf "$OUT"
 own_dir "$OUT"
 say "testing on $("$PGC" --version) ($PGC)"
@@ -65,7 +71,7 @@ count_regress() {
 # owner, against the server of the cluster started last.
 make_staged() {
     as_pg env PGHOST="$SOCKET_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" \
-        make -C "$STAGE/project" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" "$@"
+        make -C "$SUITE" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" "$@"
 }
 
 # Run "make installcheck" for one kind of test ($2: regress or isolation)
@@ -121,7 +127,7 @@ run_tap() {
     [ "$PGC" = "$SYS_PG_CONFIG" ] && stage_env=(STAGE="$STAGE")
     set +e
     as_pg env "${stage_env[@]}" PATH="$PGBIN:$PATH" \
-        make -C "$STAGE/project" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" \
+        make -C "$SUITE" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" \
         PROVE_TESTS="${tests[*]}" prove_installcheck >"$dir/run.log" 2>&1
     set -e
     local t line failed_tap=() failed_before=$FAILED
@@ -140,7 +146,7 @@ run_tap() {
     done
     if [ $((FAILED - failed_before)) -gt 0 ]; then
         cat "$dir/run.log"
-        for f in "$STAGE"/project/tmp_check/log/*; do
+        for f in "$SUITE"/tmp_check/log/*; do
             [ -f "$f" ] || continue
             for t in "${FAILED_NAMES[@]}"; do
                 case $t in tap/*) [[ $(basename "$f") == *"${t#tap/}"* ]] || continue ;; *) continue ;; esac
