@@ -37,7 +37,7 @@ ifeq ($(WERROR),1)
 PG_CFLAGS += -Werror
 endif
 
-EXTRA_CLEAN = build test/expected.tmp src/.pg_config
+EXTRA_CLEAN = build test/expected.tmp src/.pg_server
 
 # Tests, found by their files: test/sql/*.sql (pg_regress), test/specs/*.spec
 # (isolation tester), test/t/*.pl (TAP); expected output in test/expected.
@@ -61,6 +61,13 @@ endif
 
 sql/$(EXTENSION)--$(EXTVERSION).sql: $(sort $(wildcard sql/parts/*.sql)) idempotency.control
 	cat $(sort $(wildcard sql/parts/*.sql)) > $@
+
+# Objects compiled against another server's headers are compiled again: the
+# stamp names the server, and changes only when the server does.
+$(OBJS) $(OBJS:.o=.bc): src/.pg_server
+src/.pg_server: FORCE
+	@s='$(VERSION) $(includedir_server)'; [ "$$(cat $@ 2>/dev/null)" = "$$s" ] || echo "$$s" > $@
+.PHONY: FORCE
 
 # PGXS runs the TAP tests in "make installcheck"; this runs them alone.
 # They start clusters of their own, which initdb refuses to do as root (make

@@ -75,12 +75,7 @@ build_local_install() {
     local pgc=${1:-$SYS_PG_CONFIG}
     choose_build_dir
     say "building the extension for $("$pgc" --version)"
-    # objects compiled for another server version must not be linked in
-    if [ "$(cat "$PROJECT_DIR/src/.pg_config" 2>/dev/null)" != "$pgc" ]; then
-        rm -f "$PROJECT_DIR"/src/*.o "$PROJECT_DIR"/src/*.bc "$PROJECT_DIR"/idempotency.so
-    fi
     make -C "$PROJECT_DIR" -s PG_CONFIG="$pgc" WERROR=1 >/dev/null
-    echo "$pgc" >"$PROJECT_DIR/src/.pg_config"
     local root=$BUILD_DIR/pginstall
     [ "$pgc" = "$SYS_PG_CONFIG" ] || root=$BUILD_DIR/pginstall-$(printf '%s' "$pgc" | md5sum | cut -c1-8)
     local libdir sharedir

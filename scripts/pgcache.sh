@@ -14,7 +14,7 @@ PG18_VERSION=18.6
 PG18_SHA256=555610c24d53e4316da5b7d3fc25c279d96856d5e0e23ee308c328c5fa881d9f
 # the release tarball: CI and the project's machines have ../shared beside
 # the checkout
-PG18_TARBALL=${PG18_TARBALL:-$PROJECT_DIR/../shared/postgresql/postgresql-$PG18_VERSION.tar.bz2}
+PG18_TARBALL=${PG18_TARBALL:-$(dirname "$PROJECT_DIR")/shared/postgresql/postgresql-$PG18_VERSION.tar.bz2}
 # what building it needs (Debian packages)
 PG18_BUILD_PACKAGES="gcc make bison flex bzip2 pkg-config libssl-dev liblz4-dev libzstd-dev libicu-dev zlib1g-dev libipc-run-perl"
 
