@@ -1,9 +1,20 @@
-# Makefile for the idempotency extension (PGXS).
+# Makefile for the idempotency extension (PGXS).  PostgreSQL 15 to 18.
 #
-#   make run     install what is missing, build, start a demo cluster
-#   make test    install what is missing, build, run every test suite
-#   make bench   install what is missing, build, run the benchmarks
-#   make stop    stop the demo cluster started by make run
+#   make run            install what is missing, build, start a demo cluster
+#   make test           install what is missing, build, run every test suite
+#                       on throwaway clusters (PG_CONFIG=... for another server)
+#   make test-matrix    make test on PostgreSQL 15 and on 18 (built once into
+#                       a cache when missing)
+#   make bench          install what is missing, build, run the benchmarks
+#   make stop           stop the demo cluster started by make run
+#
+# The standard PGXS targets work as for any extension:
+#
+#   make && make install
+#   make installcheck        pg_regress and isolation tests against a running
+#                            server with the library preloaded
+#   make prove_installcheck  the TAP tests, on clusters of their own
+#   make dist                a release tarball made by git archive
 
 EXTENSION = idempotency
 EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" idempotency.control)
@@ -26,32 +37,70 @@ ifeq ($(WERROR),1)
 PG_CFLAGS += -Werror
 endif
 
-EXTRA_CLEAN = build test/expected.tmp
+EXTRA_CLEAN = build test/expected.tmp src/.pg_server
+
+# Tests, found by their files: test/sql/*.sql (pg_regress), test/specs/*.spec
+# (isolation tester), test/t/*.pl (TAP); expected output in test/expected.
+# Tests named nopreload_* need a server without the library preloaded: make
+# test runs them on a cluster of their own.
+REGRESS = $(filter-out nopreload_%,$(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql))))
+REGRESS_OPTS = --inputdir=test
+ISOLATION = $(patsubst test/specs/%.spec,%,$(sort $(wildcard test/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test
+TAP_TESTS = 1
+PROVE_TESTS = $(sort $(wildcard test/t/*.pl))
 
 ifneq ($(PGXS),)
 include $(PGXS)
 else
 # A new machine has no PostgreSQL yet: make run / make test install it first.
 all install:
-	@echo "pg_config was not found: run 'make deps' (or 'make run' / 'make test'), which install postgresql-server-dev-15" >&2
+	@echo "pg_config was not found: install PostgreSQL's server development files (Debian: postgresql-server-dev-15, which 'make run' and 'make test' install), or name one with PG_CONFIG=/path/to/pg_config" >&2
 	@exit 1
 endif
 
 sql/$(EXTENSION)--$(EXTVERSION).sql: $(sort $(wildcard sql/parts/*.sql)) idempotency.control
 	cat $(sort $(wildcard sql/parts/*.sql)) > $@
 
-.PHONY: run test bench stop deps
-deps:
-	@scripts/deps.sh
+# Objects compiled against another server's headers are compiled again: the
+# stamp names the server, and changes only when the server does.
+$(OBJS) $(OBJS:.o=.bc): src/.pg_server
+src/.pg_server: FORCE
+	@s='$(VERSION) $(includedir_server)'; [ "$$(cat $@ 2>/dev/null)" = "$$s" ] || echo "$$s" > $@
+.PHONY: FORCE
 
+# PGXS runs the TAP tests in "make installcheck"; this runs them alone.
+# They start clusters of their own, which initdb refuses to do as root (make
+# test runs them as the postgres user).
+ifeq ($(shell id -u),0)
+prove_installcheck = @echo "TAP tests skipped: initdb cannot run as root (make test runs them as the postgres user)"
+endif
+.PHONY: prove_installcheck
+prove_installcheck:
+	$(prove_installcheck)
+
+# A release tarball of the committed tree (HEAD), for PGXN and packagers:
+# idempotency-VERSION.tar.gz.  META.json must give the control file's version.
+.PHONY: dist
+dist:
+	@test "$$(grep -c '"version": "$(EXTVERSION)"' META.json)" = 2 || \
+		{ echo "META.json does not give version $(EXTVERSION) (the control file's) for the distribution and the extension" >&2; exit 1; }
+	git archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
+		-o $(EXTENSION)-$(EXTVERSION).tar.gz HEAD
+
+.PHONY: run test test-matrix bench stop
 run:
 	@scripts/run.sh
 
 stop:
 	@scripts/stop.sh
 
+# PG_CONFIG named on the command line (or in the environment): that server
 test:
-	@scripts/test.sh
+	@TEST_PG_CONFIG='$(filter-out pg_config,$(PG_CONFIG))' scripts/test.sh
+
+test-matrix:
+	@scripts/test-matrix.sh
 
 bench:
 	@scripts/bench.sh

@@ -29,10 +29,11 @@ as_pg() {
     fi
 }
 
-# Install the Debian packages the project needs, if any is missing.
+# Install the Debian packages the project needs (or those named), if any is
+# missing.
 ensure_deps() {
     local missing=() p
-    for p in $PACKAGES; do
+    for p in ${1:-$PACKAGES}; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
@@ -64,23 +65,27 @@ choose_build_dir() {
     return 0
 }
 
-# Build the extension (warnings are errors) and install it into a private
-# copy of the PostgreSQL installation in $BUILD_DIR/pginstall, the way
-# PostgreSQL's own "make check" uses tmp_install: the clusters of the tests
-# then run exactly this build, whatever is installed system-wide.
+# Build the extension (warnings are errors) for the PostgreSQL installation
+# of pg_config $1 (Debian's PostgreSQL 15 by default) and install it into a
+# private copy of that installation in $BUILD_DIR/pginstall (one per
+# installation), the way PostgreSQL's own "make check" uses tmp_install: the
+# clusters of the tests then run exactly this build, whatever is installed
+# system-wide.  Sets PGBIN and PGLIB, and PATH to find PGBIN first.
 build_local_install() {
+    local pgc=${1:-$SYS_PG_CONFIG}
     choose_build_dir
-    say "building the extension"
-    make -C "$PROJECT_DIR" -s PG_CONFIG="$SYS_PG_CONFIG" WERROR=1 >/dev/null
+    say "building the extension for $("$pgc" --version)"
+    make -C "$PROJECT_DIR" -s PG_CONFIG="$pgc" WERROR=1 >/dev/null
     local root=$BUILD_DIR/pginstall
+    [ "$pgc" = "$SYS_PG_CONFIG" ] || root=$BUILD_DIR/pginstall-$(printf '%s' "$pgc" | md5sum | cut -c1-8)
     local libdir sharedir
-    libdir=$("$SYS_PG_CONFIG" --pkglibdir)
-    sharedir=$("$SYS_PG_CONFIG" --sharedir)
+    libdir=$("$pgc" --pkglibdir)
+    sharedir=$("$pgc" --sharedir)
     if [ ! -f "$root/.copied" ]; then
         rm -rf "$root"
         mkdir -p "$root$(dirname "$libdir")" "$root$(dirname "$sharedir")"
         local bindir_parent
-        bindir_parent=$(dirname "$("$SYS_PG_CONFIG" --bindir)")
+        bindir_parent=$(dirname "$("$pgc" --bindir)")
         mkdir -p "$root$bindir_parent"
         cp -al "$bindir_parent/." "$root$bindir_parent/" 2>/dev/null || cp -a "$bindir_parent/." "$root$bindir_parent/"
         cp -al "$sharedir" "$root$(dirname "$sharedir")/" 2>/dev/null || cp -a "$sharedir" "$root$(dirname "$sharedir")/"
@@ -88,8 +93,8 @@ build_local_install() {
     fi
     # never write through a hard link into the system's own files
     rm -f "$root$libdir"/idempotency.so "$root$sharedir"/extension/idempotency*
-    make -C "$PROJECT_DIR" -s PG_CONFIG="$SYS_PG_CONFIG" DESTDIR="$root" install >/dev/null
-    PGBIN=$root$("$SYS_PG_CONFIG" --bindir)
+    make -C "$PROJECT_DIR" -s PG_CONFIG="$pgc" DESTDIR="$root" install >/dev/null
+    PGBIN=$root$("$pgc" --bindir)
     PGLIB=$root$libdir
     export PATH="$PGBIN:$PATH"
     export PERL5LIB="$PGLIB/pgxs/src/test/perl${PERL5LIB:+:$PERL5LIB}"
@@ -133,12 +138,13 @@ free_port() {
 }
 
 # Start a throwaway cluster in $1/data, owned by the cluster owner, with the
-# library preloaded, listening on a free local port and on a socket in
-# SOCKET_DIR (a short folder below /tmp: a socket path has at most 107
-# bytes, which a deep checkout would exceed); $2 holds more postgresql.conf
-# lines.  Sets PORT and SOCKET_DIR.
+# library preloaded (unless $3 is "nopreload"), listening on a free local
+# port and on a socket in SOCKET_DIR (a short folder below /tmp: a socket
+# path has at most 107 bytes, which a deep checkout would exceed); $2 holds
+# more postgresql.conf lines.  Sets PORT and SOCKET_DIR.
 start_cluster() {
-    local dir=$1 extra=${2:-}
+    local dir=$1 extra=${2:-} preload="shared_preload_libraries = 'idempotency'"
+    [ "${3:-}" = nopreload ] && preload=
     SOCKET_DIR=/tmp/idem-$(printf '%s' "$dir" | md5sum | cut -c1-10)
     rm -rf "$SOCKET_DIR"
     own_dir "$SOCKET_DIR"
@@ -150,7 +156,7 @@ start_cluster() {
 port = $PORT
 listen_addresses = 'localhost'
 unix_socket_directories = '$SOCKET_DIR'
-shared_preload_libraries = 'idempotency'
+$preload
 $extra
 CONF
     as_pg pg_ctl -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null \

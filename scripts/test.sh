@@ -1,19 +1,38 @@
 #!/usr/bin/env bash
-# make test: install what is missing, build, then run every suite on
-# throwaway clusters: pg_regress with and without the library preloaded, the
-# isolation tester, and the TAP tests.  Prints the diffs of what failed and a
-# closing line "N passed, N failed"; exits non-zero on any failure.
+# make test: install what is missing, build, then run every suite through
+# the standard PGXS targets on throwaway clusters: "make installcheck"
+# (pg_regress, then the isolation tester) on a cluster with the library
+# preloaded, the nopreload_* tests on one without it, and "make
+# prove_installcheck" (TAP).  Prints the diffs of what failed and a closing
+# line "N passed, N failed"; exits non-zero on any failure.
 #
+# TEST_PG_CONFIG=/path/to/pg_config (make test PG_CONFIG=...) tests the
+# server of that installation instead of Debian's PostgreSQL 15.
 # TESTS=name1,name2 limits the run to the named tests of every suite.
 
 . "$(dirname "$0")/common.sh"
 
-ensure_deps
-build_local_install
+PGC=${TEST_PG_CONFIG:-}
+if [ -n "$PGC" ]; then
+    PGC=$(command -v "$PGC" || true)
+    [ -n "$PGC" ] && [ -x "$PGC" ] || die "pg_config not found: ${TEST_PG_CONFIG}"
+    ensure_deps "libipc-run-perl"
+else
+    ensure_deps
+    PGC=$SYS_PG_CONFIG
+fi
+build_local_install "$PGC"
 stage_tests
-OUT=$BUILD_DIR/test-output
+# the suites run in a copy of the project of their own: 002_make_run copies
+# $STAGE/project, which must hold the sources only
+SUITE=$STAGE/suite
+cp -r "$STAGE/project" "$SUITE"
+own_dir "$SUITE"
+# one folder of results per server version
+OUT=$BUILD_DIR/test-output/pg$("$PGC" --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
 rm -rf "$OUT"
 own_dir "$OUT"
+say "testing on $("$PGC" --version) ($PGC)"
 
 PASSED=0
 FAILED=0
@@ -25,54 +44,59 @@ selected() {
     return 1
 }
 
-# Count the "test NAME ... ok|FAILED" lines pg_regress prints.
+# Count the tests pg_regress reports: "test NAME ... ok|FAILED" up to
+# PostgreSQL 15, "ok N - NAME" / "not ok N - NAME" (TAP) from 16 on.
 count_regress() {
-    local log=$1 suite=$2 line name
+    local log=$1 suite=$2 line name result
     local before=$((PASSED + FAILED))
     while IFS= read -r line; do
         if [[ $line =~ ^(test)?[[:space:]]+([A-Za-z0-9_]+)[[:space:]]+\.\.\.[[:space:]]+(ok|FAILED|failed) ]]; then
-            name=${BASH_REMATCH[2]}
-            if [ "${BASH_REMATCH[3]}" = ok ]; then
-                PASSED=$((PASSED + 1))
-            else
-                FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite/$name")
-            fi
+            name=${BASH_REMATCH[2]} result=${BASH_REMATCH[3]}
+        elif [[ $line =~ ^(not[[:space:]]+)?ok[[:space:]]+[0-9]+[[:space:]]+[-+][[:space:]]+([A-Za-z0-9_]+) ]]; then
+            name=${BASH_REMATCH[2]} result=ok
+            [ -n "${BASH_REMATCH[1]}" ] && result=failed
+        else
+            continue
+        fi
+        if [ "$result" = ok ]; then
+            PASSED=$((PASSED + 1))
+        else
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite/$name")
         fi
     done <"$log"
     return $((PASSED + FAILED - before == 0))
 }
 
-run_regress() {
-    local suite=$1 conf=$2; shift 2
-    local tests=() f name
-    for f in "$@"; do
-        name=$(basename "$f"); name=${name%.*}
-        selected "$name" && tests+=("$name")
-    done
+# make VARIABLES... TARGET in the staged copy of the project, as the cluster
+# owner, against the server of the cluster started last.
+make_staged() {
+    as_pg env PGHOST="$SOCKET_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" \
+        make -C "$SUITE" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" "$@"
+}
+
+# Run "make installcheck" for one kind of test ($2: regress or isolation)
+# with the tests named after it; $1 names the suite and its output folder.
+run_installcheck() {
+    local suite=$1 kind=$2; shift 2
+    local tests=("$@")
     [ ${#tests[@]} -eq 0 ] && return 0
     say "$suite: ${tests[*]}"
     local dir=$OUT/$suite
     own_dir "$dir"
-    local prog=$PGLIB/pgxs/src/test/regress/pg_regress
-    if [ "$suite" = isolation ]; then
-        prog=$PGLIB/pgxs/src/test/isolation/pg_isolation_regress
+    local vars=(REGRESS= ISOLATION= TAP_TESTS= EXTRA_REGRESS_OPTS="--outputdir=$dir")
+    if [ "$kind" = isolation ]; then
+        vars+=(ISOLATION="${tests[*]}")
+    else
+        vars+=(REGRESS="${tests[*]}")
     fi
     set +e
-    (cd "$dir" && as_pg "$prog" \
-        --temp-instance="$dir/tmp_instance" \
-        --temp-config="$STAGE/test/$conf" \
-        --bindir="$PGBIN" \
-        --inputdir="$STAGE/test" \
-        --outputdir="$dir" \
-        --dbname=contrib_regression \
-        "${tests[@]}") >"$dir/run.log" 2>&1
+    make_staged "${vars[@]}" installcheck >"$dir/run.log" 2>&1
     local rc=$?
     set -e
-    sed 's/^/    /' "$dir/run.log" | grep -E '\.\.\. |^    (=|!)' || true
-    if ! count_regress "$dir/run.log" "$suite" || { [ $rc -ne 0 ] && ! grep -q 'FAILED\|failed' "$dir/run.log"; }; then
+    sed 's/^/    /' "$dir/run.log" | grep -E '\.\.\. |^    (not )?ok [0-9]' || true
+    if ! count_regress "$dir/run.log" "$suite" || { [ $rc -ne 0 ] && ! grep -qE 'FAILED|failed|^not ok' "$dir/run.log"; }; then
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite (driver)")
         tail -n 30 "$dir/run.log"
-        [ -f "$dir/log/postmaster.log" ] && tail -n 30 "$dir/log/postmaster.log"
     fi
     if [ -s "$dir/regression.diffs" ]; then
         echo "---- $suite: regression.diffs ----"
@@ -81,47 +105,91 @@ run_regress() {
     return 0
 }
 
+stop_cluster() {
+    as_pg pg_ctl -D "$1/data" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+# The TAP tests, through "make prove_installcheck": each starts clusters of
+# its own from PGBIN.  One pass or failure per test file.
 run_tap() {
-    local f name dir rc
+    local f name tests=()
     for f in "$PROJECT_DIR"/test/t/*.pl; do
         [ -e "$f" ] || continue
         name=$(basename "$f" .pl)
-        selected "$name" || continue
-        dir=$OUT/tap/$name
-        own_dir "$dir"
-        say "tap: $name"
-        set +e
-        (cd "$STAGE/test" && as_pg env TESTDIR="$dir" PG_REGRESS="$PGLIB/pgxs/src/test/regress/pg_regress" \
-            PROJECT_DIR="$PROJECT_DIR" STAGE="$STAGE" PGLIB="$PGLIB" \
-            prove "t/$name.pl") >"$dir/run.log" 2>&1
-        rc=$?
-        set -e
-        if [ $rc -eq 0 ]; then
+        selected "$name" && tests+=("test/t/$name.pl")
+    done
+    [ ${#tests[@]} -eq 0 ] && return 0
+    say "tap: ${tests[*]}"
+    local dir=$OUT/tap
+    own_dir "$dir"
+    # "make run" is the path of Debian's PostgreSQL 15 (002_make_run)
+    local stage_env=()
+    [ "$PGC" = "$SYS_PG_CONFIG" ] && stage_env=(STAGE="$STAGE")
+    set +e
+    as_pg env "${stage_env[@]}" PATH="$PGBIN:$PATH" \
+        make -C "$SUITE" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" \
+        PROVE_TESTS="${tests[*]}" prove_installcheck >"$dir/run.log" 2>&1
+    set -e
+    local t line failed_tap=() failed_before=$FAILED
+    # prove's closing summary names every file that failed
+    while IFS= read -r line; do
+        [[ $line =~ ^(test/t/[A-Za-z0-9_]+\.pl)[[:space:]]+\(Wstat ]] && failed_tap+=("${BASH_REMATCH[1]}")
+    done <"$dir/run.log"
+    for t in "${tests[@]}"; do
+        name=$(basename "$t" .pl)
+        if grep -qE "^$t \.+ ?(ok|skipped)" "$dir/run.log" && [[ " ${failed_tap[*]} " != *" $t "* ]]; then
             PASSED=$((PASSED + 1))
-            grep -E '^t/' "$dir/run.log" | sed 's/^/    /' || true
+            grep -E "^$t \.+" "$dir/run.log" | sed 's/^/    /'
         else
             FAILED=$((FAILED + 1)); FAILED_NAMES+=("tap/$name")
-            cat "$dir/run.log"
-            for l in "$dir"/tmp_check/log/*; do
-                [ -f "$l" ] || continue
-                echo "---- $l (last lines) ----"; tail -n 40 "$l"
-            done
         fi
     done
+    if [ $((FAILED - failed_before)) -gt 0 ]; then
+        cat "$dir/run.log"
+        for f in "$SUITE"/tmp_check/log/*; do
+            [ -f "$f" ] || continue
+            for t in "${FAILED_NAMES[@]}"; do
+                case $t in tap/*) [[ $(basename "$f") == *"${t#tap/}"* ]] || continue ;; *) continue ;; esac
+                echo "---- $f (last lines) ----"; tail -n 40 "$f"
+            done
+        done
+    fi
 }
 
 shopt -s nullglob
-preload_tests=()
-nopreload_tests=()
+preload_tests=() nopreload_tests=() specs=()
 for f in "$PROJECT_DIR"/test/sql/*.sql; do
-    case $(basename "$f") in
-        nopreload_*) nopreload_tests+=("$f") ;;
-        *) preload_tests+=("$f") ;;
+    name=$(basename "$f" .sql)
+    selected "$name" || continue
+    case $name in
+        nopreload_*) nopreload_tests+=("$name") ;;
+        *) preload_tests+=("$name") ;;
     esac
 done
-run_regress regress preload.conf "${preload_tests[@]}"
-run_regress regress_nopreload nopreload.conf "${nopreload_tests[@]}"
-run_regress isolation preload.conf "$PROJECT_DIR"/test/specs/*.spec
+for f in "$PROJECT_DIR"/test/specs/*.spec; do
+    name=$(basename "$f" .spec)
+    selected "$name" && specs+=("$name")
+done
+
+trap 'stop_cluster "$OUT/preload"; stop_cluster "$OUT/nopreload"' EXIT
+
+# pg_regress and the isolation tester, with the library preloaded
+if [ ${#preload_tests[@]} -gt 0 ] || [ ${#specs[@]} -gt 0 ]; then
+    own_dir "$OUT/preload"
+    start_cluster "$OUT/preload" "$(cat "$STAGE/test/preload.conf")"
+    run_installcheck regress regress "${preload_tests[@]}"
+    run_installcheck isolation isolation "${specs[@]}"
+    stop_cluster "$OUT/preload"
+fi
+
+# pg_regress without the library preloaded
+if [ ${#nopreload_tests[@]} -gt 0 ]; then
+    own_dir "$OUT/nopreload"
+    start_cluster "$OUT/nopreload" "$(cat "$STAGE/test/nopreload.conf")" nopreload
+    run_installcheck regress_nopreload regress "${nopreload_tests[@]}"
+    stop_cluster "$OUT/nopreload"
+fi
+
 run_tap
 # the HTTP clients (clients/test.sh): each suite one test, named client_SUITE in TESTS
 CLIENT_SUITES=$(for s in node_unit node_e2e python_unit python_e2e; do selected "client_$s" && echo "$s"; done || true)

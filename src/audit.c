@@ -30,6 +30,7 @@
 #include "utils/syscache.h"
 
 #include "audit.h"
+#include "compat.h"
 #include "guc.h"
 #include "idempotency.h"
 #include "keygen.h"
@@ -247,7 +248,7 @@ idem_events_guard(PG_FUNCTION_ARGS)
 
 	IdemRequireTriggerCall(fcinfo, "idem_events_guard");
 
-	if (!pg_class_ownercheck(RelationGetRelid(trigdata->tg_relation), GetUserId()))
+	if (!IdemRelationOwnerCheck(RelationGetRelid(trigdata->tg_relation), GetUserId()))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("idempotency.events is append-only"),

@@ -45,6 +45,7 @@
 #include "utils/numeric.h"
 
 #include "canonical_json.h"
+#include "compat.h"
 #include "number_format.h"
 
 /* bytes are handed to the hash sink once the buffer holds this many */
@@ -1614,7 +1615,7 @@ typedef struct DupState
 	DupFrame   *top;
 } DupState;
 
-static void
+static IdemJsonSemResult
 dup_object_start(void *state)
 {
 	DupState   *ds = (DupState *) state;
@@ -1623,14 +1624,16 @@ dup_object_start(void *state)
 	f->keys = NIL;
 	f->outer = ds->top;
 	ds->top = f;
+	return IDEM_JSON_SEM_OK;
 }
 
-static void
+static IdemJsonSemResult
 dup_object_field_start(void *state, char *fname, bool isnull)
 {
 	DupState   *ds = (DupState *) state;
 
 	ds->top->keys = lappend(ds->top->keys, fname);
+	return IDEM_JSON_SEM_OK;
 }
 
 static int
@@ -1639,7 +1642,7 @@ cstring_cmp(const void *a, const void *b)
 	return strcmp(*(char *const *) a, *(char *const *) b);
 }
 
-static void
+static IdemJsonSemResult
 dup_object_end(void *state)
 {
 	DupState   *ds = (DupState *) state;
@@ -1667,12 +1670,13 @@ dup_object_end(void *state)
 	list_free_deep(f->keys);
 	ds->top = f->outer;
 	pfree(f);
+	return IDEM_JSON_SEM_OK;
 }
 
 Jsonb *
 IdemJsonTextToJsonbUnique(text *json)
 {
-	JsonLexContext *lex = makeJsonLexContext(json, true);
+	JsonLexContext *lex = IdemMakeJsonLexContext(json, true);
 	JsonSemAction sem;
 	DupState	ds;
 

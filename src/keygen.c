@@ -16,6 +16,7 @@
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
+#include "compat.h"
 #include "idempotency.h"
 #include "keygen.h"
 #include "keys.h"

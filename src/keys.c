@@ -11,6 +11,7 @@
 #include "fmgr.h"
 #include "utils/builtins.h"
 
+#include "compat.h"
 #include "idempotency.h"
 #include "keys.h"
 #include "stats.h"

@@ -46,6 +46,7 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
+#include "compat.h"
 #include "keyscan.h"
 
 typedef struct PartitionProbe
@@ -330,8 +331,8 @@ IdemGetProbe(Oid partoid, Relation part)
 		lease_indexoid = IdemLeaseIndex(rel);
 		(void) IdemKeysRelid();
 		old = MemoryContextSwitchTo(CacheMemoryContext);
-		map = build_attrmap_by_name_if_req(RelationGetDescr(rel), keys_desc);
-		insert_map = build_attrmap_by_name_if_req(keys_desc, RelationGetDescr(rel));
+		map = IdemAttrMapIfReq(RelationGetDescr(rel), keys_desc);
+		insert_map = IdemAttrMapIfReq(keys_desc, RelationGetDescr(rel));
 		MemoryContextSwitchTo(old);
 		if (part == NULL)
 			table_close(rel, NoLock);
@@ -423,7 +424,7 @@ IdemProbeIndex(Relation parent, Relation part, Relation idx,
 							   InvalidOid, idx->rd_indcollation[k],
 							   F_TEXTEQ,
 							   PointerGetDatum(vals[probe->scope_col[k]]));
-	scan = index_beginscan(part, idx, unlocked ? SnapshotAny : snapshot, 3, 0);
+	scan = IdemIndexBeginscan(part, idx, unlocked ? SnapshotAny : snapshot, 3, 0);
 	index_rescan(scan, skey, 3, NULL, 0);
 	while (!stop && index_getnext_slot(scan, ForwardScanDirection, slot))
 	{
@@ -632,7 +633,7 @@ IdemInsertKeyRow(Datum *values, bool *nulls, bool leased)
 
 	table_tuple_insert(part, slot, GetCurrentCommandId(true), 0, NULL);
 	if (rri->ri_NumIndices > 0)
-		(void) ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL);
+		(void) IdemInsertIndexTuples(rri, slot, estate);
 
 	ExecDropSingleTupleTableSlot(slot);
 	ExecDropSingleTupleTableSlot(parent_slot);

@@ -46,6 +46,7 @@
 #include "varatt.h"				/* VARDATA_ANY moved there in 16 */
 #endif
 
+#include "compat.h"
 #include "number_format.h"
 
 #define DOUBLE_MANTISSA_BITS	52

@@ -1,6 +1,11 @@
 --
 -- The claim/finish protocol: every action and every error.
 --
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/no_worker_passes.sql
+\if :worker_passes_likely
+\quit
+\endif
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 SET client_min_messages = warning;
 

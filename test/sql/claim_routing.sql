@@ -3,6 +3,11 @@
 -- key's expiry time, also when that partition's columns are laid out
 -- differently from the parent's, and read the scope from every partition.
 --
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/no_worker_passes.sql
+\if :worker_passes_likely
+\quit
+\endif
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;

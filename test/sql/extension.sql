@@ -18,7 +18,8 @@ CREATE TEMP TABLE before_nsp AS SELECT oid, nspname FROM pg_namespace;
 
 CREATE EXTENSION idempotency CASCADE;
 
-SELECT extname, extversion, extrelocatable
+-- (pgcrypto's version is the server's own)
+SELECT extname, CASE extname WHEN 'idempotency' THEN extversion END AS extversion, extrelocatable
 FROM pg_extension WHERE extname IN ('idempotency', 'pgcrypto') ORDER BY 1;
 
 -- the schema is the extension's own

@@ -1,8 +1,13 @@
 --
 -- One maintenance pass, with as_of: stale leases, the default partition,
--- premade partitions, retention.  (The worker of this cluster runs once an
--- hour: it does not interfere.)
+-- premade partitions, retention.  (Skipped where the worker may run a pass
+-- meanwhile.)
 --
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/no_worker_passes.sql
+\if :worker_passes_likely
+\quit
+\endif
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 -- start from an empty store, whatever earlier tests left

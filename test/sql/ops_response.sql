@@ -2,6 +2,11 @@
 -- Stored responses: sensitive headers are dropped, the size cap, endpoints
 -- that keep no body, encryption at rest, compression.
 --
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/no_worker_passes.sql
+\if :worker_passes_likely
+\quit
+\endif
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;
@@ -199,7 +204,8 @@ RESET idempotency.encryption_key;
 -- the key is hidden from everybody but superusers
 CREATE ROLE regress_idem_rsp_user;
 SET ROLE regress_idem_rsp_user;
-SELECT pg_temp.rsp_try($$SHOW idempotency.encryption_key$$) AS show_key;
+-- (the SQLSTATE only: the message differs between server versions)
+SELECT left(pg_temp.rsp_try($$SHOW idempotency.encryption_key$$), 5) AS show_key;
 SELECT count(*) AS listed FROM pg_settings WHERE name = 'idempotency.encryption_key';
 SELECT pg_temp.rsp_try($$SET idempotency.encryption_key = 'x'$$) AS set_key;
 RESET ROLE;

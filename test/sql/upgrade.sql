@@ -4,6 +4,11 @@
 -- the current version makes (functions, columns and their collations,
 -- constraints, indexes, views, triggers, privileges).
 --
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/no_worker_passes.sql
+\if :worker_passes_likely
+\quit
+\endif
 SET client_min_messages = warning;
 DROP EXTENSION IF EXISTS idempotency CASCADE;
 CREATE EXTENSION idempotency VERSION '0.1.0' CASCADE;
@@ -63,7 +68,9 @@ SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /up', 'up-
 -- a view of the user's over the scope columns stops the update, which
 -- changes nothing then
 CREATE VIEW public.regress_idem_my_keys AS SELECT tenant, key FROM idempotency.keys;
+\set SHOW_CONTEXT never
 ALTER EXTENSION idempotency UPDATE;
+\set SHOW_CONTEXT errors
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 DROP VIEW public.regress_idem_my_keys;
 

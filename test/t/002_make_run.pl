@@ -6,6 +6,9 @@ use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+# make test stages the copy (on Debian's PostgreSQL 15, which make run uses)
+plan skip_all => 'make run is tested by make test (STAGE names its copy of the sources)'
+  unless $ENV{STAGE};
 my $src = "$ENV{STAGE}/project";
 my $dir = PostgreSQL::Test::Utils::tempdir('make_run');
 system_or_bail('cp', '-r', "$src/.", $dir);

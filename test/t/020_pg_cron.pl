@@ -6,6 +6,12 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+# pg_cron is packaged for Debian's PostgreSQL 15 only
+my $libdir = `pg_config --pkglibdir`;
+chomp $libdir;
+plan skip_all => "pg_cron is not installed for this server (no $libdir/pg_cron.so)"
+  unless -e "$libdir/pg_cron.so";
+
 my $node = PostgreSQL::Test::Cluster->new('cron');
 $node->init;
 $node->append_conf('postgresql.conf', qq{

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# make test-matrix: make test on every PostgreSQL version the project runs
+# its suite on here: Debian's PostgreSQL 15, then PostgreSQL 18 (built once
+# into a cache when missing, see pgcache.sh; PG18_CONFIG=/path/to/pg_config
+# names another build of it).  Prints one line per server and a closing line
+# "N passed, N failed" over all of them; exits non-zero on any failure.
+#
+# Where PostgreSQL 18 can be neither found nor built (a clone without the
+# source release beside it), its run is skipped with a message, and only
+# the other servers count; under CI (CI=true) that is a failure.
+
+. "$(dirname "$0")/common.sh"
+. "$(dirname "$0")/pgcache.sh"
+
+choose_build_dir
+LOGS=$BUILD_DIR/matrix
+mkdir -p "$LOGS"
+SUMMARY=()
+TOTAL_PASSED=0
+TOTAL_FAILED=0
+
+# make test on one server ($2: its pg_config, empty for the default)
+run_server() {
+    local label=$1 pgc=$2 log rc line passed=0 failed=1
+    log=$LOGS/$(printf '%s' "$label" | tr -c 'A-Za-z0-9.' '_').log
+    say "make test on $label"
+    set +e
+    env -u PG_CONFIG make --no-print-directory -C "$PROJECT_DIR" test ${pgc:+PG_CONFIG="$pgc"} 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1 || true)
+    if [[ $line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+        passed=${BASH_REMATCH[1]} failed=${BASH_REMATCH[2]}
+        # a run that stopped early counts as one more failure
+        [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1
+    fi
+    TOTAL_PASSED=$((TOTAL_PASSED + passed))
+    TOTAL_FAILED=$((TOTAL_FAILED + failed))
+    SUMMARY+=("$label: $passed passed, $failed failed")
+}
+
+ensure_deps
+run_server "$("$SYS_PG_CONFIG" --version)" ""
+
+rc=0
+if [ -n "${PG18_CONFIG:-}" ]; then
+    PG18_PG_CONFIG=$PG18_CONFIG
+else
+    ensure_pg18 || rc=$?
+fi
+if [ $rc -eq 0 ]; then
+    run_server "$("$PG18_PG_CONFIG" --version)" "$PG18_PG_CONFIG"
+else
+    SUMMARY+=("PostgreSQL $PG18_VERSION: skipped: $SKIP_REASON")
+    if [ $rc -eq 2 ]; then
+        TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    elif [ "${CI:-}" = true ]; then
+        SUMMARY+=("  (CI: a server that cannot be tested is a failure)")
+        TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    else
+        SUMMARY+=("  (to test it, run: make test-matrix PG18_CONFIG=/path/to/pg_config, or make test PG_CONFIG=/path/to/pg_config; or put the source release at $PG18_TARBALL)")
+    fi
+fi
+
+echo
+say "test matrix"
+printf '%s\n' "${SUMMARY[@]}"
+echo "$TOTAL_PASSED passed, $TOTAL_FAILED failed"
+[ $TOTAL_FAILED -eq 0 ] && [ $TOTAL_PASSED -gt 0 ]

@@ -1,0 +1,87 @@
+/*-------------------------------------------------------------------------
+ *
+ * compat.h
+ *	  The differences between the PostgreSQL major versions the extension
+ *	  supports (15 to 18), in one place.  The code calls the wrappers below
+ *	  wherever a server API changed; each maps to the call of the version it
+ *	  is compiled against.
+ *
+ *	  16: varlena access macros moved to varatt.h; pg_class_ownercheck gave
+ *	      way to object_ownercheck; JSON semantic action callbacks return a
+ *	      JsonParseErrorType; build_attrmap_by_name_if_req gained missing_ok;
+ *	      ExecInsertIndexTuples gained onlySummarizing.
+ *	  17: makeJsonLexContext takes the context to initialize (NULL: a new
+ *	      one is allocated) as its first argument.
+ *	  18: index_beginscan takes an IndexScanInstrumentation (NULL: none).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_COMPAT_H
+#define IDEM_COMPAT_H
+
+#include "postgres.h"
+
+#if PG_VERSION_NUM < 150000
+#error "idempotency requires PostgreSQL 15 or later"
+#endif
+
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"
+#endif
+
+/* callers include utils/acl.h and catalog/pg_class.h */
+#if PG_VERSION_NUM >= 160000
+#define IdemRelationOwnerCheck(relid, roleid) \
+	object_ownercheck(RelationRelationId, (relid), (roleid))
+#else
+#define IdemRelationOwnerCheck(relid, roleid) \
+	pg_class_ownercheck((relid), (roleid))
+#endif
+
+/*
+ * The result type of a JsonSemAction callback, and what one returns when it
+ * has nothing to report (errors are raised with ereport).
+ */
+#if PG_VERSION_NUM >= 160000
+#define IdemJsonSemResult JsonParseErrorType
+#define IDEM_JSON_SEM_OK JSON_SUCCESS
+#else
+#define IdemJsonSemResult void
+#define IDEM_JSON_SEM_OK
+#endif
+
+#if PG_VERSION_NUM >= 170000
+#define IdemMakeJsonLexContext(json, need_escapes) \
+	makeJsonLexContext(NULL, (json), (need_escapes))
+#else
+#define IdemMakeJsonLexContext(json, need_escapes) \
+	makeJsonLexContext((json), (need_escapes))
+#endif
+
+/* a map between two descriptors; NULL when they match */
+#if PG_VERSION_NUM >= 160000
+#define IdemAttrMapIfReq(indesc, outdesc) \
+	build_attrmap_by_name_if_req((indesc), (outdesc), false)
+#else
+#define IdemAttrMapIfReq(indesc, outdesc) \
+	build_attrmap_by_name_if_req((indesc), (outdesc))
+#endif
+
+/* entries for a new tuple in every index of a result relation */
+#if PG_VERSION_NUM >= 160000
+#define IdemInsertIndexTuples(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL, false)
+#else
+#define IdemInsertIndexTuples(rri, slot, estate) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL)
+#endif
+
+#if PG_VERSION_NUM >= 180000
+#define IdemIndexBeginscan(heap, index, snapshot, nkeys, norderbys) \
+	index_beginscan((heap), (index), (snapshot), NULL, (nkeys), (norderbys))
+#else
+#define IdemIndexBeginscan(heap, index, snapshot, nkeys, norderbys) \
+	index_beginscan((heap), (index), (snapshot), (nkeys), (norderbys))
+#endif
+
+#endif							/* IDEM_COMPAT_H */
