@@ -6,7 +6,8 @@
 # postmaster reset every process) in others.  After each restart the
 # business rows and the keys must agree exactly: no business row without its
 # completed key, no completed key without its business row, no key with two
-# business rows; every key answers a claim as its state says; and the leases
+# business rows; every key answers a claim as its state says; the counters
+# start from zero; and the leases
 # that the crash left in progress become unknown once they have run out and
 # a maintenance pass has run.  Nothing is checked against a clock: the test
 # waits for rows and states, never for a time.
@@ -208,6 +209,9 @@ for my $cycle (1 .. @cycles)
 	  or diag($out . $err);
 	note("$when: pgbench said: " . join(' | ', grep { /processed|aborted/ } split /\n/, $out . $err));
 
+	is($node->safe_psql('postgres',
+			'SELECT claims FROM idempotency.stats WHERE endpoint IS NULL AND NOT untracked'),
+		'0', "$when: the counters start from zero");
 	check_invariants("$when, after the restart");
 	is($node->safe_psql('postgres', "SELECT count(*) FROM biz WHERE key = '$k'"), '0',
 		"$when: the held claim's business insert is gone");
