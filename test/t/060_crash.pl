@@ -7,10 +7,10 @@
 # business rows and the keys must agree exactly: no business row without its
 # completed key, no completed key without its business row, no key with two
 # business rows; every key answers a claim as its state says; the counters
-# start from zero; and the leases
-# that the crash left in progress become unknown once they have run out and
-# a maintenance pass has run.  Nothing is checked against a clock: the test
-# waits for rows and states, never for a time.
+# start from zero; and the leases that the crash left in progress become
+# unknown once they have run out and a maintenance pass has run.  Nothing is
+# checked against a clock: the test waits for rows and states, never for a
+# time.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
