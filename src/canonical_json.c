@@ -21,9 +21,9 @@
  *	  does not take (invalid JSON, duplicate names, \u0000 or lone
  *	  surrogates, numbers beyond a double or numeric's bounds, deep
  *	  nesting, long text, a database not in UTF-8) it gives up, writing and
- *	  hashing nothing, and the text goes the slow way: first checked for
- *	  duplicate member names (which jsonb would silently collapse), then
- *	  through jsonb, which gives the same bytes and raises the errors.
+ *	  hashing nothing, and the text goes the slow way: through jsonb, which
+ *	  gives the same bytes and raises the errors, then checked for
+ *	  duplicate member names (which jsonb silently collapsed).
  *
  *	  The same scan builds jsonb from raw JSON text (replays of stored JSON
  *	  bodies), with pushJsonbValue as jsonb_in does, and gives up in the
@@ -1673,13 +1673,23 @@ dup_object_end(void *state)
 	return IDEM_JSON_SEM_OK;
 }
 
+/*
+ * jsonb_in reads the text first, so that a text with several faults raises
+ * the error the jsonb path raises (that of the first fault); repeated names
+ * are looked for only in text that jsonb took.
+ */
 Jsonb *
 IdemJsonTextToJsonbUnique(text *json)
 {
-	JsonLexContext *lex = IdemMakeJsonLexContext(json, true);
+	Jsonb	   *jb;
+	JsonLexContext *lex;
 	JsonSemAction sem;
 	DupState	ds;
 
+	jb = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+											CStringGetDatum(text_to_cstring(json))));
+
+	lex = IdemMakeJsonLexContext(json, true);
 	memset(&sem, 0, sizeof(sem));
 	ds.top = NULL;
 	sem.semstate = &ds;
@@ -1688,6 +1698,5 @@ IdemJsonTextToJsonbUnique(text *json)
 	sem.object_field_start = dup_object_field_start;
 	pg_parse_json_or_ereport(lex, &sem);
 
-	return DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
-											  CStringGetDatum(text_to_cstring(json))));
+	return jb;
 }

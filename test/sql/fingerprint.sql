@@ -313,6 +313,14 @@ FROM (VALUES ('{"a": {"x": 1, "x": 2}, "b": 1}', '{/a}'),
              ('{"a": 1}', '{/a~2}'),
              ('{"a": 1', '{/a,NULL}'),
              ('{"a": 1}', '{/a,NULL}')) AS t(d, p);
+-- a text with two faults raises the error the jsonb path raises, that of
+-- the first fault in the text, whatever their kinds; a repeated name is
+-- refused once the rest has been read as JSON
+SELECT d, pg_temp.err(format('SELECT idempotency.idem_canonical_json_text(%L)', d)) AS text_path,
+       pg_temp.err(format('SELECT idempotency.idem_canonical_json(%L::jsonb)', d)) AS jsonb_path
+FROM unnest(ARRAY['[1e-999999999, "\u0000"]', '[1e999999999, "\ud800"]',
+                  '{"a": 1, "a": 2} x', '[{"a": 1, "a": 2}, "\u0000"]',
+                  '[{"a": 1, "a": 2}, 1e400]']) AS d;
 -- numbers the fast path leaves to numeric: the same as through jsonb
 SELECT idem_canonical_json_text('[0e999, 0.' || repeat('0', 100) || ', 1' || repeat('0', 70) || ', 1e-323]') AS long_numbers,
        idem_canonical_json_text('[0e999, 0.' || repeat('0', 100) || ', 1' || repeat('0', 70) || ', 1e-323]') =
