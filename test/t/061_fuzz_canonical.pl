@@ -242,10 +242,11 @@ END $$;
 -- \u0000 or an escape the encoding cannot hold (22P05), a repeated member
 -- name (22030), a number beyond a double's range (22003), nesting deeper
 -- than the stack allows (54001); in a SQL_ASCII database, jsonb's refusal
--- of \u escapes above U+007F (0A000)
+-- of \u escapes above U+007F (0A000) and the canonicalizers' refusal of
+-- bytes above 0x7F in names and strings (22021)
 CREATE FUNCTION allowed(r text) RETURNS boolean LANGUAGE sql AS $$
     SELECT r LIKE 'ok:%' OR r IN ('error:22P02', 'error:22P05', 'error:22030', 'error:22003', 'error:54001')
-        OR (r = 'error:0A000' AND current_setting('server_encoding') = 'SQL_ASCII')
+        OR (r IN ('error:0A000', 'error:22021') AND current_setting('server_encoding') = 'SQL_ASCII')
 $$;
 
 CREATE FUNCTION sha_of(r text, prefix text DEFAULT '') RETURNS text LANGUAGE sql AS $$
