@@ -17,6 +17,7 @@
 #   error), and idem_fingerprint frames them as the README says.
 use strict;
 use warnings;
+use FindBin;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -165,7 +166,7 @@ sub mutate
 my @seeds;
 for my $name (qw(arrays french structures unicode values weird))
 {
-	push @seeds, slurp_file("$ENV{STAGE}/test/data/rfc8785/input/$name.json");
+	push @seeds, slurp_file("$FindBin::RealBin/../data/rfc8785/input/$name.json");
 }
 # nesting near and past the fast path's limit (64) and far past the stack's
 push @seeds, nest('1', $_) for (63, 64, 65, 128);
