@@ -27,6 +27,9 @@ OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
 # upgrade scripts between them are kept as they are in sql/.
 DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
 DATA = $(filter-out $(DATA_built),$(wildcard sql/$(EXTENSION)--*.sql))
+# A second, small extension for the proxy database of a deployment sharded
+# with PL/Proxy (README "Scaling out"): its control file and script.
+DATA += $(wildcard sql/plproxy/idempotency_plproxy*)
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
