@@ -86,8 +86,10 @@ prove_installcheck:
 # idempotency-VERSION.tar.gz.  META.json must give the control file's version.
 .PHONY: dist
 dist:
-	@test "$$(grep -c '"version": "$(EXTVERSION)"' META.json)" = 2 || \
-		{ echo "META.json does not give version $(EXTVERSION) (the control file's) for the distribution and the extension" >&2; exit 1; }
+	@test "$$(grep -c '"version": "$(EXTVERSION)"' META.json)" = 3 || \
+		{ echo "META.json does not give version $(EXTVERSION) (the control file's) for the distribution and both extensions" >&2; exit 1; }
+	@grep -q "^default_version = '$(EXTVERSION)'" sql/plproxy/idempotency_plproxy.control && test -f sql/plproxy/idempotency_plproxy--$(EXTVERSION).sql || \
+		{ echo "idempotency_plproxy is not at version $(EXTVERSION) (its control file and script in sql/plproxy)" >&2; exit 1; }
 	git archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
 		-o $(EXTENSION)-$(EXTVERSION).tar.gz HEAD
 

@@ -144,6 +144,16 @@ for my $s (0 .. $nshards - 1)
 }
 is($stray, 0, 'no key landed on another shard than its tenant\'s');
 
+# atomic mode cannot span proxied calls: a claim without a lease commits on
+# its shard at the end of the call, unfinished, which the shard refuses
+my ($rc, $stdout, $stderr) = $node->psql('proxy', qq{
+SELECT action FROM idempotency.idem_claim('$tenant_of{0}', 'ep', 'atomic', $fp)},
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($stderr, qr/IK500.*neither finished nor released/s,
+	'an atomic claim through the proxy fails at the shard\'s commit (IK500)');
+is($node->safe_psql('shard0', "SELECT count(*) FROM idempotency.keys WHERE key = 'atomic'"),
+	'0', 'and leaves no key');
+
 # 16 clients race duplicates through the proxy: 8 tenants x 10 keys
 my $dir = PostgreSQL::Test::Utils::tempdir;
 my $script = "$dir/race.sql";

@@ -78,5 +78,11 @@ is($_->safe_psql('postgres', q{SELECT count(*) FROM pg_extension WHERE extname =
 	'1', 'the worker ' . $_->name . ' has the extension too')
   for @workers;
 
+# and so is every node's: the same request claimed on a worker executes
+# again there (the double execution README "Scaling out" warns of)
+is($workers[0]->safe_psql('postgres', qq{
+SELECT action FROM idempotency.idem_claim('acme', 'POST /payments', 'k2', $fp, lease => '1 minute')}),
+	'execute', 'a worker does not see the coordinator\'s keys: the same key executes there too');
+
 $_->stop for @workers, $coord;
 done_testing();
