@@ -8,8 +8,8 @@
 \if :worker_passes_likely
 \quit
 \endif
-CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 
 CREATE FUNCTION pg_temp.xf_fp(s text) RETURNS bytea
 LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
