@@ -27,6 +27,9 @@ OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
 # upgrade scripts between them are kept as they are in sql/.
 DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
 DATA = $(filter-out $(DATA_built),$(wildcard sql/$(EXTENSION)--*.sql))
+# A second, small extension for the proxy database of a deployment sharded
+# with PL/Proxy (README "Scaling out"): its control file and script.
+DATA += $(wildcard sql/plproxy/idempotency_plproxy*)
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -83,8 +86,10 @@ prove_installcheck:
 # idempotency-VERSION.tar.gz.  META.json must give the control file's version.
 .PHONY: dist
 dist:
-	@test "$$(grep -c '"version": "$(EXTVERSION)"' META.json)" = 2 || \
-		{ echo "META.json does not give version $(EXTVERSION) (the control file's) for the distribution and the extension" >&2; exit 1; }
+	@test "$$(grep -c '"version": "$(EXTVERSION)"' META.json)" = 3 || \
+		{ echo "META.json does not give version $(EXTVERSION) (the control file's) for the distribution and both extensions" >&2; exit 1; }
+	@grep -q "^default_version = '$(EXTVERSION)'" sql/plproxy/idempotency_plproxy.control && test -f sql/plproxy/idempotency_plproxy--$(EXTVERSION).sql || \
+		{ echo "idempotency_plproxy is not at version $(EXTVERSION) (its control file and script in sql/plproxy)" >&2; exit 1; }
 	git archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
 		-o $(EXTENSION)-$(EXTVERSION).tar.gz HEAD
 

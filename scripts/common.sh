@@ -162,3 +162,20 @@ CONF
     as_pg pg_ctl -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null \
         || { tail -n 20 "$dir/postgres.log"; die "the server did not start"; }
 }
+
+# Copy into the private PostgreSQL copy $2 (made by build_local_install) the
+# files below the folders $3... of the installation rooted at $1 ("" for
+# the system; a "make install DESTDIR=" tree otherwise), those of the
+# folders that match the pattern $PATTERN (a shell glob, * by default).
+# Each file is removed before it is copied: the copy's other files are hard
+# links to the system's, which must never be written through.
+copy_into_local_install() {
+    local from=$1 root=$2 d f; shift 2
+    for d in "$@"; do
+        [ -d "$from$d" ] || continue
+        (cd "$from$d" && find . -maxdepth 1 \( -type f -o -type l \) -name "${PATTERN:-*}") | while IFS= read -r f; do
+            rm -f "$root$d/$f"
+            cp -a "$from$d/$f" "$root$d/$f"
+        done
+    done
+}

@@ -11,6 +11,15 @@
 # TESTS=name1,name2 limits the run to the named tests of every suite.
 
 . "$(dirname "$0")/common.sh"
+. "$(dirname "$0")/pgcache.sh"
+. "$(dirname "$0")/citus.sh"
+. "$(dirname "$0")/plproxy.sh"
+
+selected() {
+    [ -z "${TESTS:-}" ] && return 0
+    case ",$TESTS," in *",$1,"*) return 0 ;; esac
+    return 1
+}
 
 PGC=${TEST_PG_CONFIG:-}
 if [ -n "$PGC" ]; then
@@ -22,6 +31,18 @@ else
     PGC=$SYS_PG_CONFIG
 fi
 build_local_install "$PGC"
+# what the scale-out TAP tests need besides the extension, when they run:
+# copied into the private copy, or a reason to skip, which they print
+PGROOT=${PGBIN%"$("$PGC" --bindir)"}
+SKIP_PLPROXY= SKIP_CITUS=
+if selected 070_plproxy; then
+    SKIP_REASON=
+    ensure_plproxy "$PGC" "$PGROOT" || SKIP_PLPROXY=$SKIP_REASON
+fi
+if selected 071_citus; then
+    SKIP_REASON=
+    { ensure_citus "$PGC" && install_citus "$PGC" "$PGROOT"; } || SKIP_CITUS=${SKIP_REASON:-copying Citus into $PGROOT failed}
+fi
 stage_tests
 # the suites run in a copy of the project of their own: 002_make_run copies
 # $STAGE/project, which must hold the sources only
@@ -37,12 +58,6 @@ say "testing on $("$PGC" --version) ($PGC)"
 PASSED=0
 FAILED=0
 FAILED_NAMES=()
-
-selected() {
-    [ -z "${TESTS:-}" ] && return 0
-    case ",$TESTS," in *",$1,"*) return 0 ;; esac
-    return 1
-}
 
 # Count the tests pg_regress reports: "test NAME ... ok|FAILED" up to
 # PostgreSQL 15, "ok N - NAME" / "not ok N - NAME" (TAP) from 16 on.
@@ -127,6 +142,7 @@ run_tap() {
     [ "$PGC" = "$SYS_PG_CONFIG" ] && stage_env=(STAGE="$STAGE")
     set +e
     as_pg env "${stage_env[@]}" PATH="$PGBIN:$PATH" \
+        IDEM_SKIP_PLPROXY="$SKIP_PLPROXY" IDEM_SKIP_CITUS="$SKIP_CITUS" \
         make -C "$SUITE" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" \
         PROVE_TESTS="${tests[*]}" prove_installcheck >"$dir/run.log" 2>&1
     set -e

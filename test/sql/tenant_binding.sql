@@ -229,9 +229,10 @@ FROM (SELECT * FROM idempotency.keys WHERE tenant = 'globex'
       EXCEPT SELECT * FROM regress_tb.before_attacks WHERE tenant = 'globex') d;
 
 -- every function of the schema that takes a tenant, and whether a client
--- may call it: those that read or write keys enforce the binding (above),
--- idem_downstream_key and idem_key_hash only compute a hash of their
--- arguments
+-- may call it: those that read or write keys enforce the binding (above;
+-- idem_export_keys and idem_import_keys, with idem_transfer_check_tenant
+-- that both call, in the test transfer), idem_downstream_key and
+-- idem_key_hash only compute a hash of their arguments
 SELECT p.proname, has_function_privilege('idempotency_client', p.oid, 'EXECUTE') AS client_may_call
 FROM pg_proc p
 WHERE p.pronamespace = 'idempotency'::regnamespace AND 'tenant' = ANY (p.proargnames)
