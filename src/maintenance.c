@@ -63,6 +63,7 @@
 #include "endpoint.h"
 #include "guc.h"
 #include "keygen.h"
+#include "keystore.h"
 #include "maintenance.h"
 #include "resolver.h"
 #include "response.h"
@@ -93,16 +94,6 @@ typedef struct MaintRange
 	bool		hi_inf;			/* MAXVALUE */
 	Oid			relid;			/* InvalidOid for a range to make */
 } MaintRange;
-
-/* One stale lease. */
-typedef struct StaleLease
-{
-	char	   *tenant;
-	char	   *endpoint;
-	char	   *key;
-	bytea	   *fingerprint;
-	TimestampTz created_at;
-} StaleLease;
 
 typedef enum LeaseOutcome
 {
@@ -293,24 +284,13 @@ PartitionName(TimestampTz lo)
 
 /* What logs show of a key: idem_key_hash(tenant, endpoint, key). */
 static char *
-KeyHash(const StaleLease *l)
+KeyHash(const IdemStaleLease *l)
 {
 	char	   *out = palloc(IDEM_KEY_HASH_LEN + 1);
 
 	IdemKeyHash(l->tenant, strlen(l->tenant), l->endpoint, strlen(l->endpoint),
 				l->key, strlen(l->key), out);
 	return out;
-}
-
-static Oid
-KeysRelid(void)
-{
-	Oid			nsp = get_namespace_oid(IDEM_SCHEMA, false);
-	Oid			relid = get_relname_relid("keys", nsp);
-
-	if (!OidIsValid(relid))
-		elog(ERROR, "table idempotency.keys does not exist");
-	return relid;
 }
 
 /* ---------------------------------------------------------------------
@@ -335,7 +315,7 @@ RangeCmp(const ListCell *a, const ListCell *b)
 static List *
 ListPartitions(MaintPass *p)
 {
-	List	   *children = find_inheritance_children(KeysRelid(), NoLock);
+	List	   *children = find_inheritance_children(IdemKeystoreRelid(), NoLock);
 	List	   *result = NIL;
 	ListCell   *lc;
 
@@ -454,31 +434,6 @@ PartitionEstimate(Oid relid)
 	return estimate;
 }
 
-/*
- * Rows of the default partition whose expires_at is in [lo, hi), or, with
- * lo NULL, at most hi: what a preview reports for a move or a purge.
- */
-static int64
-CountDefaultRows(const TimestampTz *lo, TimestampTz hi)
-{
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(hi), TimestampTzGetDatum(lo ? *lo : 0)};
-	bool		isnull;
-	int			rc;
-
-	rc = SPI_execute_with_args(lo ?
-							   "SELECT count(*) FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at >= $2 AND expires_at < $1" :
-							   "SELECT count(*) FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at <= $1",
-							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "counting rows of idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									   SPI_tuptable->tupdesc, 1, &isnull));
-}
-
 typedef struct CreateArgs
 {
 	MaintRange *range;
@@ -579,7 +534,7 @@ Premake(MaintPass *p)
 		MemoryContextSwitchTo(old);
 		a.moved = 0;
 		if (p->preview)
-			Emit(p, "create", a.name, CountDefaultRows(&a.range->lo, a.range->hi));
+			Emit(p, "create", a.name, IdemKeystoreCountDefault(&a.range->lo, a.range->hi));
 		else if (RunWithLockTimeout(p, "creating partition", a.name, CreatePartition, &a))
 			Emit(p, "create", a.name, a.moved);
 		StepEnd(p);
@@ -672,29 +627,15 @@ Retention(MaintPass *p)
 static void
 PurgeDefault(MaintPass *p)
 {
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1];
-	int			rc;
+	int64		n;
 
 	StepBegin(p);
-	args[0] = TimestampTzGetDatum(p->as_of);
 	if (p->preview)
-	{
-		int64		n = CountDefaultRows(NULL, p->as_of);
-
-		if (n > 0)
-			Emit(p, "purge", "keys_default", n);
-		StepEnd(p);
-		return;
-	}
-	rc = SPI_execute_with_args("DELETE FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at <= $1",
-							   1, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "purging idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	if (SPI_processed > 0)
-		Emit(p, "purge", "keys_default", (int64) SPI_processed);
+		n = IdemKeystoreCountDefault(NULL, p->as_of);
+	else
+		n = IdemKeystorePurgeDefault(p->as_of);
+	if (n > 0)
+		Emit(p, "purge", "keys_default", n);
 	StepEnd(p);
 }
 
@@ -703,16 +644,8 @@ PurgeDefault(MaintPass *p)
  * ---------------------------------------------------------------------
  */
 
-/* The WHERE clause of the stale leases as of $1. */
-#define STALE_LEASES_QUAL \
-	" WHERE state = 'in_progress' AND locked_until < $1 AND expires_at > $1"
-
-/* The WHERE clause that identifies a still-stale lease ($1..$4). */
-#define STALE_ROW_QUAL \
-	STALE_LEASES_QUAL " AND tenant = $2 AND endpoint = $3 AND key = $4"
-
 static void
-ReportLease(const StaleLease *l, const char *to_state, int status)
+ReportLease(const IdemStaleLease *l, const char *to_state, int status)
 {
 	IdemTransition t;
 
@@ -729,43 +662,9 @@ ReportLease(const StaleLease *l, const char *to_state, int status)
 	IdemReportTransition(&t);
 }
 
-/* Run an UPDATE of one stale lease; returns the number of rows changed. */
-static uint64
-UpdateLease(MaintPass *p, const StaleLease *l, const char *set_clause,
-			int nextra, Oid *extra_types, Datum *extra_values,
-			const char *extra_nulls)
-{
-	Oid			types[16];
-	Datum		values[16];
-	char		nulls[16];
-	int			i;
-	int			rc;
-	char	   *sql;
-
-	Assert(nextra <= 12);
-	types[0] = TIMESTAMPTZOID;
-	values[0] = TimestampTzGetDatum(p->as_of);
-	types[1] = types[2] = types[3] = TEXTOID;
-	values[1] = CStringGetTextDatum(l->tenant);
-	values[2] = CStringGetTextDatum(l->endpoint);
-	values[3] = CStringGetTextDatum(l->key);
-	memset(nulls, ' ', sizeof(nulls));
-	for (i = 0; i < nextra; i++)
-	{
-		types[4 + i] = extra_types[i];
-		values[4 + i] = extra_values[i];
-		nulls[4 + i] = extra_nulls ? extra_nulls[i] : ' ';
-	}
-	sql = psprintf("UPDATE idempotency.keys SET %s" STALE_ROW_QUAL, set_clause);
-	rc = SPI_execute_with_args(sql, 4 + nextra, types, values, nulls, false, 0);
-	if (rc != SPI_OK_UPDATE)
-		elog(ERROR, "updating a stale lease failed: %s", SPI_result_code_string(rc));
-	return SPI_processed;
-}
-
 typedef struct ResolveArgs
 {
-	const StaleLease *lease;
+	const IdemStaleLease *lease;
 	const IdemEndpointPolicy *policy;
 	LeaseOutcome outcome;
 	int			status;
@@ -775,7 +674,7 @@ typedef struct ResolveArgs
 static void
 ResolveLease(MaintPass *p, ResolveArgs *a)
 {
-	const StaleLease *l = a->lease;
+	const IdemStaleLease *l = a->lease;
 	Oid			resolver = a->policy->resolver;
 	FmgrInfo	flinfo;
 	LOCAL_FCINFO(fcinfo, 3);
@@ -790,9 +689,6 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	Oid			role;
 	Oid			save_userid;
 	int			save_sec_context;
-	Datum		upd_values[7];
-	Oid			upd_types[7] = {INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID, TIMESTAMPTZOID};
-	char		upd_nulls[7];
 
 	/* the function and its role may have changed since the row was written */
 	IdemResolverCheckSignature(resolver, l->endpoint);
@@ -826,14 +722,11 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	if (fcinfo->isnull)
 	{
 		/* no business record: the operation did not happen */
-		Oid			ftypes[1] = {TEXTOID};
-		Datum		fvalues[1] = {CStringGetTextDatum("resolver found no business record")};
-
-		if (UpdateLease(p, l, "state = 'failed', fail_reason = $5, locked_until = NULL",
-						1, ftypes, fvalues, NULL) == 0)
-			a->outcome = LEASE_GONE;
-		else
+		if (IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_FAILED,
+									"resolver found no business record", NULL))
 			a->outcome = LEASE_FAILED;
+		else
+			a->outcome = LEASE_GONE;
 		return;
 	}
 
@@ -891,33 +784,7 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	/* what the endpoint keeps of it (headers, size cap, encryption) */
 	IdemResponseForStorage(a->policy, &resp);
 
-	memset(upd_nulls, ' ', sizeof(upd_nulls));
-	upd_values[0] = Int32GetDatum(resp.status);
-	if (resp.headers)
-		upd_values[1] = JsonbPGetDatum(resp.headers);
-	else
-		upd_nulls[1] = 'n';
-	if (IdemBodyKindName(resp.body_kind))
-		upd_values[2] = CStringGetTextDatum(IdemBodyKindName(resp.body_kind));
-	else
-		upd_nulls[2] = 'n';
-	upd_values[3] = BoolGetDatum(resp.encrypted);
-	if (resp.body)
-		upd_values[4] = PointerGetDatum(resp.body);
-	else
-		upd_nulls[4] = 'n';
-	if (resp.body_ref)
-		upd_values[5] = PointerGetDatum(resp.body_ref);
-	else
-		upd_nulls[5] = 'n';
-	upd_values[6] = TimestampTzGetDatum(p->as_of);
-
-	if (UpdateLease(p, l,
-					"state = 'completed', locked_until = NULL, fail_reason = NULL,"
-					" response_status = $5, response_headers = $6,"
-					" body_kind = $7, body_encrypted = $8, response_body = $9,"
-					" body_ref = $10, completed_at = $11",
-					7, upd_types, upd_values, upd_nulls) == 0)
+	if (!IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_COMPLETED, NULL, &resp))
 		a->outcome = LEASE_GONE;
 	else
 	{
@@ -964,7 +831,7 @@ ResolverTimeoutHandler(void)
  * row as it was: the error is logged and the pass goes on.
  */
 static LeaseOutcome
-ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
+ResolveLeaseGuarded(MaintPass *p, const IdemStaleLease *l,
 					const IdemEndpointPolicy *policy, int *status)
 {
 	ResolveArgs a;
@@ -1036,32 +903,12 @@ typedef struct LeaseCount
 static void
 StaleLeasesPreview(MaintPass *p)
 {
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1] = {TimestampTzGetDatum(p->as_of)};
-	int			rc;
-	uint64		nrows;
-	uint64		i;
+	int			nrows;
 	char	  **endpoints;
 	int64	   *counts;
 
-	rc = SPI_execute_with_args("SELECT endpoint, count(*) FROM idempotency.keys"
-							   STALE_LEASES_QUAL
-							   " GROUP BY endpoint ORDER BY endpoint",
-							   1, argtypes, args, NULL, true, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
-	nrows = SPI_processed;
-	endpoints = palloc0(sizeof(char *) * (nrows + 1));
-	counts = palloc0(sizeof(int64) * (nrows + 1));
-	for (i = 0; i < nrows; i++)
-	{
-		bool		isnull;
-
-		endpoints[i] = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		counts[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-												SPI_tuptable->tupdesc, 2, &isnull));
-	}
-	for (i = 0; i < nrows; i++)
+	nrows = IdemKeystoreCountStaleLeases(p->as_of, &endpoints, &counts);
+	for (int i = 0; i < nrows; i++)
 	{
 		const IdemEndpointPolicy *policy = IdemGetEndpointPolicy(endpoints[i]);
 
@@ -1073,12 +920,8 @@ StaleLeasesPreview(MaintPass *p)
 static void
 StaleLeases(MaintPass *p)
 {
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1];
-	int			rc;
-	uint64		nrows;
-	uint64		i;
-	StaleLease *leases;
+	int			nrows;
+	IdemStaleLease *leases;
 	List	   *counts = NIL;
 	ListCell   *lc;
 
@@ -1089,42 +932,11 @@ StaleLeases(MaintPass *p)
 		StepEnd(p);
 		return;
 	}
-	args[0] = TimestampTzGetDatum(p->as_of);
+	nrows = IdemKeystoreStaleLeases(p->as_of, &leases);
 
-	/*
-	 * Lock the stale rows; one whose holder is busy with it right now
-	 * (finishing, heartbeating) is left for the next pass.
-	 */
-	rc = SPI_execute_with_args("SELECT tenant, endpoint, key, fingerprint, created_at"
-							   " FROM idempotency.keys"
-							   STALE_LEASES_QUAL
-							   " ORDER BY endpoint, tenant, key"
-							   " FOR UPDATE SKIP LOCKED",
-							   1, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
-
-	nrows = SPI_processed;
-	leases = palloc0(sizeof(StaleLease) * (nrows + 1));
-	for (i = 0; i < nrows; i++)
+	for (int i = 0; i < nrows; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		Datum		d;
-
-		leases[i].tenant = SPI_getvalue(tup, desc, 1);
-		leases[i].endpoint = SPI_getvalue(tup, desc, 2);
-		leases[i].key = SPI_getvalue(tup, desc, 3);
-		d = SPI_getbinval(tup, desc, 4, &isnull);
-		leases[i].fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
-		d = SPI_getbinval(tup, desc, 5, &isnull);
-		leases[i].created_at = isnull ? 0 : DatumGetTimestampTz(d);
-	}
-
-	for (i = 0; i < nrows; i++)
-	{
-		StaleLease *l = &leases[i];
+		IdemStaleLease *l = &leases[i];
 		IdemEndpointPolicy policy = *IdemGetEndpointPolicy(l->endpoint);
 		LeaseOutcome outcome;
 		int			status = -1;
@@ -1135,7 +947,8 @@ StaleLeases(MaintPass *p)
 		if (policy.resolve_on_expiry && OidIsValid(policy.resolver))
 			outcome = ResolveLeaseGuarded(p, l, &policy, &status);
 		else
-			outcome = UpdateLease(p, l, "state = 'unknown'", 0, NULL, NULL, NULL) > 0 ?
+			outcome = IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_UNKNOWN,
+											  NULL, NULL) ?
 				LEASE_UNKNOWN : LEASE_GONE;
 
 		/* counted once per key: when its state changed */
