@@ -1428,3 +1428,53 @@ IdemKeystorePurgeDefault(TimestampTz as_of)
 	SPI_finish();
 	return purged;
 }
+
+/* Whether the default partition holds rows whose expires_at is in [lo, hi). */
+bool
+IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
+	bool		found;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args("SELECT 1 FROM ONLY idempotency.keys_default"
+							   " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
+							   2, argtypes, args, NULL, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "reading idempotency.keys_default failed: %s",
+			 SPI_result_code_string(rc));
+	found = SPI_processed > 0;
+	SPI_finish();
+	return found;
+}
+
+/*
+ * Move the rows of the default partition whose expires_at is in [lo, hi)
+ * into the table qname (a partition about to be attached); returns how
+ * many.
+ */
+int64
+IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
+	int64		moved;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
+										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
+										" INSERT INTO %s SELECT * FROM moved",
+										qname),
+							   2, argtypes, args, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "moving rows out of idempotency.keys_default failed: %s",
+			 SPI_result_code_string(rc));
+	moved = (int64) SPI_processed;
+	SPI_finish();
+	return moved;
+}

@@ -135,6 +135,14 @@ extern bool IdemKeystoreSettleLease(const IdemStaleLease *lease,
 extern int64 IdemKeystoreCountDefault(const TimestampTz *lo, TimestampTz hi);
 extern int64 IdemKeystorePurgeDefault(TimestampTz as_of);
 
+/*
+ * For a partition being made for [lo, hi): whether the default partition
+ * holds rows of that range, and their move into the new table qname.
+ */
+extern bool IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi);
+extern int64 IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi,
+										 const char *qname);
+
 /* The table itself: its OID and owner, the role its statements run as. */
 extern Oid	IdemKeystoreRelid(void);
 extern Oid	IdemKeystoreOwner(void);

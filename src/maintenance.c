@@ -2,7 +2,10 @@
  *
  * maintenance.c
  *	  One maintenance pass over idempotency.keys, and the SQL function
- *	  idem_maintenance() that runs it.
+ *	  idem_maintenance() that runs it.  The pass decides; the rows it reads
+ *	  and changes are read and changed by the key store (keystore.c), and
+ *	  only the partitions themselves (made, attached, dropped by DDL) are
+ *	  handled here.
  *
  *	  A pass, in this order:
  *	  1. stale leases: in_progress rows past locked_until (and not expired)
@@ -479,31 +482,17 @@ CreatePartition(MaintPass *p, void *arg)
 	 * after it; moves are rare (maintenance fell behind).  Otherwise ATTACH's
 	 * own locks do, taken in the order it takes them.
 	 */
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "SELECT 1 FROM ONLY idempotency.keys_default"
-					 " WHERE expires_at >= %s AND expires_at < %s LIMIT 1",
-					 lo, hi);
-	ExecDDL(sql.data);
-	if (SPI_processed > 0)
+	if (IdemKeystoreDefaultHasRows(a->range->lo, a->range->hi))
 		ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 	else
 		ExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
 	ExecDDL("LOCK TABLE ONLY idempotency.keys_default IN ACCESS EXCLUSIVE MODE");
 
 	/* rows that arrived meanwhile */
-	ExecDDL(sql.data);
-	if (SPI_processed > 0)
+	if (IdemKeystoreDefaultHasRows(a->range->lo, a->range->hi))
 		ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
-					 " WHERE expires_at >= %s AND expires_at < %s RETURNING *)"
-					 " INSERT INTO %s SELECT * FROM moved",
-					 lo, hi, qname);
-	ExecDDL(sql.data);
-	a->moved = (int64) SPI_processed;
+	a->moved = IdemKeystoreMoveDefaultRows(a->range->lo, a->range->hi, qname);
 
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
@@ -687,8 +676,7 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	char	   *status_text;
 	IdemResponse resp;
 	Oid			role;
-	Oid			save_userid;
-	int			save_sec_context;
+	IdemUserSwitch user;
 
 	/* the function and its role may have changed since the row was written */
 	IdemResolverCheckSignature(resolver, l->endpoint);
@@ -712,12 +700,9 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	 * DEFINER resolver runs as its owner, who lent those rights by granting
 	 * EXECUTE.  An error restores the user with the subtransaction.
 	 */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(role, save_sec_context |
-						   SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
+	IdemSwitchUser(&user, role, SECURITY_RESTRICTED_OPERATION);
 	answer = FunctionCallInvoke(fcinfo);
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	IdemRestoreUser(&user);
 
 	if (fcinfo->isnull)
 	{

@@ -50,6 +50,7 @@
 #include "utils/timestamp.h"
 
 #include "guc.h"
+#include "idempotency.h"
 #include "maintenance.h"
 #include "worker.h"
 
@@ -330,8 +331,7 @@ IdemDatabaseWorkerMain(Datum main_arg)
 {
 	Oid			dboid = DatumGetObjectId(main_arg);
 	Oid			extowner = InvalidOid;
-	Oid			save_userid;
-	int			save_sec_context;
+	IdemUserSwitch user;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -368,10 +368,9 @@ IdemDatabaseWorkerMain(Datum main_arg)
 	pgstat_report_activity(STATE_RUNNING, "idempotency maintenance pass");
 
 	/* act as the extension's owner, as idem_maintenance() does */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(extowner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	IdemSwitchUser(&user, extowner, 0);
 	(void) IdemMaintenancePass(GetCurrentTimestamp(), true, LogAction, NULL);
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	IdemRestoreUser(&user);
 
 	pgstat_report_activity(STATE_IDLE, NULL);
 	proc_exit(0);
