@@ -51,6 +51,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
@@ -131,8 +132,9 @@ IdemWaitMs(const Interval *iv)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("wait is too long"),
-				 errdetail("A claim waits at most %d milliseconds (about 24 days).",
-						   INT_MAX)));
+				 errdetail_plural("A claim waits at most %d millisecond (about 24 days).",
+								  "A claim waits at most %d milliseconds (about 24 days).",
+								  INT_MAX, INT_MAX)));
 	return usecs / 1000;
 }
 
@@ -541,7 +543,9 @@ IdemClaimTimes(TimestampTz now, const Interval *ttl, const Interval *lease,
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ttl exceeds idempotency.max_ttl"),
-				 errdetail("Keys may be kept for at most %d seconds.", idem_max_ttl),
+				 errdetail_plural("Keys may be kept for at most %d second.",
+								  "Keys may be kept for at most %d seconds.",
+								  idem_max_ttl, idem_max_ttl),
 				 errhint("Ask for a shorter ttl, or raise idempotency.max_ttl.")));
 	*locked_until = 0;
 	if (lease != NULL)
@@ -773,6 +777,15 @@ idem_claim(PG_FUNCTION_ARGS)
  * ----------------------------------------------------------------
  */
 
+/* What a call does to the row of a leased claim. */
+typedef enum IdemLeasedOp
+{
+	IDEM_OP_FINISH,
+	IDEM_OP_FAIL,
+	IDEM_OP_RELEASE,
+	IDEM_OP_HEARTBEAT
+} IdemLeasedOp;
+
 /*
  * Read and lock the live row of a leased claim and check the token:
  * raises IK404 when there is no live row, IK403 for a wrong token, IK409
@@ -780,7 +793,7 @@ idem_claim(PG_FUNCTION_ARGS)
  */
 static void
 IdemLeasedRow(FunctionCallInfo fcinfo, int tokenarg, const IdemScope *scope,
-			  TimestampTz now, int allowed, const char *what, IdemKeyRow *row,
+			  TimestampTz now, int allowed, IdemLeasedOp op, IdemKeyRow *row,
 			  MemoryContext cxt)
 {
 	bool		has_token = !PG_ARGISNULL(tokenarg);
@@ -792,12 +805,22 @@ IdemLeasedRow(FunctionCallInfo fcinfo, int tokenarg, const IdemScope *scope,
 				(errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
 				 errmsg("no live claim exists for this idempotency key"),
 				 errdetail("The key was never claimed for this tenant and endpoint, was released, or has expired."),
-				 errhint("In atomic mode, %s must run in the transaction that claimed the key.", what)));
+				 errhint("In atomic mode, %s must run in the transaction that claimed the key.",
+						 get_func_name(fcinfo->flinfo->fn_oid))));
 	if ((allowed & (1 << row->state)) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_INVALID_STATE),
-				 errmsg("cannot %s an idempotency key in state %s",
-						what, IdemStateName(row->state)),
+				 op == IDEM_OP_FINISH ?
+				 errmsg("cannot finish an idempotency key in state %s",
+						IdemStateName(row->state)) :
+				 op == IDEM_OP_FAIL ?
+				 errmsg("cannot fail an idempotency key in state %s",
+						IdemStateName(row->state)) :
+				 op == IDEM_OP_RELEASE ?
+				 errmsg("cannot release an idempotency key in state %s",
+						IdemStateName(row->state)) :
+				 errmsg("cannot extend the lease of an idempotency key in state %s",
+						IdemStateName(row->state)),
 				 row->state == IDEM_STATE_COMPLETED ?
 				 errdetail("The key was already completed; a retry replays its response.") :
 				 errdetail("Only keys in another state allow this."),
@@ -907,7 +930,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 
 		IdemLeasedRow(fcinfo, tokenarg, scope, now,
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS) | STATE_BIT(IDEM_STATE_UNKNOWN),
-					  "finish", &row, cxt);
+					  IDEM_OP_FINISH, &row, cxt);
 		IdemKeystoreComplete(scope, &row, now, resp);
 		IdemReport(scope, row.fingerprint, IdemStateName(row.state),
 				   "completed", false, resp->status, row.created_at);
@@ -928,12 +951,15 @@ IdemFinishWithBody(FunctionCallInfo fcinfo, IdemBodyKind kind)
 
 	IdemGetScope(fcinfo, &scope, false);
 	IdemGetResponse(fcinfo, 3, 5, &resp);
-	if (kind == IDEM_BODY_REF &&
-		(PG_ARGISNULL(4) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(4)) == 0))
+	if (kind == IDEM_BODY_REF && PG_ARGISNULL(4))
 		ereport(ERROR,
-				(errcode(PG_ARGISNULL(4) ? ERRCODE_NULL_VALUE_NOT_ALLOWED :
-						 ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("body_ref must not be NULL or empty"),
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("body_ref must not be NULL"),
+				 errhint("Use idem_finish without a body when the response has none.")));
+	if (kind == IDEM_BODY_REF && VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(4)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("body_ref must not be empty"),
 				 errhint("Use idem_finish without a body when the response has none.")));
 	if (!PG_ARGISNULL(4))
 	{
@@ -1046,7 +1072,7 @@ idem_fail(PG_FUNCTION_ARGS)
 
 		IdemLeasedRow(fcinfo, 5, &scope, now,
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS) | STATE_BIT(IDEM_STATE_UNKNOWN),
-					  "fail", &row, cxt);
+					  IDEM_OP_FAIL, &row, cxt);
 		IdemKeystoreFail(&scope, &row, now, outcome, reason);
 		IdemReport(&scope, row.fingerprint, IdemStateName(row.state),
 				   IdemStateName(outcome), false, -1, row.created_at);
@@ -1084,7 +1110,7 @@ idem_release(PG_FUNCTION_ARGS)
 		IdemKeyRow	row;
 
 		IdemLeasedRow(fcinfo, 3, &scope, now,
-					  STATE_BIT(IDEM_STATE_IN_PROGRESS), "release", &row, cxt);
+					  STATE_BIT(IDEM_STATE_IN_PROGRESS), IDEM_OP_RELEASE, &row, cxt);
 		IdemKeystoreDelete(&scope, &row, now);
 		IdemReport(&scope, row.fingerprint, "in_progress", NULL, false, -1,
 				   row.created_at);
@@ -1122,7 +1148,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 				 errmsg("extend must be positive")));
 
 	IdemLeasedRow(fcinfo, 3, &scope, now,
-				  STATE_BIT(IDEM_STATE_IN_PROGRESS), "extend the lease of",
+				  STATE_BIT(IDEM_STATE_IN_PROGRESS), IDEM_OP_HEARTBEAT,
 				  &row, cxt);
 	if (until > row.expires_at)
 		ereport(ERROR,

@@ -178,12 +178,13 @@ CallWithPass(void *arg)
 }
 
 /*
- * Run fn in a subtransaction.  When it fails for want of a lock
- * (lock_timeout), roll it back, log, report a "skipped" action and return
- * false; any other error is raised again.
+ * Run fn (which creates the partition object, or drops the expired
+ * partitions of object, as dropping says) in a subtransaction.  When it
+ * fails for want of a lock (lock_timeout), roll it back, log, report a
+ * "skipped" action and return false; any other error is raised again.
  */
 static bool
-RunWithLockTimeout(MaintPass *p, const char *what, const char *object,
+RunWithLockTimeout(MaintPass *p, bool dropping, const char *object,
 				   void (*fn) (MaintPass *p, void *arg), void *arg)
 {
 	LockTimeoutCall c = {p, fn, arg};
@@ -195,8 +196,11 @@ RunWithLockTimeout(MaintPass *p, const char *what, const char *object,
 		ReThrowError(edata);
 
 	ereport(LOG,
-			(errmsg("idempotency maintenance skipped %s of \"%s\": %s",
-					what, object, edata->message),
+			(dropping ?
+			 errmsg("idempotency maintenance skipped dropping the expired partitions of \"%s\": %s",
+					object, edata->message) :
+			 errmsg("idempotency maintenance skipped creating partition \"%s\": %s",
+					object, edata->message),
 			 errdetail("The next maintenance pass tries again.")));
 	FreeErrorData(edata);
 	Emit(p, "skipped", object, -1);
@@ -524,7 +528,7 @@ Premake(MaintPass *p)
 		a.moved = 0;
 		if (p->preview)
 			Emit(p, "create", a.name, IdemKeystoreCountDefault(&a.range->lo, a.range->hi));
-		else if (RunWithLockTimeout(p, "creating partition", a.name, CreatePartition, &a))
+		else if (RunWithLockTimeout(p, false, a.name, CreatePartition, &a))
 			Emit(p, "create", a.name, a.moved);
 		StepEnd(p);
 	}
@@ -602,7 +606,7 @@ Retention(MaintPass *p)
 			a.ranges = lappend(a.ranges, r);
 	}
 	if (a.ranges != NIL &&
-		RunWithLockTimeout(p, "dropping expired partitions", "keys", DropPartitions, &a))
+		RunWithLockTimeout(p, true, "keys", DropPartitions, &a))
 	{
 		ListCell   *lc2;
 
@@ -1149,7 +1153,7 @@ idem_maintenance(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("as_of must not be null"),
+				 errmsg("as_of must not be NULL"),
 				 errhint("Leave as_of out for a pass as of now().")));
 	as_of = PG_GETARG_TIMESTAMPTZ(0);
 	if (TIMESTAMP_NOT_FINITE(as_of) ||
