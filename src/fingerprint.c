@@ -237,7 +237,7 @@ IdemFingerprint(const char *method, const char *path, Jsonb *body,
 /*
  * idem_fingerprint(method text, path text, body jsonb [, exclude text[]])
  * returns bytea.  Not strict: a NULL body is a request without one, a NULL
- * exclusion list excludes nothing; NULL method or path is an error.
+ * exclusion list excludes nothing; NULL method or path is an error (IK400).
  */
 Datum
 idem_fingerprint(PG_FUNCTION_ARGS)
@@ -245,14 +245,15 @@ idem_fingerprint(PG_FUNCTION_ARGS)
 	uint8		digest[IDEM_FINGERPRINT_LEN];
 	IdemExclusions *ex = NULL;
 
+	/* missing, like malformed, is the request's fault: IK400 */
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("request method must not be NULL")));
+				(errcode(ERRCODE_IDEM_INVALID_KEY),
+				 errmsg("request method is missing")));
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("request path must not be NULL")));
+				(errcode(ERRCODE_IDEM_INVALID_KEY),
+				 errmsg("request path is missing")));
 	ex = IdemParseExclusions(EXCLUDE_ARG(3));
 
 	IdemFingerprint(text_to_cstring(PG_GETARG_TEXT_PP(0)),
