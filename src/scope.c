@@ -14,8 +14,8 @@
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
-#include "storage/proc.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 
@@ -116,22 +116,28 @@ IdemLockScopeWaiting(void *tag)
 
 /*
  * Wait at most wait_ms for the scope lock held by a concurrent claim.  The
- * lock manager's own wait is used, bounded by lock_timeout, inside a
- * subtransaction so that the timeout error can be caught; the lock then
- * passes to the enclosing (sub)transaction.
+ * lock manager's own wait is used, bounded by lock_timeout (set for the
+ * wait alone, through the GUC machinery), inside a subtransaction so that
+ * the timeout error can be caught; the lock then passes to the enclosing
+ * (sub)transaction.
  */
 static bool
 IdemWaitForLock(const LOCKTAG *tag, int64 wait_ms)
 {
-	int			save_timeout = LockTimeout;
+	char		timeout[32];
+	int			nestlevel;
 	ErrorData  *edata;
 
 	if (wait_ms <= 0)
 		return false;
 
-	LockTimeout = (int) Min(wait_ms, INT_MAX);
+	snprintf(timeout, sizeof(timeout), "%d", (int) Min(wait_ms, INT_MAX));
+	nestlevel = NewGUCNestLevel();
+	(void) set_config_option("lock_timeout", timeout,
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
 	edata = IdemRunInSubtransaction(IdemLockScopeWaiting, (void *) tag);
-	LockTimeout = save_timeout;
+	AtEOXact_GUC(true, nestlevel);
 	if (edata == NULL)
 		return true;
 	if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
