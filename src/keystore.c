@@ -100,8 +100,8 @@ typedef struct PartitionProbe
 	AttrMap    *map;			/* partition to parent columns; NULL when the
 								 * layouts are the same */
 	AttrMap    *insert_map;		/* parent to partition columns, likewise */
-	Oid			lease_indexoid; /* its index of leased claims in progress,
-								 * or InvalidOid */
+	Oid			lease_indexoid; /* its index of leased claims in progress, or
+								 * InvalidOid */
 } PartitionProbe;
 
 static HTAB *probe_cache = NULL;
@@ -673,9 +673,9 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 
 		/*
 		 * A partition without a block holds no row: its index is not even
-		 * locked.  A row committed before the snapshot was taken extended
-		 * the file before it committed, and the lock held on the partition
-		 * keeps VACUUM from truncating the file.
+		 * locked.  A row committed before the snapshot was taken extended the
+		 * file before it committed, and the lock held on the partition keeps
+		 * VACUUM from truncating the file.
 		 */
 		part = table_open(oids[i], AccessShareLock);
 		if (part->rd_rel->relkind == RELKIND_RELATION &&
@@ -1136,17 +1136,16 @@ IdemKeystoreLock(const IdemScope *scope, TimestampTz now, IdemKeyRow *row,
 	Datum		values[4];
 
 	/*
-	 * Lock the parent before the statement takes its snapshot.  A
-	 * maintenance pass that moves rows out of the default partition holds
-	 * ACCESS EXCLUSIVE on the parent until it commits.  Waiting for it inside
-	 * the statement would leave the statement a snapshot taken before the
-	 * move committed, in which the row is still in the default partition,
-	 * and deleted by the time it is locked: "no live claim" (IK404) at READ
+	 * Lock the parent before the statement takes its snapshot.  A maintenance
+	 * pass that moves rows out of the default partition holds ACCESS
+	 * EXCLUSIVE on the parent until it commits.  Waiting for it inside the
+	 * statement would leave the statement a snapshot taken before the move
+	 * committed, in which the row is still in the default partition, and
+	 * deleted by the time it is locked: "no live claim" (IK404) at READ
 	 * COMMITTED, a serialization failure above.  Waiting here, the snapshot
-	 * sees the row where it was moved to, and the invalidations taken in
-	 * with the lock make the statement plan for the new partition.  A
-	 * transaction that already holds the lock keeps any move out until it
-	 * ends.
+	 * sees the row where it was moved to, and the invalidations taken in with
+	 * the lock make the statement plan for the new partition.  A transaction
+	 * that already holds the lock keeps any move out until it ends.
 	 */
 	LockRelationOid(IdemKeystoreRelation(scope), AccessShareLock);
 	if (IsolationIsSerializable())

@@ -125,7 +125,7 @@ static const char *const lease_outcome_kinds[] = {
  * settings every step runs with.
  */
 static void
-StepBegin(MaintPass *p)
+IdemStepBegin(MaintPass *p)
 {
 	if (p->own_xacts)
 	{
@@ -145,7 +145,7 @@ StepBegin(MaintPass *p)
 }
 
 static void
-StepEnd(MaintPass *p)
+IdemStepEnd(MaintPass *p)
 {
 	AtEOXact_GUC(true, p->guc_nest);
 	SPI_finish();
@@ -157,7 +157,7 @@ StepEnd(MaintPass *p)
 }
 
 static void
-Emit(MaintPass *p, const char *kind, const char *object, int64 rows)
+IdemEmit(MaintPass *p, const char *kind, const char *object, int64 rows)
 {
 	p->emit(p->arg, kind, object, rows);
 }
@@ -170,7 +170,7 @@ typedef struct LockTimeoutCall
 } LockTimeoutCall;
 
 static void
-CallWithPass(void *arg)
+IdemCallWithPass(void *arg)
 {
 	LockTimeoutCall *c = (LockTimeoutCall *) arg;
 
@@ -184,11 +184,11 @@ CallWithPass(void *arg)
  * "skipped" action and return false; any other error is raised again.
  */
 static bool
-RunWithLockTimeout(MaintPass *p, bool dropping, const char *object,
-				   void (*fn) (MaintPass *p, void *arg), void *arg)
+IdemRunWithLockTimeout(MaintPass *p, bool dropping, const char *object,
+					   void (*fn) (MaintPass *p, void *arg), void *arg)
 {
 	LockTimeoutCall c = {p, fn, arg};
-	ErrorData  *edata = IdemRunInSubtransaction(CallWithPass, &c);
+	ErrorData  *edata = IdemRunInSubtransaction(IdemCallWithPass, &c);
 
 	if (edata == NULL)
 		return true;
@@ -203,12 +203,12 @@ RunWithLockTimeout(MaintPass *p, bool dropping, const char *object,
 					object, edata->message),
 			 errdetail("The next maintenance pass tries again.")));
 	FreeErrorData(edata);
-	Emit(p, "skipped", object, -1);
+	IdemEmit(p, "skipped", object, -1);
 	return false;
 }
 
 static void
-ExecDDL(const char *sql)
+IdemExecDDL(const char *sql)
 {
 	int			rc = SPI_execute(sql, false, 0);
 
@@ -222,7 +222,7 @@ ExecDDL(const char *sql)
  * the worker (which commits between steps), transaction-level otherwise.
  */
 static void
-PassLockTag(LOCKTAG *tag)
+IdemPassLockTag(LOCKTAG *tag)
 {
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, 0, 0, IDEM_LOCKTAG_MAINTENANCE);
 }
@@ -238,7 +238,7 @@ PassLockTag(LOCKTAG *tag)
 
 /* Start of the partition_interval slot that holds ts (UTC, from the epoch). */
 static TimestampTz
-SlotStart(TimestampTz ts, int64 width)
+IdemSlotStart(TimestampTz ts, int64 width)
 {
 	int64		unix_us = ts + UNIX_TO_PG_USECS;
 	int64		q = unix_us / width;
@@ -249,7 +249,7 @@ SlotStart(TimestampTz ts, int64 width)
 }
 
 static void
-TimestampToUtcTm(TimestampTz ts, struct pg_tm *tm)
+IdemTimestampToUtcTm(TimestampTz ts, struct pg_tm *tm)
 {
 	fsec_t		fsec;
 
@@ -261,14 +261,14 @@ TimestampToUtcTm(TimestampTz ts, struct pg_tm *tm)
 
 /* A timestamptz literal in UTC, whatever the session's TimeZone. */
 static char *
-UtcLiteral(TimestampTz ts)
+IdemUtcLiteral(TimestampTz ts)
 {
 	struct pg_tm tm;
 	int64		usec = ts % USECS_PER_SEC;
 
 	if (usec < 0)
 		usec += USECS_PER_SEC;
-	TimestampToUtcTm(ts, &tm);
+	IdemTimestampToUtcTm(ts, &tm);
 	return psprintf("'%04d-%02d-%02d %02d:%02d:%02d.%06d+00'",
 					tm.tm_year, tm.tm_mon, tm.tm_mday,
 					tm.tm_hour, tm.tm_min, tm.tm_sec, (int) usec);
@@ -276,11 +276,11 @@ UtcLiteral(TimestampTz ts)
 
 /* keys_pYYYYMMDDtHHMM, with seconds when the start has any. */
 static char *
-PartitionName(TimestampTz lo)
+IdemPartitionName(TimestampTz lo)
 {
 	struct pg_tm tm;
 
-	TimestampToUtcTm(lo, &tm);
+	IdemTimestampToUtcTm(lo, &tm);
 	if (tm.tm_sec != 0 || lo % USECS_PER_SEC != 0)
 		return psprintf("keys_p%04d%02d%02dt%02d%02d%02d",
 						tm.tm_year, tm.tm_mon, tm.tm_mday,
@@ -291,7 +291,7 @@ PartitionName(TimestampTz lo)
 
 /* What logs show of a key: idem_key_hash(tenant, endpoint, key). */
 static char *
-KeyHash(const IdemStaleLease *l)
+IdemLeaseKeyHash(const IdemStaleLease *l)
 {
 	char	   *out = palloc(IDEM_KEY_HASH_LEN + 1);
 
@@ -306,7 +306,7 @@ KeyHash(const IdemStaleLease *l)
  */
 
 static int
-RangeCmp(const ListCell *a, const ListCell *b)
+IdemRangeCmp(const ListCell *a, const ListCell *b)
 {
 	MaintRange *ra = lfirst(a);
 	MaintRange *rb = lfirst(b);
@@ -320,7 +320,7 @@ RangeCmp(const ListCell *a, const ListCell *b)
 
 /* The dated partitions of idempotency.keys, by lower bound (in p->cxt). */
 static List *
-ListPartitions(MaintPass *p)
+IdemListPartitions(MaintPass *p)
 {
 	List	   *children = find_inheritance_children(IdemKeystoreRelid(), NoLock);
 	List	   *result = NIL;
@@ -366,7 +366,7 @@ ListPartitions(MaintPass *p)
 		result = lappend(result, r);
 		MemoryContextSwitchTo(old);
 	}
-	list_sort(result, RangeCmp);
+	list_sort(result, IdemRangeCmp);
 	return result;
 }
 
@@ -376,7 +376,7 @@ ListPartitions(MaintPass *p)
  * already cover (they may have another width when the setting changed).
  */
 static List *
-PlanPremake(MaintPass *p, List *existing)
+IdemPlanPremake(MaintPass *p, List *existing)
 {
 	int64		width = (int64) idem_partition_interval * USECS_PER_SEC;
 	TimestampTz horizon = p->as_of + (int64) idem_max_ttl * USECS_PER_SEC + width;
@@ -384,7 +384,7 @@ PlanPremake(MaintPass *p, List *existing)
 	List	   *plan = NIL;
 	MemoryContext old = MemoryContextSwitchTo(p->cxt);
 
-	for (slot = SlotStart(p->as_of, width); slot < horizon; slot += width)
+	for (slot = IdemSlotStart(p->as_of, width); slot < horizon; slot += width)
 	{
 		TimestampTz cur = slot;
 		TimestampTz end = slot + width;
@@ -425,7 +425,7 @@ PlanPremake(MaintPass *p, List *existing)
 
 /* A partition's rows as pg_class.reltuples estimates them; -1 if never counted. */
 static int64
-PartitionEstimate(Oid relid)
+IdemPartitionEstimate(Oid relid)
 {
 	int64		estimate = -1;
 	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
@@ -456,12 +456,12 @@ typedef struct CreateArgs
  * partition is locked exclusively, and only for as long as the step lasts.
  */
 static void
-CreatePartition(MaintPass *p, void *arg)
+IdemCreatePartition(MaintPass *p, void *arg)
 {
 	CreateArgs *a = arg;
 	char	   *qname = quote_qualified_identifier(IDEM_SCHEMA, a->name);
-	char	   *lo = UtcLiteral(a->range->lo);
-	char	   *hi = UtcLiteral(a->range->hi);
+	char	   *lo = IdemUtcLiteral(a->range->lo);
+	char	   *hi = IdemUtcLiteral(a->range->hi);
 	StringInfoData sql;
 
 	initStringInfo(&sql);
@@ -471,12 +471,12 @@ CreatePartition(MaintPass *p, void *arg)
 					 " CONSTRAINT %s CHECK (expires_at >= %s AND expires_at < %s),"
 					 " UNIQUE (key, endpoint, tenant))",
 					 qname, quote_identifier(psprintf("%s_range", a->name)), lo, hi);
-	ExecDDL(sql.data);
+	IdemExecDDL(sql.data);
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "CREATE INDEX %s ON %s (locked_until) WHERE state = 'in_progress'",
 					 quote_identifier(psprintf("%s_lease_idx", a->name)), qname);
-	ExecDDL(sql.data);
+	IdemExecDDL(sql.data);
 
 	/*
 	 * Rows to move out of the default partition: a claim that had read the
@@ -487,14 +487,14 @@ CreatePartition(MaintPass *p, void *arg)
 	 * own locks do, taken in the order it takes them.
 	 */
 	if (IdemKeystoreDefaultHasRows(a->range->lo, a->range->hi))
-		ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 	else
-		ExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
-	ExecDDL("LOCK TABLE ONLY idempotency.keys_default IN ACCESS EXCLUSIVE MODE");
+		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
+	IdemExecDDL("LOCK TABLE ONLY idempotency.keys_default IN ACCESS EXCLUSIVE MODE");
 
 	/* rows that arrived meanwhile */
 	if (IdemKeystoreDefaultHasRows(a->range->lo, a->range->hi))
-		ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 
 	a->moved = IdemKeystoreMoveDefaultRows(a->range->lo, a->range->hi, qname);
 
@@ -502,35 +502,35 @@ CreatePartition(MaintPass *p, void *arg)
 	appendStringInfo(&sql,
 					 "ALTER TABLE idempotency.keys ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
 					 qname, lo, hi);
-	ExecDDL(sql.data);
+	IdemExecDDL(sql.data);
 }
 
 static void
-Premake(MaintPass *p)
+IdemPremake(MaintPass *p)
 {
 	List	   *plan;
 	ListCell   *lc;
 
-	StepBegin(p);
-	plan = PlanPremake(p, ListPartitions(p));
-	StepEnd(p);
+	IdemStepBegin(p);
+	plan = IdemPlanPremake(p, IdemListPartitions(p));
+	IdemStepEnd(p);
 
 	foreach(lc, plan)
 	{
 		CreateArgs	a;
 		MemoryContext old;
 
-		StepBegin(p);
+		IdemStepBegin(p);
 		a.range = lfirst(lc);
 		old = MemoryContextSwitchTo(p->cxt);
-		a.name = PartitionName(a.range->lo);
+		a.name = IdemPartitionName(a.range->lo);
 		MemoryContextSwitchTo(old);
 		a.moved = 0;
 		if (p->preview)
-			Emit(p, "create", a.name, IdemKeystoreCountDefault(&a.range->lo, a.range->hi));
-		else if (RunWithLockTimeout(p, false, a.name, CreatePartition, &a))
-			Emit(p, "create", a.name, a.moved);
-		StepEnd(p);
+			IdemEmit(p, "create", a.name, IdemKeystoreCountDefault(&a.range->lo, a.range->hi));
+		else if (IdemRunWithLockTimeout(p, false, a.name, IdemCreatePartition, &a))
+			IdemEmit(p, "create", a.name, a.moved);
+		IdemStepEnd(p);
 	}
 }
 
@@ -547,14 +547,14 @@ typedef struct DropArgs
  * for all of them, in the last step of the pass.
  */
 static void
-DropPartitions(MaintPass *p, void *arg)
+IdemDropPartitions(MaintPass *p, void *arg)
 {
 	DropArgs   *a = arg;
 	ListCell   *lc;
 	StringInfoData sql;
 	MemoryContext old;
 
-	ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+	IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 
 	initStringInfo(&sql);
 	appendStringInfoString(&sql, "DROP TABLE ");
@@ -563,7 +563,7 @@ DropPartitions(MaintPass *p, void *arg)
 		MaintRange *r = lfirst(lc);
 		char	   *relname = get_rel_name(r->relid);
 		char	   *nspname = get_namespace_name(get_rel_namespace(r->relid));
-		int64		estimate = PartitionEstimate(r->relid);
+		int64		estimate = IdemPartitionEstimate(r->relid);
 
 		if (relname == NULL || nspname == NULL)
 			continue;			/* dropped meanwhile */
@@ -579,17 +579,17 @@ DropPartitions(MaintPass *p, void *arg)
 	}
 	/* one statement: one dependency walk for all of them */
 	if (a->names != NIL)
-		ExecDDL(sql.data);
+		IdemExecDDL(sql.data);
 }
 
 static void
-Retention(MaintPass *p)
+IdemRetention(MaintPass *p)
 {
 	DropArgs	a = {NIL, NIL, NIL};
 	ListCell   *lc;
 
-	StepBegin(p);
-	foreach(lc, ListPartitions(p))
+	IdemStepBegin(p);
+	foreach(lc, IdemListPartitions(p))
 	{
 		MaintRange *r = lfirst(lc);
 
@@ -600,36 +600,36 @@ Retention(MaintPass *p)
 			char	   *relname = get_rel_name(r->relid);
 
 			if (relname != NULL)
-				Emit(p, "drop", relname, PartitionEstimate(r->relid));
+				IdemEmit(p, "drop", relname, IdemPartitionEstimate(r->relid));
 		}
 		else
 			a.ranges = lappend(a.ranges, r);
 	}
 	if (a.ranges != NIL &&
-		RunWithLockTimeout(p, true, "keys", DropPartitions, &a))
+		IdemRunWithLockTimeout(p, true, "keys", IdemDropPartitions, &a))
 	{
 		ListCell   *lc2;
 
 		forboth(lc, a.names, lc2, a.estimates)
-			Emit(p, "drop", lfirst(lc), *(int64 *) lfirst(lc2));
+			IdemEmit(p, "drop", lfirst(lc), *(int64 *) lfirst(lc2));
 	}
-	StepEnd(p);
+	IdemStepEnd(p);
 }
 
 /* Expired rows leave the default partition (it should hold few rows). */
 static void
-PurgeDefault(MaintPass *p)
+IdemPurgeDefault(MaintPass *p)
 {
 	int64		n;
 
-	StepBegin(p);
+	IdemStepBegin(p);
 	if (p->preview)
 		n = IdemKeystoreCountDefault(NULL, p->as_of);
 	else
 		n = IdemKeystorePurgeDefault(p->as_of);
 	if (n > 0)
-		Emit(p, "purge", "keys_default", n);
-	StepEnd(p);
+		IdemEmit(p, "purge", "keys_default", n);
+	IdemStepEnd(p);
 }
 
 /* ---------------------------------------------------------------------
@@ -638,7 +638,7 @@ PurgeDefault(MaintPass *p)
  */
 
 static void
-ReportLease(const IdemStaleLease *l, const char *to_state, int status)
+IdemReportLease(const IdemStaleLease *l, const char *to_state, int status)
 {
 	IdemTransition t;
 
@@ -665,11 +665,12 @@ typedef struct ResolveArgs
 
 /* Call the resolver and apply its answer; runs in a subtransaction. */
 static void
-ResolveLease(MaintPass *p, ResolveArgs *a)
+IdemResolveLease(MaintPass *p, ResolveArgs *a)
 {
 	const IdemStaleLease *l = a->lease;
 	Oid			resolver = a->policy->resolver;
 	FmgrInfo	flinfo;
+
 	LOCAL_FCINFO(fcinfo, 3);
 	Datum		answer;
 	Oid			types[2] = {JSONBOID, TEXTOID};
@@ -789,11 +790,11 @@ typedef struct ResolveCall
 } ResolveCall;
 
 static void
-CallResolveLease(void *arg)
+IdemCallResolveLease(void *arg)
 {
 	ResolveCall *c = (ResolveCall *) arg;
 
-	ResolveLease(c->p, c->a);
+	IdemResolveLease(c->p, c->a);
 }
 
 /*
@@ -806,7 +807,7 @@ static TimeoutId resolver_timeout_id;
 static bool resolver_timeout_registered = false;
 
 static void
-ResolverTimeoutHandler(void)
+IdemResolverTimeoutHandler(void)
 {
 	resolver_timed_out = true;
 	InterruptPending = true;
@@ -820,8 +821,8 @@ ResolverTimeoutHandler(void)
  * row as it was: the error is logged and the pass goes on.
  */
 static LeaseOutcome
-ResolveLeaseGuarded(MaintPass *p, const IdemStaleLease *l,
-					const IdemEndpointPolicy *policy, int *status)
+IdemResolveLeaseGuarded(MaintPass *p, const IdemStaleLease *l,
+						const IdemEndpointPolicy *policy, int *status)
 {
 	ResolveArgs a;
 	ResolveCall c = {p, &a};
@@ -836,13 +837,13 @@ ResolveLeaseGuarded(MaintPass *p, const IdemStaleLease *l,
 
 	if (timeout_ms > 0 && !resolver_timeout_registered)
 	{
-		resolver_timeout_id = RegisterTimeout(USER_TIMEOUT, ResolverTimeoutHandler);
+		resolver_timeout_id = RegisterTimeout(USER_TIMEOUT, IdemResolverTimeoutHandler);
 		resolver_timeout_registered = true;
 	}
 	resolver_timed_out = false;
 	if (timeout_ms > 0)
 		enable_timeout_after(resolver_timeout_id, timeout_ms);
-	edata = IdemRunInSubtransaction(CallResolveLease, &c);
+	edata = IdemRunInSubtransaction(IdemCallResolveLease, &c);
 	if (timeout_ms > 0)
 		disable_timeout(resolver_timeout_id, false);
 	timed_out = resolver_timed_out;
@@ -863,13 +864,13 @@ ResolveLeaseGuarded(MaintPass *p, const IdemStaleLease *l,
 		if (timed_out)
 			ereport(WARNING,
 					(errmsg("idempotency resolver of endpoint \"%s\" did not answer within %d ms for tenant \"%s\", key hash %s",
-							l->endpoint, timeout_ms, l->tenant, KeyHash(l)),
+							l->endpoint, timeout_ms, l->tenant, IdemLeaseKeyHash(l)),
 					 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again."),
 					 errhint("A resolver should only look the operation up; raise idempotency.resolver_timeout if it needs longer.")));
 		else
 			ereport(WARNING,
 					(errmsg("idempotency resolver of endpoint \"%s\" failed for tenant \"%s\", key hash %s: %s",
-							l->endpoint, l->tenant, KeyHash(l), edata->message),
+							l->endpoint, l->tenant, IdemLeaseKeyHash(l), edata->message),
 					 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again.")));
 		FreeErrorData(edata);
 		a.outcome = LEASE_RESOLVER_ERROR;
@@ -890,7 +891,7 @@ typedef struct LeaseCount
  * to the endpoint's resolver ("lease_resolve") or mark unknown.
  */
 static void
-StaleLeasesPreview(MaintPass *p)
+IdemStaleLeasesPreview(MaintPass *p)
 {
 	int			nrows;
 	char	  **endpoints;
@@ -901,24 +902,24 @@ StaleLeasesPreview(MaintPass *p)
 	{
 		const IdemEndpointPolicy *policy = IdemGetEndpointPolicy(endpoints[i]);
 
-		Emit(p, policy->resolve_on_expiry && OidIsValid(policy->resolver) ?
-			 "lease_resolve" : "lease_unknown", endpoints[i], counts[i]);
+		IdemEmit(p, policy->resolve_on_expiry && OidIsValid(policy->resolver) ?
+				 "lease_resolve" : "lease_unknown", endpoints[i], counts[i]);
 	}
 }
 
 static void
-StaleLeases(MaintPass *p)
+IdemStaleLeases(MaintPass *p)
 {
 	int			nrows;
 	IdemStaleLease *leases;
 	List	   *counts = NIL;
 	ListCell   *lc;
 
-	StepBegin(p);
+	IdemStepBegin(p);
 	if (p->preview)
 	{
-		StaleLeasesPreview(p);
-		StepEnd(p);
+		IdemStaleLeasesPreview(p);
+		IdemStepEnd(p);
 		return;
 	}
 	nrows = IdemKeystoreStaleLeases(p->as_of, &leases);
@@ -934,7 +935,7 @@ StaleLeases(MaintPass *p)
 		CHECK_FOR_INTERRUPTS();
 
 		if (policy.resolve_on_expiry && OidIsValid(policy.resolver))
-			outcome = ResolveLeaseGuarded(p, l, &policy, &status);
+			outcome = IdemResolveLeaseGuarded(p, l, &policy, &status);
 		else
 			outcome = IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_UNKNOWN,
 											  NULL, NULL) ?
@@ -950,18 +951,18 @@ StaleLeases(MaintPass *p)
 			case LEASE_UNKNOWN:
 				ereport(WARNING,
 						(errmsg("idempotency lease expired: tenant \"%s\", endpoint \"%s\", key hash %s is now unknown",
-								l->tenant, l->endpoint, KeyHash(l)),
+								l->tenant, l->endpoint, IdemLeaseKeyHash(l)),
 						 errdetail("Its holder neither finished nor renewed the lease in time; duplicates get outcome_pending until an operator resolves the key."),
 						 errhint("Record the real outcome with idempotency.idem_resolve().")));
-				ReportLease(l, "unknown", -1);
+				IdemReportLease(l, "unknown", -1);
 				break;
 			case LEASE_COMPLETED:
 				IdemStatsCount(l->endpoint, IDEM_COUNT_RESOLVED);
-				ReportLease(l, "completed", status);
+				IdemReportLease(l, "completed", status);
 				break;
 			case LEASE_FAILED:
 				IdemStatsCount(l->endpoint, IDEM_COUNT_RESOLVED);
-				ReportLease(l, "failed", -1);
+				IdemReportLease(l, "failed", -1);
 				break;
 			case LEASE_RESOLVER_ERROR:
 			case LEASE_GONE:
@@ -993,9 +994,9 @@ StaleLeases(MaintPass *p)
 
 		for (o = 0; o < LEASE_GONE; o++)
 			if (count->n[o] > 0)
-				Emit(p, lease_outcome_kinds[o], count->endpoint, count->n[o]);
+				IdemEmit(p, lease_outcome_kinds[o], count->endpoint, count->n[o]);
 	}
-	StepEnd(p);
+	IdemStepEnd(p);
 }
 
 /* ---------------------------------------------------------------------
@@ -1004,8 +1005,8 @@ StaleLeases(MaintPass *p)
  */
 
 static void
-PassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
-		 IdemMaintEmit emit, void *arg)
+IdemPassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
+			 IdemMaintEmit emit, void *arg)
 {
 	memset(p, 0, sizeof(*p));
 	p->as_of = as_of;
@@ -1015,12 +1016,12 @@ PassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
 }
 
 static void
-RunSteps(MaintPass *p)
+IdemRunSteps(MaintPass *p)
 {
-	StaleLeases(p);
-	PurgeDefault(p);
-	Premake(p);
-	Retention(p);
+	IdemStaleLeases(p);
+	IdemPurgeDefault(p);
+	IdemPremake(p);
+	IdemRetention(p);
 }
 
 /*
@@ -1033,10 +1034,10 @@ IdemMaintenancePreview(TimestampTz as_of, IdemMaintEmit emit, void *arg)
 {
 	MaintPass	p;
 
-	PassInit(&p, as_of, false, emit, arg);
+	IdemPassInit(&p, as_of, false, emit, arg);
 	p.preview = true;
 	p.cxt = CurrentMemoryContext;
-	RunSteps(&p);
+	IdemRunSteps(&p);
 }
 
 bool
@@ -1046,9 +1047,9 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 	MaintPass	p;
 	LOCKTAG		tag;
 
-	PassInit(&p, as_of, own_xacts, emit, arg);
+	IdemPassInit(&p, as_of, own_xacts, emit, arg);
 
-	PassLockTag(&tag);
+	IdemPassLockTag(&tag);
 	if (own_xacts)
 	{
 		/* a session lock, taken in a transaction, kept across the steps */
@@ -1056,7 +1057,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 		if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
 		{
 			CommitTransactionCommand();
-			Emit(&p, "busy", NULL, -1);
+			IdemEmit(&p, "busy", NULL, -1);
 			return false;
 		}
 		CommitTransactionCommand();
@@ -1068,7 +1069,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 	{
 		if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 		{
-			Emit(&p, "busy", NULL, -1);
+			IdemEmit(&p, "busy", NULL, -1);
 			return false;
 		}
 		p.cxt = CurrentMemoryContext;
@@ -1076,7 +1077,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 
 	PG_TRY();
 	{
-		RunSteps(&p);
+		IdemRunSteps(&p);
 	}
 	PG_FINALLY();
 	{
@@ -1096,7 +1097,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
  */
 
 static void
-EmitTuple(void *arg, const char *kind, const char *object, int64 rows)
+IdemEmitTuple(void *arg, const char *kind, const char *object, int64 rows)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
 	Datum		values[3];
@@ -1124,7 +1125,7 @@ EmitTuple(void *arg, const char *kind, const char *object, int64 rows)
 #define IDEM_AS_OF_MAX	"9000-01-01 00:00:00+00"
 
 static TimestampTz
-AsOfBound(const char *literal)
+IdemAsOfBound(const char *literal)
 {
 	return DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
 												   CStringGetDatum(literal),
@@ -1157,7 +1158,7 @@ idem_maintenance(PG_FUNCTION_ARGS)
 				 errhint("Leave as_of out for a pass as of now().")));
 	as_of = PG_GETARG_TIMESTAMPTZ(0);
 	if (TIMESTAMP_NOT_FINITE(as_of) ||
-		as_of < AsOfBound(IDEM_AS_OF_MIN) || as_of >= AsOfBound(IDEM_AS_OF_MAX))
+		as_of < IdemAsOfBound(IDEM_AS_OF_MIN) || as_of >= IdemAsOfBound(IDEM_AS_OF_MAX))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("as_of is out of range for a maintenance pass"),
@@ -1178,8 +1179,8 @@ idem_maintenance(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (preview)
-		IdemMaintenancePreview(as_of, EmitTuple, rsinfo);
+		IdemMaintenancePreview(as_of, IdemEmitTuple, rsinfo);
 	else
-		(void) IdemMaintenancePass(as_of, false, EmitTuple, rsinfo);
+		(void) IdemMaintenancePass(as_of, false, IdemEmitTuple, rsinfo);
 	return (Datum) 0;
 }
