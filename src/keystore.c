@@ -108,7 +108,7 @@ static HTAB *probe_cache = NULL;
 static uint64 probe_cache_generation = 0;	/* moves at every forgetting */
 static bool probe_callback_registered = false;
 
-/* the parent, whose column numbers the callers use */
+/* the parent, in whose column numbers rows are read and written here */
 static Oid	keys_relid = InvalidOid;
 static Oid	keys_owner = InvalidOid;
 static TupleDesc keys_desc = NULL;
@@ -1239,6 +1239,28 @@ IdemKeystoreExtendLease(const IdemScope *scope, const IdemKeyRow *row,
 #define STALE_ROW_QUAL \
 	STALE_LEASES_QUAL " AND tenant = $2 AND endpoint = $3 AND key = $4"
 
+/*
+ * Run one statement of maintenance's through SPI, connected for it alone;
+ * raises unless SPI answers expected, and returns the rows processed.
+ */
+static uint64
+IdemMaintExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
+			  const char *nulls, bool read_only, int expected)
+{
+	uint64		processed;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(sql, nargs, argtypes, args, nulls, read_only, 0);
+	if (rc != expected)
+		elog(ERROR, "statement on idempotency.keys failed: %s: %s",
+			 SPI_result_code_string(rc), sql);
+	processed = SPI_processed;
+	SPI_finish();
+	return processed;
+}
+
 int
 IdemKeystoreStaleLeases(TimestampTz as_of, IdemStaleLease **leases)
 {
@@ -1332,8 +1354,6 @@ IdemKeystoreSettleLease(const IdemStaleLease *lease, TimestampTz as_of,
 	char		nulls[11];
 	const char *set_clause;
 	int			nargs = 4;
-	uint64		processed;
-	int			rc;
 
 	memset(nulls, ' ', sizeof(nulls));
 	values[0] = TimestampTzGetDatum(as_of);
@@ -1369,16 +1389,9 @@ IdemKeystoreSettleLease(const IdemStaleLease *lease, TimestampTz as_of,
 			elog(ERROR, "a stale lease cannot become %s", IdemStateName(to));
 	}
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args(psprintf("UPDATE idempotency.keys SET %s" STALE_ROW_QUAL,
-										set_clause),
-							   nargs, types, values, nulls, false, 0);
-	if (rc != SPI_OK_UPDATE)
-		elog(ERROR, "updating a stale lease failed: %s", SPI_result_code_string(rc));
-	processed = SPI_processed;
-	SPI_finish();
-	return processed > 0;
+	return IdemMaintExec(psprintf("UPDATE idempotency.keys SET %s" STALE_ROW_QUAL,
+								  set_clause),
+						 nargs, types, values, nulls, false, SPI_OK_UPDATE) > 0;
 }
 
 int64
@@ -1412,20 +1425,10 @@ IdemKeystorePurgeDefault(TimestampTz as_of)
 {
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
-	int64		purged;
-	int			rc;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args("DELETE FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at <= $1",
-							   1, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "purging idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	purged = (int64) SPI_processed;
-	SPI_finish();
-	return purged;
+	return (int64) IdemMaintExec("DELETE FROM ONLY idempotency.keys_default"
+								 " WHERE expires_at <= $1",
+								 1, argtypes, args, NULL, false, SPI_OK_DELETE);
 }
 
 /* Whether the default partition holds rows whose expires_at is in [lo, hi). */
@@ -1434,20 +1437,10 @@ IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi)
 {
 	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
-	bool		found;
-	int			rc;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args("SELECT 1 FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
-							   2, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "reading idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	found = SPI_processed > 0;
-	SPI_finish();
-	return found;
+	return IdemMaintExec("SELECT 1 FROM ONLY idempotency.keys_default"
+						 " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
+						 2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
 }
 
 /*
@@ -1460,20 +1453,10 @@ IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
 {
 	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
-	int64		moved;
-	int			rc;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
-										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
-										" INSERT INTO %s SELECT * FROM moved",
-										qname),
-							   2, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "moving rows out of idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	moved = (int64) SPI_processed;
-	SPI_finish();
-	return moved;
+	return (int64) IdemMaintExec(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
+										  " WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
+										  " INSERT INTO %s SELECT * FROM moved",
+										  qname),
+								 2, argtypes, args, NULL, false, SPI_OK_INSERT);
 }
