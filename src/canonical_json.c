@@ -17,7 +17,7 @@
  *	  Each object's "name":value pairs are written in the text's order, then
  *	  sorted with the same ordering as above (which also finds duplicate
  *	  names) and moved into place; numbers go through number_format.c,
- *	  strings through emit_string.  The scan only tries: on anything it
+ *	  strings through IdemEmitString.  The scan only tries: on anything it
  *	  does not take (invalid JSON, duplicate names, \u0000 or lone
  *	  surrogates, numbers beyond a double or numeric's bounds, deep
  *	  nesting, long text, a database not in UTF-8) it gives up, writing and
@@ -70,12 +70,12 @@ typedef struct JsonPointer
 struct IdemExclusions
 {
 	int			npointers;
-	JsonPointer    *pointers;
+	JsonPointer *pointers;
 };
 
 /* an error, or (soft) just false */
 static bool
-bad_pointer(const char *ptr, const char *detail, bool soft)
+IdemBadPointer(const char *ptr, const char *detail, bool soft)
 {
 	if (!soft)
 		ereport(ERROR,
@@ -87,15 +87,15 @@ bad_pointer(const char *ptr, const char *detail, bool soft)
 }
 
 static bool
-parse_pointer(const char *ptr, JsonPointer *result, bool soft)
+IdemParsePointer(const char *ptr, JsonPointer *result, bool soft)
 {
 	int			ntokens = 0;
 	const char *p;
 
 	if (ptr[0] == '\0')
-		return bad_pointer(ptr, "The empty pointer names the whole document, which cannot be excluded.", soft);
+		return IdemBadPointer(ptr, "The empty pointer names the whole document, which cannot be excluded.", soft);
 	if (ptr[0] != '/')
-		return bad_pointer(ptr, "A JSON pointer must start with \"/\".", soft);
+		return IdemBadPointer(ptr, "A JSON pointer must start with \"/\".", soft);
 
 	for (p = ptr; *p; p++)
 		if (*p == '/')
@@ -119,7 +119,7 @@ parse_pointer(const char *ptr, JsonPointer *result, bool soft)
 				else if (p[1] == '1')
 					appendStringInfoChar(&buf, '/');
 				else
-					return bad_pointer(ptr, "\"~\" must be followed by \"0\" or \"1\".", soft);
+					return IdemBadPointer(ptr, "\"~\" must be followed by \"0\" or \"1\".", soft);
 				p++;
 			}
 			else
@@ -149,7 +149,7 @@ parse_pointer(const char *ptr, JsonPointer *result, bool soft)
 
 /* IdemParseExclusions into *result; soft: false instead of its errors */
 static bool
-parse_exclusions(ArrayType *pointers, bool soft, IdemExclusions **result)
+IdemParseExclusionList(ArrayType *pointers, bool soft, IdemExclusions **result)
 {
 	Datum	   *elems;
 	bool	   *nulls;
@@ -177,8 +177,8 @@ parse_exclusions(ArrayType *pointers, bool soft, IdemExclusions **result)
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 					 errmsg("exclusion list must not contain NULL elements")));
 		}
-		if (!parse_pointer(TextDatumGetCString(elems[i]), &ex->pointers[i],
-						   soft))
+		if (!IdemParsePointer(TextDatumGetCString(elems[i]), &ex->pointers[i],
+							  soft))
 			return false;
 	}
 	*result = ex;
@@ -190,14 +190,14 @@ IdemParseExclusions(ArrayType *pointers)
 {
 	IdemExclusions *ex;
 
-	(void) parse_exclusions(pointers, false, &ex);
+	(void) IdemParseExclusionList(pointers, false, &ex);
 	return ex;
 }
 
 bool
 IdemTryParseExclusions(ArrayType *pointers, IdemExclusions **ex)
 {
-	return parse_exclusions(pointers, true, ex);
+	return IdemParseExclusionList(pointers, true, ex);
 }
 
 /* ---------- serialization ---------- */
@@ -251,12 +251,12 @@ typedef struct Member
 	int			nactive;
 } Member;
 
-static void emit_value(CanonState *st, const ChildRef *ref, int depth,
-					   const int *active, int nactive);
+static void IdemEmitValue(CanonState *st, const ChildRef *ref, int depth,
+						  const int *active, int nactive);
 
 /* hand the buffered bytes to the hash sink */
 static void
-feed_sink(CanonState *st)
+IdemFeedSink(CanonState *st)
 {
 	if (pg_cryptohash_update(st->sink, (uint8 *) st->out->data,
 							 st->out->len) < 0)
@@ -266,11 +266,11 @@ feed_sink(CanonState *st)
 }
 
 static void
-maybe_flush(CanonState *st)
+IdemMaybeFlush(CanonState *st)
 {
 	CHECK_FOR_INTERRUPTS();
 	if (st->sink && st->out->len >= SINK_CHUNK)
-		feed_sink(st);
+		IdemFeedSink(st);
 }
 
 /*
@@ -278,7 +278,7 @@ maybe_flush(CanonState *st)
  * stand for, so text holding them has no UTF-8 form: refuse it.
  */
 static void
-require_ascii(const char *s, int len)
+IdemRequireAscii(const char *s, int len)
 {
 	for (int i = 0; i < len; i++)
 		if ((unsigned char) s[i] > 0x7F)
@@ -293,17 +293,17 @@ void
 IdemRequireAsciiInSqlAscii(const char *s, int len)
 {
 	if (GetDatabaseEncoding() == PG_SQL_ASCII)
-		require_ascii(s, len);
+		IdemRequireAscii(s, len);
 }
 
 /* text in the database encoding as UTF-8 (no-op in UTF-8 databases) */
 static const char *
-to_utf8(CanonState *st, const char *s, int *len)
+IdemToUtf8(CanonState *st, const char *s, int *len)
 {
 	const char *r;
 
 	if (st->ascii_only)
-		require_ascii(s, *len);
+		IdemRequireAscii(s, *len);
 	if (!st->convert)
 		return s;
 	r = pg_server_to_any(s, *len, PG_UTF8);
@@ -325,12 +325,12 @@ static const char escape_class[256] = {
 };
 
 static void
-emit_string(CanonState *st, const char *s, int len)
+IdemEmitString(CanonState *st, const char *s, int len)
 {
 	StringInfo	out = st->out;
 	int			run = 0;
 
-	s = to_utf8(st, s, &len);
+	s = IdemToUtf8(st, s, &len);
 	enlargeStringInfo(out, len + 2);
 	out->data[out->len++] = '"';
 	for (int i = 0; i < len; i++)
@@ -382,7 +382,7 @@ emit_string(CanonState *st, const char *s, int len)
  * characters share their lead byte and hence their kind.
  */
 static int
-compare_utf16(const char *a, int alen, const char *b, int blen)
+IdemCompareUtf16(const char *a, int alen, const char *b, int blen)
 {
 	int			n = Min(alen, blen);
 	int			i;
@@ -404,12 +404,12 @@ compare_utf16(const char *a, int alen, const char *b, int blen)
 }
 
 static int
-member_cmp(const void *x, const void *y)
+IdemMemberCmp(const void *x, const void *y)
 {
 	const Member *a = (const Member *) x;
 	const Member *b = (const Member *) y;
 
-	return compare_utf16(a->key, a->keylen, b->key, b->keylen);
+	return IdemCompareUtf16(a->key, a->keylen, b->key, b->keylen);
 }
 
 /*
@@ -418,7 +418,7 @@ member_cmp(const void *x, const void *y)
  * insertion sort (which beats qsort's indirect calls on small objects).
  */
 static void
-order_members(CanonState *st, const Member *members, int n, uint8 *order)
+IdemOrderMembers(CanonState *st, const Member *members, int n, uint8 *order)
 {
 	if (n == st->cache_n)
 	{
@@ -439,8 +439,8 @@ order_members(CanonState *st, const Member *members, int n, uint8 *order)
 		int			j = i;
 
 		while (j > 0 &&
-			   compare_utf16(members[order[j - 1]].key, members[order[j - 1]].keylen,
-							 members[i].key, members[i].keylen) > 0)
+			   IdemCompareUtf16(members[order[j - 1]].key, members[order[j - 1]].keylen,
+								members[i].key, members[i].keylen) > 0)
 		{
 			order[j] = order[j - 1];
 			j--;
@@ -458,7 +458,7 @@ order_members(CanonState *st, const Member *members, int n, uint8 *order)
 
 /* the member array of this depth, with room for n */
 static Member *
-level_members(CanonState *st, int depth, int n)
+IdemLevelMembers(CanonState *st, int depth, int n)
 {
 	if (depth >= st->nlevels)
 	{
@@ -497,7 +497,7 @@ level_members(CanonState *st, int depth, int n)
 
 /* end offset of child i given its start */
 static inline uint32
-child_end(JEntry je, uint32 start)
+IdemChildEnd(JEntry je, uint32 start)
 {
 	return JBE_HAS_OFF(je) ? JBE_OFFLENFLD(je) : start + JBE_OFFLENFLD(je);
 }
@@ -508,9 +508,9 @@ child_end(JEntry je, uint32 start)
  * otherwise fills child[] with those that continue below it.
  */
 static bool
-match_pointers(const IdemExclusions *ex, int depth, const int *active,
-			   int nactive, const char *key, int keylen, int index,
-			   int *child, int *nchild)
+IdemMatchPointers(const IdemExclusions *ex, int depth, const int *active,
+				  int nactive, const char *key, int keylen, int index,
+				  int *child, int *nchild)
 {
 	*nchild = 0;
 	for (int a = 0; a < nactive; a++)
@@ -535,12 +535,12 @@ match_pointers(const IdemExclusions *ex, int depth, const int *active,
 }
 
 static void
-emit_object(CanonState *st, JsonbContainer *jc, int depth,
-			const int *active, int nactive)
+IdemEmitObject(CanonState *st, JsonbContainer *jc, int depth,
+			   const int *active, int nactive)
 {
 	int			n = JsonContainerSize(jc);
 	const char *base = (const char *) &jc->children[2 * n];
-	Member	   *members = level_members(st, depth, n);
+	Member	   *members = IdemLevelMembers(st, depth, n);
 	int		   *activebuf = NULL;
 	uint32		start = 0;
 	int			kept = 0;
@@ -551,7 +551,7 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 	for (int i = 0; i < n; i++)
 	{
 		JEntry		je = jc->children[i];
-		uint32		end = child_end(je, start);
+		uint32		end = IdemChildEnd(je, start);
 
 		members[i].key = base + start;
 		members[i].keylen = end - start;
@@ -560,7 +560,7 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 	for (int i = 0; i < n; i++)
 	{
 		JEntry		je = jc->children[n + i];
-		uint32		end = child_end(je, start);
+		uint32		end = IdemChildEnd(je, start);
 
 		members[i].value.entry = je;
 		members[i].value.base = base;
@@ -582,20 +582,20 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 		{
 			int		   *child = activebuf + kept * nactive;
 
-			if (match_pointers(st->ex, depth, active, nactive,
-							   m.key, m.keylen, -1, child, &m.nactive))
+			if (IdemMatchPointers(st->ex, depth, active, nactive,
+								  m.key, m.keylen, -1, child, &m.nactive))
 				continue;
 			m.active = child;
 		}
-		m.key = to_utf8(st, m.key, &m.keylen);
+		m.key = IdemToUtf8(st, m.key, &m.keylen);
 		members[kept++] = m;
 	}
 
 	if (kept <= ORDER_CACHE_MAX)
-		order_members(st, members, kept, order);
+		IdemOrderMembers(st, members, kept, order);
 	else
 	{
-		qsort(members, kept, sizeof(Member), member_cmp);
+		qsort(members, kept, sizeof(Member), IdemMemberCmp);
 		/* order[] is not used: members are in order */
 	}
 
@@ -611,12 +611,12 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 			bool		save = st->convert;
 
 			st->convert = false;
-			emit_string(st, m->key, m->keylen);
+			IdemEmitString(st, m->key, m->keylen);
 			st->convert = save;
 		}
 		appendStringInfoCharMacro(out, ':');
-		emit_value(st, &m->value, depth + 1, m->active, m->nactive);
-		maybe_flush(st);
+		IdemEmitValue(st, &m->value, depth + 1, m->active, m->nactive);
+		IdemMaybeFlush(st);
 	}
 	appendStringInfoCharMacro(out, '}');
 
@@ -625,8 +625,8 @@ emit_object(CanonState *st, JsonbContainer *jc, int depth,
 }
 
 static void
-emit_array(CanonState *st, JsonbContainer *jc, int depth,
-		   const int *active, int nactive)
+IdemEmitArray(CanonState *st, JsonbContainer *jc, int depth,
+			  const int *active, int nactive)
 {
 	int			n = JsonContainerSize(jc);
 	const char *base = (const char *) &jc->children[n];
@@ -639,7 +639,7 @@ emit_array(CanonState *st, JsonbContainer *jc, int depth,
 	for (int i = 0; i < n; i++)
 	{
 		JEntry		je = jc->children[i];
-		uint32		end = child_end(je, start);
+		uint32		end = IdemChildEnd(je, start);
 		ChildRef	ref;
 		int			nchild = 0;
 
@@ -649,14 +649,14 @@ emit_array(CanonState *st, JsonbContainer *jc, int depth,
 		ref.end = end;
 		start = end;
 		if (nactive > 0 &&
-			match_pointers(st->ex, depth, active, nactive, NULL, 0, i,
-						   child, &nchild))
+			IdemMatchPointers(st->ex, depth, active, nactive, NULL, 0, i,
+							  child, &nchild))
 			continue;
 		if (!first)
 			appendStringInfoCharMacro(out, ',');
 		first = false;
-		emit_value(st, &ref, depth + 1, child, nchild);
-		maybe_flush(st);
+		IdemEmitValue(st, &ref, depth + 1, child, nchild);
+		IdemMaybeFlush(st);
 	}
 	appendStringInfoCharMacro(out, ']');
 	if (child)
@@ -664,13 +664,13 @@ emit_array(CanonState *st, JsonbContainer *jc, int depth,
 }
 
 static void
-emit_value(CanonState *st, const ChildRef *ref, int depth,
-		   const int *active, int nactive)
+IdemEmitValue(CanonState *st, const ChildRef *ref, int depth,
+			  const int *active, int nactive)
 {
 	JEntry		je = ref->entry;
 
 	if (JBE_ISSTRING(je))
-		emit_string(st, ref->base + ref->start, ref->end - ref->start);
+		IdemEmitString(st, ref->base + ref->start, ref->end - ref->start);
 	else if (JBE_ISNUMERIC(je))
 		IdemAppendCanonicalNumeric(st->out,
 								   (Numeric) (ref->base + INTALIGN(ref->start)));
@@ -687,15 +687,15 @@ emit_value(CanonState *st, const ChildRef *ref, int depth,
 		check_stack_depth();
 		CHECK_FOR_INTERRUPTS();
 		if (JsonContainerIsObject(jc))
-			emit_object(st, jc, depth, active, nactive);
+			IdemEmitObject(st, jc, depth, active, nactive);
 		else
-			emit_array(st, jc, depth, active, nactive);
+			IdemEmitArray(st, jc, depth, active, nactive);
 	}
 }
 
 static void
-canon_init(CanonState *st, StringInfo out, const IdemExclusions *ex,
-		   pg_cryptohash_ctx *sink)
+IdemCanonInit(CanonState *st, StringInfo out, const IdemExclusions *ex,
+			  pg_cryptohash_ctx *sink)
 {
 	int			encoding = GetDatabaseEncoding();
 
@@ -711,7 +711,7 @@ canon_init(CanonState *st, StringInfo out, const IdemExclusions *ex,
 }
 
 static void
-canon_free(CanonState *st)
+IdemCanonFree(CanonState *st)
 {
 	for (int i = 0; i < st->nlevels; i++)
 		if (st->level_buf[i])
@@ -725,7 +725,7 @@ canon_free(CanonState *st)
 
 /* the pointers active at the root container: all of them */
 static int *
-root_active(const IdemExclusions *ex, int *nactive)
+IdemRootActive(const IdemExclusions *ex, int *nactive)
 {
 	int		   *active;
 
@@ -748,7 +748,7 @@ IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb, const IdemExclusions *ex,
 	int		   *active;
 	int			nactive;
 
-	canon_init(&st, out, ex, sink);
+	IdemCanonInit(&st, out, ex, sink);
 
 	if (JsonContainerIsScalar(root))
 	{
@@ -759,21 +759,21 @@ IdemCanonicalizeJsonb(StringInfo out, Jsonb *jb, const IdemExclusions *ex,
 		ref.base = (const char *) &root->children[1];
 		ref.start = 0;
 		ref.end = JBE_OFFLENFLD(ref.entry);
-		emit_value(&st, &ref, 0, NULL, 0);
+		IdemEmitValue(&st, &ref, 0, NULL, 0);
 	}
 	else
 	{
-		active = root_active(ex, &nactive);
+		active = IdemRootActive(ex, &nactive);
 		check_stack_depth();
 		if (JsonContainerIsObject(root))
-			emit_object(&st, root, 0, active, nactive);
+			IdemEmitObject(&st, root, 0, active, nactive);
 		else
-			emit_array(&st, root, 0, active, nactive);
+			IdemEmitArray(&st, root, 0, active, nactive);
 	}
 
-	canon_free(&st);
+	IdemCanonFree(&st);
 	if (sink && out->len > 0)
-		feed_sink(&st);
+		IdemFeedSink(&st);
 }
 
 text *
@@ -814,12 +814,12 @@ typedef struct TextScan
 	StringInfoData tmp;			/* an object's members, being reordered */
 } TextScan;
 
-static bool text_value(TextScan *ts, int depth, const int *active,
-					   int nactive);
+static bool IdemTextValue(TextScan *ts, int depth, const int *active,
+						  int nactive);
 
 /* the JSON white space jsonb's parser skips */
 static inline void
-skip_space(TextScan *ts)
+IdemSkipSpace(TextScan *ts)
 {
 	while (ts->p < ts->end && (unsigned char) *ts->p <= ' ' &&
 		   (*ts->p == ' ' || *ts->p == '\n' || *ts->p == '\r' || *ts->p == '\t'))
@@ -828,7 +828,7 @@ skip_space(TextScan *ts)
 
 /* room for n more bytes (and the terminator) in out */
 static inline void
-reserve(StringInfo out, int n)
+IdemReserve(StringInfo out, int n)
 {
 	if (unlikely(out->len + n >= out->maxlen))
 		enlargeStringInfo(out, n);
@@ -836,13 +836,13 @@ reserve(StringInfo out, int n)
 
 /*
  * Bytes that stand for themselves in a string, in the text and in the
- * output: ASCII that emit_string does not escape.
+ * output: ASCII that IdemEmitString does not escape.
  */
 static bool plain_byte[256];
 static bool plain_ready = false;
 
 static void
-init_plain_bytes(void)
+IdemInitPlainBytes(void)
 {
 	for (int c = 0; c < 0x80; c++)
 		plain_byte[c] = (escape_class[c] == 0);
@@ -851,7 +851,7 @@ init_plain_bytes(void)
 
 /* a buffer of the scan, allocated on first use, emptied */
 static StringInfo
-scan_buffer(StringInfo buf)
+IdemScanBuffer(StringInfo buf)
 {
 	if (buf->data == NULL)
 		initStringInfo(buf);
@@ -862,7 +862,7 @@ scan_buffer(StringInfo buf)
 
 /* four hex digits at p into *cp */
 static bool
-hex4(const char *p, const char *end, pg_wchar *cp)
+IdemHex4(const char *p, const char *end, pg_wchar *cp)
 {
 	pg_wchar	v = 0;
 
@@ -891,7 +891,7 @@ hex4(const char *p, const char *end, pg_wchar *cp)
  * refuse.
  */
 static bool
-unescape(const char **pp, const char *end, StringInfo buf)
+IdemUnescape(const char **pp, const char *end, StringInfo buf)
 {
 	const char *p = *pp + 1;
 	char		c;
@@ -925,14 +925,14 @@ unescape(const char **pp, const char *end, StringInfo buf)
 				pg_wchar	cp;
 				pg_wchar	lo;
 
-				if (!hex4(p + 1, end, &cp))
+				if (!IdemHex4(p + 1, end, &cp))
 					return false;
 				p += 4;
 				if (cp >= 0xD800 && cp <= 0xDBFF)
 				{
 					/* a high surrogate: its low one must follow */
 					if (end - p < 3 || p[1] != '\\' || p[2] != 'u' ||
-						!hex4(p + 3, end, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+						!IdemHex4(p + 3, end, &lo) || lo < 0xDC00 || lo > 0xDFFF)
 						return false;
 					cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
 					p += 6;
@@ -961,7 +961,7 @@ unescape(const char **pp, const char *end, StringInfo buf)
  * characters, bad escapes) and for text that is not valid UTF-8.
  */
 static bool
-text_string(TextScan *ts, const char **s, int *len, bool *escaped)
+IdemTextString(TextScan *ts, const char **s, int *len, bool *escaped)
 {
 	const char *p = ts->p + 1;
 	const char *end = ts->end;
@@ -997,9 +997,9 @@ text_string(TextScan *ts, const char **s, int *len, bool *escaped)
 		if (c != '\\')
 			return false;		/* a raw control character */
 		if (buf == NULL)
-			buf = scan_buffer(&ts->scratch);
+			buf = IdemScanBuffer(&ts->scratch);
 		appendBinaryStringInfo(buf, run, p - run);
-		if (!unescape(&p, end, buf))
+		if (!IdemUnescape(&p, end, buf))
 			return false;
 		run = ++p;
 	}
@@ -1020,17 +1020,17 @@ text_string(TextScan *ts, const char **s, int *len, bool *escaped)
 }
 
 static void
-text_emit_string(TextScan *ts, const char *s, int len, bool escaped)
+IdemTextEmitString(TextScan *ts, const char *s, int len, bool escaped)
 {
 	StringInfo	out = ts->st.out;
 
 	if (escaped)
 	{
-		emit_string(&ts->st, s, len);
+		IdemEmitString(&ts->st, s, len);
 		return;
 	}
 	/* as it was written: nothing in it needs escaping */
-	reserve(out, len + 2);
+	IdemReserve(out, len + 2);
 	out->data[out->len++] = '"';
 	memcpy(out->data + out->len, s, len);
 	out->len += len;
@@ -1043,7 +1043,7 @@ text_emit_string(TextScan *ts, const char *s, int len, bool escaped)
  * fast path; NULL for anything else.
  */
 static const char *
-scan_number(const char *p, const char *end)
+IdemScanNumber(const char *p, const char *end)
 {
 	const char *s = p;
 	int			exponent = 0;
@@ -1084,9 +1084,9 @@ scan_number(const char *p, const char *end)
 
 /* the number through number_format.c */
 static bool
-text_number(TextScan *ts)
+IdemTextNumber(TextScan *ts)
 {
-	const char *p = scan_number(ts->p, ts->end);
+	const char *p = IdemScanNumber(ts->p, ts->end);
 
 	if (p == NULL ||
 		!IdemTryAppendCanonicalNumber(ts->st.out, ts->p, p - ts->p))
@@ -1097,7 +1097,7 @@ text_number(TextScan *ts)
 
 /* the literal word at ts->p, skipped */
 static inline bool
-text_word(TextScan *ts, const char *word, int len)
+IdemTextWord(TextScan *ts, const char *word, int len)
 {
 	if (ts->end - ts->p < len || memcmp(ts->p, word, len) != 0)
 		return false;
@@ -1106,9 +1106,9 @@ text_word(TextScan *ts, const char *word, int len)
 }
 
 static bool
-text_literal(TextScan *ts, const char *word, int len)
+IdemTextLiteral(TextScan *ts, const char *word, int len)
 {
-	if (!text_word(ts, word, len))
+	if (!IdemTextWord(ts, word, len))
 		return false;
 	appendBinaryStringInfo(ts->st.out, word, len);
 	return true;
@@ -1116,14 +1116,14 @@ text_literal(TextScan *ts, const char *word, int len)
 
 /* "," to go on (true) or the closing byte (false, *ok) after a child */
 static bool
-text_next(TextScan *ts, char close, bool *ok)
+IdemTextNext(TextScan *ts, char close, bool *ok)
 {
-	skip_space(ts);
+	IdemSkipSpace(ts);
 	*ok = false;
 	if (ts->p < ts->end && *ts->p == ',')
 	{
 		ts->p++;
-		skip_space(ts);
+		IdemSkipSpace(ts);
 		return true;
 	}
 	if (ts->p < ts->end && *ts->p == close)
@@ -1136,7 +1136,7 @@ text_next(TextScan *ts, char close, bool *ok)
 
 /*
  * An object: each member's "name":value is written in the text's order,
- * then the members are sorted as in emit_object, duplicate names are
+ * then the members are sorted as in IdemEmitObject, duplicate names are
  * refused, and the bytes are reordered when they are out of order.
  */
 /*
@@ -1145,11 +1145,11 @@ text_next(TextScan *ts, char close, bool *ok)
  * is stepped over too, and left for the caller to write).
  */
 static bool
-text_open(TextScan *ts, char open, char close)
+IdemTextOpen(TextScan *ts, char open, char close)
 {
 	ts->p++;
 	appendStringInfoCharMacro(ts->st.out, open);
-	skip_space(ts);
+	IdemSkipSpace(ts);
 	if (ts->p < ts->end && *ts->p == close)
 	{
 		ts->p++;
@@ -1163,7 +1163,7 @@ text_open(TextScan *ts, char open, char close)
  * pointers still matching below it.  Returns ok.
  */
 static bool
-text_close(TextScan *ts, bool ok, char close, int *child)
+IdemTextClose(TextScan *ts, bool ok, char close, int *child)
 {
 	if (ok)
 		appendStringInfoCharMacro(ts->st.out, close);
@@ -1173,7 +1173,7 @@ text_close(TextScan *ts, bool ok, char close, int *child)
 }
 
 static bool
-text_object(TextScan *ts, int depth, const int *active, int nactive)
+IdemTextObject(TextScan *ts, int depth, const int *active, int nactive)
 {
 	CanonState *st = &ts->st;
 	StringInfo	out = st->out;
@@ -1187,7 +1187,7 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 	bool		ok = false;
 	uint8		order[ORDER_CACHE_MAX];
 
-	ok = text_open(ts, '{', '}');
+	ok = IdemTextOpen(ts, '{', '}');
 	body = out->len;
 	if (!ok)
 		for (;;)
@@ -1201,7 +1201,7 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 			bool		drop;
 
 			if (ts->p >= ts->end || *ts->p != '"' ||
-				!text_string(ts, &key, &keylen, &escaped))
+				!IdemTextString(ts, &key, &keylen, &escaped))
 				goto done;
 			if (escaped)
 			{
@@ -1212,30 +1212,30 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 				copy[keylen] = '\0';
 				key = copy;
 			}
-			skip_space(ts);
+			IdemSkipSpace(ts);
 			if (ts->p >= ts->end || *ts->p != ':')
 				goto done;
 			ts->p++;
-			skip_space(ts);
+			IdemSkipSpace(ts);
 
 			drop = nactive > 0 &&
-				match_pointers(st->ex, depth, active, nactive,
-							   key, keylen, -1, child, &nchild);
+				IdemMatchPointers(st->ex, depth, active, nactive,
+								  key, keylen, -1, child, &nchild);
 			if (out->len > body)
 				appendStringInfoCharMacro(out, ',');
 			if (n == cap)
 			{
-				members = level_members(st, depth, n + 1);
+				members = IdemLevelMembers(st, depth, n + 1);
 				cap = st->level_cap[depth];
 			}
 			m = &members[n++];
 			m->key = key;
 			m->keylen = keylen;
 			m->out_start = out->len;
-			text_emit_string(ts, key, keylen, escaped);
+			IdemTextEmitString(ts, key, keylen, escaped);
 			appendStringInfoCharMacro(out, ':');
 			/* an excluded value is still read: it must be valid */
-			if (!text_value(ts, depth + 1, child, drop ? 0 : nchild))
+			if (!IdemTextValue(ts, depth + 1, child, drop ? 0 : nchild))
 				goto done;
 			m->out_end = out->len;
 			if (drop)
@@ -1243,7 +1243,7 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 				out->len = mark;
 				m->out_start = -1;
 			}
-			if (!text_next(ts, '}', &ok))
+			if (!IdemTextNext(ts, '}', &ok))
 				break;
 		}
 	if (!ok || n == 0)
@@ -1252,9 +1252,9 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 
 	/* sorted order, in which equal names are neighbours */
 	if (n <= ORDER_CACHE_MAX)
-		order_members(st, members, n, order);
+		IdemOrderMembers(st, members, n, order);
 	else
-		qsort(members, n, sizeof(Member), member_cmp);
+		qsort(members, n, sizeof(Member), IdemMemberCmp);
 	for (int i = 0; i < n; i++)
 	{
 		const Member *m = &members[n <= ORDER_CACHE_MAX ? order[i] : i];
@@ -1277,7 +1277,7 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 	if (!sorted)
 	{
 		/* the same bytes in the sorted order, in place */
-		StringInfo	tmp = scan_buffer(&ts->tmp);
+		StringInfo	tmp = IdemScanBuffer(&ts->tmp);
 		char	   *dst = out->data + body;
 
 		appendBinaryStringInfo(tmp, out->data + body, out->len - body);
@@ -1298,17 +1298,17 @@ text_object(TextScan *ts, int depth, const int *active, int nactive)
 	ok = true;
 
 done:
-	return text_close(ts, ok, '}', child);
+	return IdemTextClose(ts, ok, '}', child);
 }
 
 static bool
-text_array(TextScan *ts, int depth, const int *active, int nactive)
+IdemTextArray(TextScan *ts, int depth, const int *active, int nactive)
 {
 	StringInfo	out = ts->st.out;
 	int		   *child = nactive > 0 ? palloc(sizeof(int) * nactive) : NULL;
 	int			body;
 	int			index = 0;
-	bool		ok = text_open(ts, '[', ']');
+	bool		ok = IdemTextOpen(ts, '[', ']');
 
 	body = out->len;
 	if (!ok)
@@ -1319,23 +1319,23 @@ text_array(TextScan *ts, int depth, const int *active, int nactive)
 			bool		drop;
 
 			drop = nactive > 0 &&
-				match_pointers(ts->st.ex, depth, active, nactive,
-							   NULL, 0, index, child, &nchild);
+				IdemMatchPointers(ts->st.ex, depth, active, nactive,
+								  NULL, 0, index, child, &nchild);
 			index++;
 			if (out->len > body)
 				appendStringInfoCharMacro(out, ',');
-			if (!text_value(ts, depth + 1, child, drop ? 0 : nchild))
+			if (!IdemTextValue(ts, depth + 1, child, drop ? 0 : nchild))
 				break;
 			if (drop)
 				out->len = mark;
-			if (!text_next(ts, ']', &ok))
+			if (!IdemTextNext(ts, ']', &ok))
 				break;
 		}
-	return text_close(ts, ok, ']', child);
+	return IdemTextClose(ts, ok, ']', child);
 }
 
 static bool
-text_value(TextScan *ts, int depth, const int *active, int nactive)
+IdemTextValue(TextScan *ts, int depth, const int *active, int nactive)
 {
 	if (ts->p >= ts->end)
 		return false;
@@ -1347,27 +1347,27 @@ text_value(TextScan *ts, int depth, const int *active, int nactive)
 				return false;
 			CHECK_FOR_INTERRUPTS();
 			if (*ts->p == '{')
-				return text_object(ts, depth, active, nactive);
-			return text_array(ts, depth, active, nactive);
+				return IdemTextObject(ts, depth, active, nactive);
+			return IdemTextArray(ts, depth, active, nactive);
 		case '"':
 			{
 				const char *s;
 				int			len;
 				bool		escaped;
 
-				if (!text_string(ts, &s, &len, &escaped))
+				if (!IdemTextString(ts, &s, &len, &escaped))
 					return false;
-				text_emit_string(ts, s, len, escaped);
+				IdemTextEmitString(ts, s, len, escaped);
 				return true;
 			}
 		case 't':
-			return text_literal(ts, "true", 4);
+			return IdemTextLiteral(ts, "true", 4);
 		case 'f':
-			return text_literal(ts, "false", 5);
+			return IdemTextLiteral(ts, "false", 5);
 		case 'n':
-			return text_literal(ts, "null", 4);
+			return IdemTextLiteral(ts, "null", 4);
 		default:
-			return text_number(ts);
+			return IdemTextNumber(ts);
 	}
 }
 
@@ -1385,24 +1385,24 @@ IdemTryCanonicalizeJsonText(StringInfo out, text *json,
 		VARSIZE_ANY_EXHDR(json) > TEXT_MAX_LEN)
 		return false;
 	if (!plain_ready)
-		init_plain_bytes();
+		IdemInitPlainBytes();
 	/* the output is about as long as the text: grow once */
 	enlargeStringInfo(out, VARSIZE_ANY_EXHDR(json) + 64);
 
 	/* no sink yet: nothing is hashed before the whole text is read */
-	canon_init(&ts.st, out, ex, NULL);
+	IdemCanonInit(&ts.st, out, ex, NULL);
 	ts.p = VARDATA_ANY(json);
 	ts.end = ts.p + VARSIZE_ANY_EXHDR(json);
 	ts.scratch.data = NULL;
 	ts.tmp.data = NULL;
-	active = root_active(ex, &nactive);
+	active = IdemRootActive(ex, &nactive);
 
-	skip_space(&ts);
-	ok = text_value(&ts, 0, active, nactive);
-	skip_space(&ts);
+	IdemSkipSpace(&ts);
+	ok = IdemTextValue(&ts, 0, active, nactive);
+	IdemSkipSpace(&ts);
 	ok = ok && ts.p == ts.end;
 
-	canon_free(&ts.st);
+	IdemCanonFree(&ts.st);
 	if (active)
 		pfree(active);
 	if (ts.scratch.data)
@@ -1419,7 +1419,7 @@ IdemTryCanonicalizeJsonText(StringInfo out, text *json,
 	if (sink && out->len > 0)
 	{
 		ts.st.sink = sink;
-		feed_sink(&ts.st);
+		IdemFeedSink(&ts.st);
 	}
 	return true;
 }
@@ -1440,11 +1440,11 @@ typedef struct JsonbBuild
 	JsonbValue *res;
 } JsonbBuild;
 
-static bool build_value(JsonbBuild *b, int depth);
+static bool IdemBuildValue(JsonbBuild *b, int depth);
 
 /* the scalar at ts->p into *v */
 static bool
-build_scalar(TextScan *ts, JsonbValue *v)
+IdemBuildScalar(TextScan *ts, JsonbValue *v)
 {
 	switch (*ts->p)
 	{
@@ -1454,7 +1454,7 @@ build_scalar(TextScan *ts, JsonbValue *v)
 				int			len;
 				bool		escaped;
 
-				if (!text_string(ts, &s, &len, &escaped))
+				if (!IdemTextString(ts, &s, &len, &escaped))
 					return false;
 				v->type = jbvString;
 				/* one with escapes is in scratch, which is reused: copied */
@@ -1465,17 +1465,17 @@ build_scalar(TextScan *ts, JsonbValue *v)
 		case 't':
 			v->type = jbvBool;
 			v->val.boolean = true;
-			return text_word(ts, "true", 4);
+			return IdemTextWord(ts, "true", 4);
 		case 'f':
 			v->type = jbvBool;
 			v->val.boolean = false;
-			return text_word(ts, "false", 5);
+			return IdemTextWord(ts, "false", 5);
 		case 'n':
 			v->type = jbvNull;
-			return text_word(ts, "null", 4);
+			return IdemTextWord(ts, "null", 4);
 		default:
 			{
-				const char *p = scan_number(ts->p, ts->end);
+				const char *p = IdemScanNumber(ts->p, ts->end);
 				char		buf[TEXT_MAX_NUMBER + 1];
 
 				/* within the bounds, numeric_in raises no error */
@@ -1496,7 +1496,7 @@ build_scalar(TextScan *ts, JsonbValue *v)
 
 /* the object or array at ts->p */
 static bool
-build_container(JsonbBuild *b, int depth)
+IdemBuildContainer(JsonbBuild *b, int depth)
 {
 	TextScan   *ts = &b->ts;
 	bool		object = (*ts->p == '{');
@@ -1506,7 +1506,7 @@ build_container(JsonbBuild *b, int depth)
 	ts->p++;
 	b->res = pushJsonbValue(&b->state,
 							object ? WJB_BEGIN_OBJECT : WJB_BEGIN_ARRAY, NULL);
-	skip_space(ts);
+	IdemSkipSpace(ts);
 	if (ts->p < ts->end && *ts->p == close)
 	{
 		ts->p++;
@@ -1520,18 +1520,18 @@ build_container(JsonbBuild *b, int depth)
 				JsonbValue	key;
 
 				if (ts->p >= ts->end || *ts->p != '"' ||
-					!build_scalar(ts, &key))
+					!IdemBuildScalar(ts, &key))
 					return false;
 				b->res = pushJsonbValue(&b->state, WJB_KEY, &key);
-				skip_space(ts);
+				IdemSkipSpace(ts);
 				if (ts->p >= ts->end || *ts->p != ':')
 					return false;
 				ts->p++;
-				skip_space(ts);
+				IdemSkipSpace(ts);
 			}
-			if (!build_value(b, depth + 1))
+			if (!IdemBuildValue(b, depth + 1))
 				return false;
-			if (!text_next(ts, close, &ok))
+			if (!IdemTextNext(ts, close, &ok))
 				break;
 		}
 	if (!ok)
@@ -1542,15 +1542,15 @@ build_container(JsonbBuild *b, int depth)
 }
 
 static bool
-build_value(JsonbBuild *b, int depth)
+IdemBuildValue(JsonbBuild *b, int depth)
 {
 	JsonbValue	v;
 
 	if (b->ts.p >= b->ts.end)
 		return false;
 	if (*b->ts.p == '{' || *b->ts.p == '[')
-		return depth < TEXT_MAX_DEPTH && build_container(b, depth);
-	if (!build_scalar(&b->ts, &v))
+		return depth < TEXT_MAX_DEPTH && IdemBuildContainer(b, depth);
+	if (!IdemBuildScalar(&b->ts, &v))
 		return false;
 	if (b->state == NULL)
 	{
@@ -1580,7 +1580,7 @@ IdemTryJsonTextToJsonb(const char *s, int len)
 	if (GetDatabaseEncoding() != PG_UTF8 || len > TEXT_MAX_LEN)
 		return NULL;
 	if (!plain_ready)
-		init_plain_bytes();
+		IdemInitPlainBytes();
 	b.ts.p = s;
 	b.ts.end = s + len;
 	b.ts.scratch.data = NULL;
@@ -1588,9 +1588,9 @@ IdemTryJsonTextToJsonb(const char *s, int len)
 	b.state = NULL;
 	b.res = NULL;
 
-	skip_space(&b.ts);
-	ok = build_value(&b, 0);
-	skip_space(&b.ts);
+	IdemSkipSpace(&b.ts);
+	ok = IdemBuildValue(&b, 0);
+	IdemSkipSpace(&b.ts);
 	ok = ok && b.ts.p == b.ts.end;
 
 	if (b.ts.scratch.data)
@@ -1616,7 +1616,7 @@ typedef struct DupState
 } DupState;
 
 static IdemJsonSemResult
-dup_object_start(void *state)
+IdemDupObjectStart(void *state)
 {
 	DupState   *ds = (DupState *) state;
 	DupFrame   *f = palloc(sizeof(DupFrame));
@@ -1628,7 +1628,7 @@ dup_object_start(void *state)
 }
 
 static IdemJsonSemResult
-dup_object_field_start(void *state, char *fname, bool isnull)
+IdemDupObjectFieldStart(void *state, char *fname, bool isnull)
 {
 	DupState   *ds = (DupState *) state;
 
@@ -1637,13 +1637,13 @@ dup_object_field_start(void *state, char *fname, bool isnull)
 }
 
 static int
-cstring_cmp(const void *a, const void *b)
+IdemCstringCmp(const void *a, const void *b)
 {
 	return strcmp(*(char *const *) a, *(char *const *) b);
 }
 
 static IdemJsonSemResult
-dup_object_end(void *state)
+IdemDupObjectEnd(void *state)
 {
 	DupState   *ds = (DupState *) state;
 	DupFrame   *f = ds->top;
@@ -1657,7 +1657,7 @@ dup_object_end(void *state)
 
 		foreach(lc, f->keys)
 			keys[i++] = lfirst(lc);
-		qsort(keys, n, sizeof(char *), cstring_cmp);
+		qsort(keys, n, sizeof(char *), IdemCstringCmp);
 		for (i = 1; i < n; i++)
 			if (strcmp(keys[i - 1], keys[i]) == 0)
 				ereport(ERROR,
@@ -1693,9 +1693,9 @@ IdemJsonTextToJsonbUnique(text *json)
 	memset(&sem, 0, sizeof(sem));
 	ds.top = NULL;
 	sem.semstate = &ds;
-	sem.object_start = dup_object_start;
-	sem.object_end = dup_object_end;
-	sem.object_field_start = dup_object_field_start;
+	sem.object_start = IdemDupObjectStart;
+	sem.object_end = IdemDupObjectEnd;
+	sem.object_field_start = IdemDupObjectFieldStart;
 	pg_parse_json_or_ereport(lex, &sem);
 
 	return jb;

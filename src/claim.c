@@ -5,16 +5,20 @@
  *	  idem_finish_ref, idem_release, idem_fail, idem_heartbeat, idem_resolve,
  *	  idem_lookup.
  *
+ *	  A call reads its scope (scope.c), takes or finds the scope's lock,
+ *	  and reads and writes the scope's row through the key store
+ *	  (keystore.c), which alone knows how rows are stored.  This file keeps
+ *	  what the protocol decides: the claims of the transaction still
+ *	  pending, and what happens to them when (sub)transactions end.
+ *
  *	  Uniqueness.  PostgreSQL cannot enforce one live row per (tenant,
  *	  endpoint, key) with a unique index, since the key does not contain the
  *	  partition column (expires_at).  A claim therefore first takes a
  *	  transaction-scoped lock in the extension's own lock space, keyed by a
- *	  hash of the scope, and only then reads every partition with the latest
- *	  snapshot (not the transaction's, so that REPEATABLE READ and
+ *	  hash of the scope, and only then reads the scope's rows with the
+ *	  latest snapshot (not the transaction's, so that REPEATABLE READ and
  *	  SERIALIZABLE callers see what committed while they waited).  Each
- *	  partition's unique index on the scope is a safety net.  The reads and
- *	  the inserts of the hot paths go straight to the partitions' indexes
- *	  and heaps (keyscan.c); the rarer updates run through SPI.
+ *	  partition's unique index on the scope is a safety net.
  *
  *	  Atomic mode (no lease).  The claim inserts nothing: it keeps the scope
  *	  lock and remembers the claim in backend memory; idem_finish inserts the
@@ -35,25 +39,20 @@
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
-#include "common/hashfn.h"
 #include "common/int.h"
-#include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "nodes/nodeFuncs.h"
 #include "port/pg_bswap.h"
 #include "storage/latch.h"
-#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "utils/builtins.h"
-#include "utils/datum.h"
 #include "utils/fmgrprotos.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 #include "utils/wait_event.h"
@@ -65,54 +64,13 @@
 #include "guc.h"
 #include "idempotency.h"
 #include "keys.h"
-#include "keyscan.h"
+#include "keystore.h"
 #include "response.h"
+#include "scope.h"
 #include "stats.h"
-#include "tenant.h"
 
 /* how long a waiting claim sleeps between two looks at a leased row */
 #define IDEM_LEASE_POLL_MS		20
-
-typedef enum IdemState
-{
-	IDEM_STATE_IN_PROGRESS,
-	IDEM_STATE_COMPLETED,
-	IDEM_STATE_FAILED,
-	IDEM_STATE_UNKNOWN
-} IdemState;
-
-static const char *const state_names[] = {
-	"in_progress", "completed", "failed", "unknown"
-};
-
-/* The arguments every function takes, validated. */
-typedef struct IdemScope
-{
-	text	   *tenant;
-	text	   *endpoint;
-	text	   *key;
-	char	   *endpoint_str;
-} IdemScope;
-
-/* The live row of a scope, as read by IdemLoadRow. */
-typedef struct IdemRow
-{
-	bool		found;			/* a live row exists */
-	bool		has_expired;	/* expired rows of the scope exist */
-	bytea	   *fingerprint;
-	IdemState	state;
-	bool		has_token;
-	int64		lease_token;
-	bool		has_locked_until;
-	TimestampTz locked_until;
-	IdemResponse resp;
-	TimestampTz created_at;
-	TimestampTz expires_at;
-	bool		has_completed_at;
-	TimestampTz completed_at;
-	Oid			partoid;		/* where a probe found it (or InvalidOid) */
-	ItemPointerData tid;
-} IdemRow;
 
 /*
  * A claim of this transaction that holds its scope lock: in atomic mode,
@@ -146,284 +104,6 @@ typedef struct PendingClaim
 static PendingClaim *pending_claims = NULL;
 static int	claims_held = 0;	/* entries in pending_claims */
 
-/* The statements on idempotency.keys, prepared once per backend. */
-typedef enum IdemStmt
-{
-	STMT_LOOKUP_FOR_UPDATE,
-	STMT_DELETE_EXPIRED,
-	STMT_DELETE_LIVE,
-	STMT_COMPLETE,
-	STMT_FAIL,
-	STMT_HEARTBEAT,
-	NUM_STMTS
-} IdemStmt;
-
-#define SCOPE_WHERE \
-	" WHERE tenant = $1 AND endpoint = $2 AND key = $3"
-#define LIVE_WHERE	SCOPE_WHERE " AND expires_at > $4"
-#define ROW_COLUMNS \
-	"fingerprint, state, lease_token, locked_until, response_status," \
-	" response_headers, body_kind, body_encrypted, response_body, body_ref," \
-	" created_at, expires_at, completed_at"
-
-typedef struct IdemStmtDef
-{
-	const char *sql;			/* on the parent, by scope */
-	const char *by_tid;			/* on one partition (%s), by ctid, which is
-								 * the parameter after sql's; or NULL */
-	int			nargs;			/* of sql */
-	Oid			argtypes[17];
-} IdemStmtDef;
-
-#define SCOPE_TYPES TEXTOID, TEXTOID, TEXTOID
-#define RESPONSE_TYPES INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID
-
-#define COMPLETE_SET \
-	" SET state = 'completed', completed_at = $4," \
-	" locked_until = NULL, fail_reason = NULL, response_status = $5," \
-	" response_headers = $6, body_kind = $7, body_encrypted = $8," \
-	" response_body = $9, body_ref = $10"
-#define FAIL_SET	" SET state = $5, fail_reason = $6, locked_until = NULL"
-#define HEARTBEAT_SET " SET locked_until = $5"
-
-static const IdemStmtDef stmt_defs[NUM_STMTS] = {
-	[STMT_LOOKUP_FOR_UPDATE] = {
-		"SELECT " ROW_COLUMNS " FROM idempotency.keys" LIVE_WHERE " FOR UPDATE",
-		"SELECT 1 FROM ONLY %s WHERE ctid = $5 FOR UPDATE",
-		4, {SCOPE_TYPES, TIMESTAMPTZOID}
-	},
-	[STMT_DELETE_EXPIRED] = {
-		"DELETE FROM idempotency.keys" SCOPE_WHERE " AND expires_at <= $4",
-		NULL,
-		4, {SCOPE_TYPES, TIMESTAMPTZOID}
-	},
-	[STMT_DELETE_LIVE] = {
-		"DELETE FROM idempotency.keys" LIVE_WHERE,
-		"DELETE FROM ONLY %s WHERE ctid = $5",
-		4, {SCOPE_TYPES, TIMESTAMPTZOID}
-	},
-	[STMT_COMPLETE] = {
-		"UPDATE idempotency.keys" COMPLETE_SET LIVE_WHERE,
-		"UPDATE ONLY %s" COMPLETE_SET " WHERE ctid = $11",
-		10, {SCOPE_TYPES, TIMESTAMPTZOID, RESPONSE_TYPES}
-	},
-	[STMT_FAIL] = {
-		"UPDATE idempotency.keys" FAIL_SET LIVE_WHERE,
-		"UPDATE ONLY %s" FAIL_SET " WHERE ctid = $7",
-		6, {SCOPE_TYPES, TIMESTAMPTZOID, TEXTOID, TEXTOID}
-	},
-	[STMT_HEARTBEAT] = {
-		"UPDATE idempotency.keys" HEARTBEAT_SET LIVE_WHERE,
-		"UPDATE ONLY %s" HEARTBEAT_SET " WHERE ctid = $6",
-		5, {SCOPE_TYPES, TIMESTAMPTZOID, TIMESTAMPTZOID}
-	},
-};
-
-static SPIPlanPtr stmt_plans[NUM_STMTS];
-
-/* ----------------------------------------------------------------
- *		helpers
- * ----------------------------------------------------------------
- */
-
-static const char *
-IdemStateName(IdemState state)
-{
-	return state_names[state];
-}
-
-static IdemState
-IdemStateFromName(const char *name)
-{
-	int			i;
-
-	for (i = 0; i < (int) lengthof(state_names); i++)
-		if (strcmp(name, state_names[i]) == 0)
-			return (IdemState) i;
-	elog(ERROR, "unrecognized key state \"%s\"", name);
-	return IDEM_STATE_UNKNOWN;	/* keep compiler quiet */
-}
-
-/*
- * Run one of the statements with the latest snapshot, so that what
- * committed since the transaction's snapshot was taken is seen (the scope
- * lock orders the writers; see the file header), as the owner of the table.
- * With a row that a probe found (row->partoid valid; see IdemLoadRow), on
- * that version of the row only, by its ctid, planned for this one call.
- */
-static void
-IdemExecOn(IdemStmt stmt, const IdemRow *row, Datum *values,
-		   const char *nulls, int expected)
-{
-	const IdemStmtDef *def = &stmt_defs[stmt];
-	IdemOwnerSection section;
-	SPIPlanPtr	plan;
-	int			rc;
-
-	IdemBeginOwnerSection(&section, IdemKeysOwner(), 0);
-	if (row != NULL && OidIsValid(row->partoid))
-	{
-		Oid			argtypes[lengthof(def->argtypes) + 1];
-		Datum		args[lengthof(def->argtypes) + 1];
-		char		argnulls[lengthof(def->argtypes) + 1];
-		char	   *part;
-
-		Assert(def->by_tid != NULL);
-		part = quote_qualified_identifier(get_namespace_name(get_rel_namespace(row->partoid)),
-										  get_rel_name(row->partoid));
-		memcpy(argtypes, def->argtypes, sizeof(Oid) * def->nargs);
-		memcpy(args, values, sizeof(Datum) * def->nargs);
-		if (nulls)
-			memcpy(argnulls, nulls, def->nargs);
-		else
-			memset(argnulls, ' ', def->nargs);
-		argtypes[def->nargs] = TIDOID;
-		args[def->nargs] = PointerGetDatum(&row->tid);
-		argnulls[def->nargs] = ' ';
-		plan = SPI_prepare(psprintf(def->by_tid, part), def->nargs + 1,
-						   argtypes);
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 def->by_tid, SPI_result_code_string(SPI_result));
-		rc = SPI_execute_snapshot(plan, args, argnulls, GetLatestSnapshot(),
-								  InvalidSnapshot, false, true, 0);
-		SPI_freeplan(plan);
-	}
-	else
-	{
-		if (stmt_plans[stmt] == NULL)
-		{
-			plan = SPI_prepare(def->sql, def->nargs, (Oid *) def->argtypes);
-			if (plan == NULL)
-				elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-					 def->sql, SPI_result_code_string(SPI_result));
-			SPI_keepplan(plan);
-			stmt_plans[stmt] = plan;
-		}
-		rc = SPI_execute_snapshot(stmt_plans[stmt], values, nulls,
-								  GetLatestSnapshot(), InvalidSnapshot,
-								  false, true, 0);
-	}
-	if (rc != expected)
-		elog(ERROR, "statement on idempotency.keys failed: %s",
-			 SPI_result_code_string(rc));
-	IdemEndOwnerSection(&section);
-}
-
-static void
-IdemExec(IdemStmt stmt, Datum *values, const char *nulls, int expected)
-{
-	IdemExecOn(stmt, NULL, values, nulls, expected);
-}
-
-static void
-IdemSPIConnect(void)
-{
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-}
-
-static void
-IdemScopeValues(const IdemScope *scope, Datum *values)
-{
-	values[0] = PointerGetDatum(scope->tenant);
-	values[1] = PointerGetDatum(scope->endpoint);
-	values[2] = PointerGetDatum(scope->key);
-}
-
-/*
- * Read the args (tenant, endpoint, key) and validate them, key first, so
- * that nothing is locked or read for a malformed request.
- */
-static void
-IdemGetScope(FunctionCallInfo fcinfo, IdemScope *scope, bool count_invalid)
-{
-	text	   *tenant = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
-	text	   *endpoint = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
-	text	   *key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
-
-	if (count_invalid &&
-		(key == NULL || !IdemKeyIsValid(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))))
-	{
-		bool		endpoint_ok = endpoint != NULL &&
-			VARSIZE_ANY_EXHDR(endpoint) > 0 &&
-			VARSIZE_ANY_EXHDR(endpoint) <= IDEM_SCOPE_MAX_LEN;
-
-		IdemStatsCount(endpoint_ok ? text_to_cstring(endpoint) : NULL,
-					   IDEM_COUNT_INVALID_KEYS);
-	}
-	IdemCheckKey(key);
-	IdemCheckScope(tenant, endpoint);
-	IdemCheckTenant(tenant);
-
-	scope->tenant = tenant;
-	scope->endpoint = endpoint;
-	scope->key = key;
-	scope->endpoint_str = text_to_cstring(endpoint);
-}
-
-static bool
-IdemTextEqual(const text *a, const text *b)
-{
-	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
-		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
-}
-
-void
-IdemScopeLockTag(LOCKTAG *tag, const text *tenant, const text *endpoint,
-				 const text *key)
-{
-	const text *parts[3] = {tenant, endpoint, key};
-	uint64		h = 0;
-	int			i;
-
-	/* chained so that ("ab", "c") and ("a", "bc") hash differently */
-	for (i = 0; i < 3; i++)
-	{
-		uint32		len = VARSIZE_ANY_EXHDR(parts[i]);
-
-		h = hash_bytes_extended((const unsigned char *) &len, sizeof(len), h);
-		h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(parts[i]),
-								len, h);
-	}
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
-						 IDEM_LOCK_SPACE_SCOPE);
-}
-
-/*
- * Scope locks belong to the current (sub)transaction, not to the statement
- * that took them, so that a later statement of the transaction can release
- * them and a rolled-back subtransaction releases its own.
- */
-static bool
-IdemLockScope(const LOCKTAG *tag, bool dontWait)
-{
-	ResourceOwner save = CurrentResourceOwner;
-	volatile LockAcquireResult res = LOCKACQUIRE_NOT_AVAIL;
-
-	CurrentResourceOwner = CurTransactionResourceOwner;
-	PG_TRY();
-	{
-		res = LockAcquire(tag, ExclusiveLock, false, dontWait);
-	}
-	PG_FINALLY();
-	{
-		CurrentResourceOwner = save;
-	}
-	PG_END_TRY();
-	return res != LOCKACQUIRE_NOT_AVAIL;
-}
-
-static void
-IdemUnlockScope(const LOCKTAG *tag)
-{
-	ResourceOwner save = CurrentResourceOwner;
-
-	CurrentResourceOwner = CurTransactionResourceOwner;
-	LockRelease(tag, ExclusiveLock, false);
-	CurrentResourceOwner = save;
-}
-
 /*
  * A claim's wait in milliseconds, months counted as 30 days: not negative,
  * and at most INT_MAX, the longest idempotency.claim_wait and lock wait, so
@@ -452,8 +132,9 @@ IdemWaitMs(const Interval *iv)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("wait is too long"),
-				 errdetail("A claim waits at most %d milliseconds (about 24 days).",
-						   INT_MAX)));
+				 errdetail_plural("A claim waits at most %d millisecond (about 24 days).",
+								  "A claim waits at most %d milliseconds (about 24 days).",
+								  INT_MAX, INT_MAX)));
 	return usecs / 1000;
 }
 
@@ -469,6 +150,13 @@ IdemAddInterval(TimestampTz ts, const Interval *iv)
  *		pending claims of atomic mode
  * ----------------------------------------------------------------
  */
+
+static bool
+IdemTextEqual(const text *a, const text *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
 
 /* The pending (unfinished) atomic claim of a scope, or NULL. */
 static PendingClaim *
@@ -562,7 +250,7 @@ IdemEndPending(PendingClaim **link, bool release_lock)
 
 	if (release_lock && pc->nest_level == level)
 	{
-		IdemUnlockScope(&pc->tag);
+		IdemReleaseScopeLock(&pc->tag);
 		IdemForgetPending(link);
 	}
 	else
@@ -661,285 +349,6 @@ IdemClaimInit(void)
 {
 	RegisterXactCallback(IdemXactCallback, NULL);
 	RegisterSubXactCallback(IdemSubXactCallback, NULL);
-}
-
-/* ----------------------------------------------------------------
- *		reading and writing rows
- * ----------------------------------------------------------------
- */
-
-/* the columns IdemLoadRow reads, in the order of ROW_COLUMNS */
-static const char *const row_columns[] = {
-	"fingerprint", "state", "lease_token", "locked_until", "response_status",
-	"response_headers", "body_kind", "body_encrypted", "response_body",
-	"body_ref", "created_at", "expires_at", "completed_at"
-};
-
-#define NUM_ROW_COLUMNS lengthof(row_columns)
-
-/* Take one row of the scope (values in row_columns order) into row. */
-static void
-IdemTakeRow(IdemRow *row, const Datum *v, const bool *n, TimestampTz now,
-			MemoryContext cxt)
-{
-	MemoryContext old;
-	TimestampTz expires_at = DatumGetTimestampTz(v[11]);
-
-	if (expires_at <= now)
-	{
-		row->has_expired = true;
-		return;
-	}
-	old = MemoryContextSwitchTo(cxt);
-	row->found = true;
-	row->expires_at = expires_at;
-	row->fingerprint = DatumGetByteaPCopy(v[0]);
-	row->state = IdemStateFromName(TextDatumGetCString(v[1]));
-	row->has_token = !n[2];
-	row->lease_token = n[2] ? 0 : DatumGetInt64(v[2]);
-	row->has_locked_until = !n[3];
-	row->locked_until = n[3] ? 0 : DatumGetTimestampTz(v[3]);
-	row->resp.status = n[4] ? -1 : DatumGetInt32(v[4]);
-	row->resp.headers = n[5] ? NULL : DatumGetJsonbPCopy(v[5]);
-	row->resp.body_kind = IdemBodyKindFromName(n[6] ? NULL : TextDatumGetCString(v[6]));
-	row->resp.encrypted = !n[7] && DatumGetBool(v[7]);
-	row->resp.body = n[8] ? NULL : DatumGetByteaPCopy(v[8]);
-	row->resp.body_ref = n[9] ? NULL : DatumGetTextPCopy(v[9]);
-	row->created_at = DatumGetTimestampTz(v[10]);
-	row->has_completed_at = !n[12];
-	row->completed_at = n[12] ? 0 : DatumGetTimestampTz(v[12]);
-	MemoryContextSwitchTo(old);
-}
-
-typedef struct ScanRowState
-{
-	IdemRow    *row;
-	TimestampTz now;
-	MemoryContext cxt;
-	const AttrNumber *attnums;
-} ScanRowState;
-
-static AttrNumber row_attnums[NUM_ROW_COLUMNS];
-static uint64 row_attnums_generation = 0;
-
-static bool
-IdemScanRowCallback(TupleTableSlot *slot, void *arg)
-{
-	ScanRowState *st = (ScanRowState *) arg;
-	Datum		v[NUM_ROW_COLUMNS];
-	bool		n[NUM_ROW_COLUMNS];
-	int			i;
-
-	/* one deforming pass, then the columns by number */
-	slot_getallattrs(slot);
-	for (i = 0; i < (int) NUM_ROW_COLUMNS; i++)
-	{
-		v[i] = slot->tts_values[st->attnums[i] - 1];
-		n[i] = slot->tts_isnull[st->attnums[i] - 1];
-	}
-	IdemTakeRow(st->row, v, n, st->now, st->cxt);
-	if (st->row->found)
-	{
-		st->row->partoid = slot->tts_tableOid;
-		st->row->tid = slot->tts_tid;
-	}
-	/* there is at most one live row: once found, nothing else matters */
-	return st->row->found;
-}
-
-/*
- * Probe each partition's unique index for the scope's rows (see keyscan.c),
- * the partition covering hint (where the live row is most likely) first,
- * until the live row is found: fill row with it, note whether expired ones
- * exist.
- */
-static void
-IdemProbeRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
-			 IdemRow *row, MemoryContext cxt)
-{
-	ScanRowState st;
-
-	memset(row, 0, sizeof(*row));
-	st.row = row;
-	st.now = now;
-	st.cxt = cxt;
-	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
-					&row_attnums_generation);
-	st.attnums = row_attnums;
-	IdemScanScope(scope->tenant, scope->endpoint, scope->key, now, hint,
-				  IdemScanRowCallback, &st);
-}
-
-/*
- * The live row of a SERIALIZABLE transaction's lease-mode call, locked.  It
- * is found by a probe, which takes no predicate locks (see IdemProbeIndex
- * in keyscan.c), then locked by its ctid, and the statements that change
- * it go by its ctid too (IdemExecOn); the only predicate lock taken is the
- * one on the row itself.  A statement by scope would read the partition's
- * index with predicate locks on its pages, and calls on different keys
- * whose index entries share a page (time-ordered keys always do) would
- * make each other fail.  This is sound: the call decides on the version it
- * has locked, and whoever changes the row must lock it first, so the row
- * lock orders them, as it orders the statements at the other levels.  A
- * version that was replaced after the probe is not visible to the lock's
- * (later) snapshot: the probe then finds the new one.  The old version's
- * ctid cannot be reused meanwhile, since its deleter committed after this
- * transaction's snapshot was taken.
- */
-static void
-IdemLockProbedRow(const IdemScope *scope, TimestampTz now, IdemRow *row,
-				  MemoryContext cxt)
-{
-	Datum		values[4];
-
-	IdemScopeValues(scope, values);
-	values[3] = TimestampTzGetDatum(now);
-	for (;;)
-	{
-		IdemProbeRow(scope, now, now, row, cxt);
-		if (!row->found)
-			return;
-		IdemExecOn(STMT_LOOKUP_FOR_UPDATE, row, values, NULL, SPI_OK_SELECT);
-		if (SPI_processed == 1)
-			return;
-		/* a newer version of the row committed after the probe: find it */
-		CHECK_FOR_INTERRUPTS();
-	}
-}
-
-/*
- * Read the scope's rows with the latest snapshot: fill row with the live
- * one, note whether expired ones exist.  for_update reads (and locks) the
- * live row only, through SPI (or see IdemLockProbedRow); otherwise each
- * partition's unique index is probed directly (IdemProbeRow).
- */
-static void
-IdemLoadRow(const IdemScope *scope, TimestampTz now, TimestampTz hint,
-			bool for_update, IdemRow *row, MemoryContext cxt)
-{
-	Datum		values[4];
-	uint64		i;
-
-	if (!for_update)
-	{
-		IdemProbeRow(scope, now, hint, row, cxt);
-		return;
-	}
-
-	/*
-	 * Lock the parent before IdemExec takes its snapshot.  A maintenance
-	 * pass that moves rows out of the default partition holds ACCESS
-	 * EXCLUSIVE on the parent until it commits.  Waiting for it inside the
-	 * statement would leave the statement a snapshot taken before the move
-	 * committed, in which the row is still in the default partition, and
-	 * deleted by the time it is locked: "no live claim" (IK404) at READ
-	 * COMMITTED, a serialization failure above.  Waiting here, the snapshot
-	 * sees the row where it was moved to, and the invalidations taken in
-	 * with the lock make the statement plan for the new partition.  A
-	 * transaction that already holds the lock keeps any move out until it
-	 * ends.
-	 */
-	IdemLockKeys();
-	if (IsolationIsSerializable())
-	{
-		IdemLockProbedRow(scope, now, row, cxt);
-		return;
-	}
-	memset(row, 0, sizeof(*row));
-	IdemScopeValues(scope, values);
-	values[3] = TimestampTzGetDatum(now);
-	IdemExec(STMT_LOOKUP_FOR_UPDATE, values, NULL, SPI_OK_SELECT);
-	for (i = 0; i < SPI_processed; i++)
-	{
-		Datum		v[NUM_ROW_COLUMNS];
-		bool		n[NUM_ROW_COLUMNS];
-		int			c;
-
-		for (c = 0; c < (int) NUM_ROW_COLUMNS; c++)
-			v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
-								 c + 1, &n[c]);
-		IdemTakeRow(row, v, n, now, cxt);
-	}
-}
-
-/* Fill the six response parameters of STMT_INSERT / STMT_COMPLETE. */
-static void
-IdemResponseValues(const IdemResponse *resp, Datum *values, char *nulls)
-{
-	const char *kind = IdemBodyKindName(resp->body_kind);
-
-	values[0] = Int32GetDatum(resp->status);
-	nulls[0] = resp->status < 0 ? 'n' : ' ';
-	values[1] = PointerGetDatum(resp->headers);
-	nulls[1] = resp->headers ? ' ' : 'n';
-	values[2] = kind ? CStringGetTextDatum(kind) : (Datum) 0;
-	nulls[2] = kind ? ' ' : 'n';
-	values[3] = BoolGetDatum(resp->encrypted);
-	nulls[3] = ' ';
-	values[4] = PointerGetDatum(resp->body);
-	nulls[4] = resp->body ? ' ' : 'n';
-	values[5] = PointerGetDatum(resp->body_ref);
-	nulls[5] = resp->body_ref ? ' ' : 'n';
-}
-
-/* the columns of a row, in the order IdemInsertRow fills them */
-static const char *const insert_columns[] = {
-	"tenant", "endpoint", "key", "created_at", "fingerprint", "state",
-	"lease_token", "locked_until", "response_status", "response_headers",
-	"body_kind", "body_encrypted", "response_body", "body_ref", "fail_reason",
-	"completed_at", "expires_at"
-};
-
-#define NUM_INSERT_COLUMNS lengthof(insert_columns)
-
-static AttrNumber insert_attnums[NUM_INSERT_COLUMNS];
-static uint64 insert_attnums_generation = 0;
-
-/* Insert the row of a scope, straight into its partition (keyscan.c). */
-static void
-IdemInsertRow(const IdemScope *scope, TimestampTz created_at,
-			  const bytea *fingerprint, IdemState state,
-			  const int64 *lease_token, const TimestampTz *locked_until,
-			  const IdemResponse *resp, const char *fail_reason,
-			  const TimestampTz *completed_at, TimestampTz expires_at)
-{
-	Datum		v[NUM_INSERT_COLUMNS];
-	char		cn[NUM_INSERT_COLUMNS];
-	IdemResponse none = {-1, NULL, IDEM_BODY_NONE, NULL, NULL, false};
-	int			natts;
-	Datum	   *values;
-	bool	   *nulls;
-	int			i;
-
-	memset(cn, ' ', sizeof(cn));
-	IdemScopeValues(scope, v);
-	v[3] = TimestampTzGetDatum(created_at);
-	v[4] = PointerGetDatum(fingerprint);
-	v[5] = CStringGetTextDatum(IdemStateName(state));
-	v[6] = lease_token ? Int64GetDatum(*lease_token) : (Datum) 0;
-	cn[6] = lease_token ? ' ' : 'n';
-	v[7] = locked_until ? TimestampTzGetDatum(*locked_until) : (Datum) 0;
-	cn[7] = locked_until ? ' ' : 'n';
-	IdemResponseValues(resp ? resp : &none, v + 8, cn + 8);
-	v[14] = fail_reason ? CStringGetTextDatum(fail_reason) : (Datum) 0;
-	cn[14] = fail_reason ? ' ' : 'n';
-	v[15] = completed_at ? TimestampTzGetDatum(*completed_at) : (Datum) 0;
-	cn[15] = completed_at ? ' ' : 'n';
-	v[16] = TimestampTzGetDatum(expires_at);
-
-	/* lay the values out by the table's attribute numbers */
-	IdemKeysAttnums(insert_columns, NUM_INSERT_COLUMNS, insert_attnums,
-					&insert_attnums_generation);
-	natts = IdemKeysNatts();
-	values = palloc0(sizeof(Datum) * natts);
-	nulls = palloc(sizeof(bool) * natts);
-	memset(nulls, true, sizeof(bool) * natts);
-	for (i = 0; i < (int) NUM_INSERT_COLUMNS; i++)
-	{
-		values[insert_attnums[i] - 1] = v[i];
-		nulls[insert_attnums[i] - 1] = cn[i] == 'n';
-	}
-	IdemInsertKeyRow(values, nulls, state == IDEM_STATE_IN_PROGRESS);
 }
 
 static void
@@ -1076,7 +485,7 @@ IdemPushJsonbString(JsonbParseState **state, JsonbIteratorToken token,
 
 /* The stored response, made ready for a replay. */
 static void
-IdemReplayResult(const IdemScope *scope, IdemRow *row, ClaimResult *r)
+IdemReplayResult(const IdemScope *scope, IdemKeyRow *row, ClaimResult *r)
 {
 	JsonbParseState *state = NULL;
 	Datum		marks;
@@ -1117,52 +526,6 @@ IdemReplayResult(const IdemScope *scope, IdemRow *row, ClaimResult *r)
 	r->replayed = true;
 }
 
-static void
-IdemLockScopeWaiting(void *tag)
-{
-	(void) IdemLockScope((const LOCKTAG *) tag, false);
-}
-
-/*
- * Wait at most wait_ms for the scope lock held by a concurrent claim.  The
- * lock manager's own wait is used, bounded by lock_timeout, inside a
- * subtransaction so that the timeout error can be caught; the lock then
- * passes to the enclosing (sub)transaction.
- */
-static bool
-IdemWaitForLock(const LOCKTAG *tag, int64 wait_ms)
-{
-	int			save_timeout = LockTimeout;
-	ErrorData  *edata;
-
-	if (wait_ms <= 0)
-		return false;
-
-	LockTimeout = (int) Min(wait_ms, INT_MAX);
-	edata = IdemRunInSubtransaction(IdemLockScopeWaiting, (void *) tag);
-	LockTimeout = save_timeout;
-	if (edata == NULL)
-		return true;
-	if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-		ReThrowError(edata);
-	FreeErrorData(edata);
-	return false;
-}
-
-/* Take the scope lock, waiting until deadline; *waited tells if it had to. */
-static bool
-IdemAcquireScopeLock(const LOCKTAG *tag, TimestampTz deadline, bool *waited)
-{
-	int64		left_ms;
-
-	*waited = false;
-	if (IdemLockScope(tag, true))
-		return true;
-	*waited = true;
-	left_ms = (deadline - GetCurrentTimestamp() + 999) / 1000;
-	return IdemWaitForLock(tag, left_ms);
-}
-
 /*
  * The times of a claim made at now: its expiry, now + ttl, and in lease
  * mode (lease not NULL) the end of its lease, now + lease.
@@ -1180,7 +543,9 @@ IdemClaimTimes(TimestampTz now, const Interval *ttl, const Interval *lease,
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("ttl exceeds idempotency.max_ttl"),
-				 errdetail("Keys may be kept for at most %d seconds.", idem_max_ttl),
+				 errdetail_plural("Keys may be kept for at most %d second.",
+								  "Keys may be kept for at most %d seconds.",
+								  idem_max_ttl, idem_max_ttl),
 				 errhint("Ask for a shorter ttl, or raise idempotency.max_ttl.")));
 	*locked_until = 0;
 	if (lease != NULL)
@@ -1223,7 +588,8 @@ idem_claim(PG_FUNCTION_ARGS)
 	LOCKTAG		tag;
 	bool		locked;
 	bool		waited;
-	IdemRow		row;
+	IdemKeyRow	row;
+	IdemNewKeyRow newrow = {0};
 	ClaimResult r;
 
 	IdemGetScope(fcinfo, &scope, true);
@@ -1299,11 +665,9 @@ idem_claim(PG_FUNCTION_ARGS)
 		IdemClaimTimes(now, &ttl, lease, &expires_at, &locked_until);
 	}
 
-	IdemSPIConnect();
-
 	for (;;)
 	{
-		IdemLoadRow(&scope, now, expires_at, false, &row, cxt);
+		IdemKeystoreRead(&scope, now, expires_at, &row, cxt);
 
 		if (!row.found)
 			break;
@@ -1342,7 +706,7 @@ idem_claim(PG_FUNCTION_ARGS)
 			if (t < deadline)
 			{
 				/* a leased duplicate is running: look again shortly */
-				IdemUnlockScope(&tag);
+				IdemReleaseScopeLock(&tag);
 				(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 								 Min(IDEM_LEASE_POLL_MS, (deadline - t) / 1000 + 1),
 								 PG_WAIT_EXTENSION);
@@ -1364,22 +728,15 @@ idem_claim(PG_FUNCTION_ARGS)
 				IdemRetryAfter(row.locked_until, GetCurrentTimestamp()) : 1;
 			IdemStatsCount(scope.endpoint_str, IDEM_COUNT_IN_PROGRESS);
 		}
-		SPI_finish();
 		/* nothing to execute: let the next duplicate in at once */
 		if (locked)
-			IdemUnlockScope(&tag);
+			IdemReleaseScopeLock(&tag);
 		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
 	}
 
 	/* execute: the key is ours */
 	if (row.has_expired)
-	{
-		Datum		values[4];
-
-		IdemScopeValues(&scope, values);
-		values[3] = TimestampTzGetDatum(now);
-		IdemExec(STMT_DELETE_EXPIRED, values, NULL, SPI_OK_DELETE);
-	}
+		IdemKeystoreDeleteExpired(&scope, now);
 
 	r.action = "execute";
 	r.expires_at = expires_at;
@@ -1397,14 +754,18 @@ idem_claim(PG_FUNCTION_ARGS)
 		} while (token == 0);
 
 		IdemAddPending(&scope, fingerprint, now, expires_at, &tag, true);
-		IdemInsertRow(&scope, now, fingerprint, IDEM_STATE_IN_PROGRESS,
-					  &token, &locked_until, NULL, NULL, NULL, expires_at);
+		newrow.created_at = now;
+		newrow.fingerprint = fingerprint;
+		newrow.state = IDEM_STATE_IN_PROGRESS;
+		newrow.lease_token = &token;
+		newrow.locked_until = &locked_until;
+		newrow.expires_at = expires_at;
+		IdemKeystoreInsert(&scope, &newrow);
 		r.has_token = true;
 		r.lease_token = token;
 	}
 	else
 		IdemAddPending(&scope, fingerprint, now, expires_at, &tag, false);
-	SPI_finish();
 
 	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_EXECUTES);
 	IdemReport(&scope, fingerprint, NULL, "in_progress", false, -1, now);
@@ -1416,6 +777,15 @@ idem_claim(PG_FUNCTION_ARGS)
  * ----------------------------------------------------------------
  */
 
+/* What a call does to the row of a leased claim. */
+typedef enum IdemLeasedOp
+{
+	IDEM_OP_FINISH,
+	IDEM_OP_FAIL,
+	IDEM_OP_RELEASE,
+	IDEM_OP_HEARTBEAT
+} IdemLeasedOp;
+
 /*
  * Read and lock the live row of a leased claim and check the token:
  * raises IK404 when there is no live row, IK403 for a wrong token, IK409
@@ -1423,24 +793,34 @@ idem_claim(PG_FUNCTION_ARGS)
  */
 static void
 IdemLeasedRow(FunctionCallInfo fcinfo, int tokenarg, const IdemScope *scope,
-			  TimestampTz now, int allowed, const char *what, IdemRow *row,
+			  TimestampTz now, int allowed, IdemLeasedOp op, IdemKeyRow *row,
 			  MemoryContext cxt)
 {
 	bool		has_token = !PG_ARGISNULL(tokenarg);
 	int64		token = has_token ? PG_GETARG_INT64(tokenarg) : 0;
 
-	IdemLoadRow(scope, now, now, true, row, cxt);
+	IdemKeystoreLock(scope, now, row, cxt);
 	if (!row->found)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
 				 errmsg("no live claim exists for this idempotency key"),
 				 errdetail("The key was never claimed for this tenant and endpoint, was released, or has expired."),
-				 errhint("In atomic mode, %s must run in the transaction that claimed the key.", what)));
+				 errhint("In atomic mode, %s must run in the transaction that claimed the key.",
+						 get_func_name(fcinfo->flinfo->fn_oid))));
 	if ((allowed & (1 << row->state)) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_INVALID_STATE),
-				 errmsg("cannot %s an idempotency key in state %s",
-						what, IdemStateName(row->state)),
+				 op == IDEM_OP_FINISH ?
+				 errmsg("cannot finish an idempotency key in state %s",
+						IdemStateName(row->state)) :
+				 op == IDEM_OP_FAIL ?
+				 errmsg("cannot fail an idempotency key in state %s",
+						IdemStateName(row->state)) :
+				 op == IDEM_OP_RELEASE ?
+				 errmsg("cannot release an idempotency key in state %s",
+						IdemStateName(row->state)) :
+				 errmsg("cannot extend the lease of an idempotency key in state %s",
+						IdemStateName(row->state)),
 				 row->state == IDEM_STATE_COMPLETED ?
 				 errdetail("The key was already completed; a retry replays its response.") :
 				 errdetail("Only keys in another state allow this."),
@@ -1527,36 +907,34 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 
 	IdemResponseForStorage(IdemGetEndpointPolicy(scope->endpoint_str), resp);
 
-	IdemSPIConnect();
 	pc = IdemFindPending(scope, &link);
 	if (pc != NULL)
 	{
+		IdemNewKeyRow newrow = {0};
+
 		IdemRefuseToken(fcinfo, tokenarg);
-		IdemInsertRow(scope, pc->created_at, pc->fingerprint,
-					  IDEM_STATE_COMPLETED, NULL, NULL, resp, NULL, &now,
-					  pc->expires_at);
+		newrow.created_at = pc->created_at;
+		newrow.fingerprint = pc->fingerprint;
+		newrow.state = IDEM_STATE_COMPLETED;
+		newrow.resp = resp;
+		newrow.completed_at = &now;
+		newrow.expires_at = pc->expires_at;
+		IdemKeystoreInsert(scope, &newrow);
 		IdemReport(scope, pc->fingerprint, "in_progress", "completed", false,
 				   resp->status, pc->created_at);
 		IdemEndPending(link, false);
 	}
 	else
 	{
-		IdemRow		row;
-		Datum		values[10];
-		char		nulls[10];
+		IdemKeyRow	row;
 
 		IdemLeasedRow(fcinfo, tokenarg, scope, now,
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS) | STATE_BIT(IDEM_STATE_UNKNOWN),
-					  "finish", &row, cxt);
-		memset(nulls, ' ', sizeof(nulls));
-		IdemScopeValues(scope, values);
-		values[3] = TimestampTzGetDatum(now);
-		IdemResponseValues(resp, values + 4, nulls + 4);
-		IdemExecOn(STMT_COMPLETE, &row, values, nulls, SPI_OK_UPDATE);
+					  IDEM_OP_FINISH, &row, cxt);
+		IdemKeystoreComplete(scope, &row, now, resp);
 		IdemReport(scope, row.fingerprint, IdemStateName(row.state),
 				   "completed", false, resp->status, row.created_at);
 	}
-	SPI_finish();
 	IdemStatsCount(scope->endpoint_str, IDEM_COUNT_FINISHES);
 }
 
@@ -1573,12 +951,15 @@ IdemFinishWithBody(FunctionCallInfo fcinfo, IdemBodyKind kind)
 
 	IdemGetScope(fcinfo, &scope, false);
 	IdemGetResponse(fcinfo, 3, 5, &resp);
-	if (kind == IDEM_BODY_REF &&
-		(PG_ARGISNULL(4) || VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(4)) == 0))
+	if (kind == IDEM_BODY_REF && PG_ARGISNULL(4))
 		ereport(ERROR,
-				(errcode(PG_ARGISNULL(4) ? ERRCODE_NULL_VALUE_NOT_ALLOWED :
-						 ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("body_ref must not be NULL or empty"),
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("body_ref must not be NULL"),
+				 errhint("Use idem_finish without a body when the response has none.")));
+	if (kind == IDEM_BODY_REF && VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(4)) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("body_ref must not be empty"),
 				 errhint("Use idem_finish without a body when the response has none.")));
 	if (!PG_ARGISNULL(4))
 	{
@@ -1669,37 +1050,33 @@ idem_fail(PG_FUNCTION_ARGS)
 	reason = PG_ARGISNULL(4) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(4));
 	now = GetCurrentTimestamp();
 
-	IdemSPIConnect();
 	pc = IdemFindPending(&scope, &link);
 	if (pc != NULL)
 	{
+		IdemNewKeyRow newrow = {0};
+
 		IdemRefuseToken(fcinfo, 5);
-		IdemInsertRow(&scope, pc->created_at, pc->fingerprint, outcome,
-					  NULL, NULL, NULL, reason, NULL, pc->expires_at);
+		newrow.created_at = pc->created_at;
+		newrow.fingerprint = pc->fingerprint;
+		newrow.state = outcome;
+		newrow.fail_reason = reason;
+		newrow.expires_at = pc->expires_at;
+		IdemKeystoreInsert(&scope, &newrow);
 		IdemReport(&scope, pc->fingerprint, "in_progress",
 				   IdemStateName(outcome), false, -1, pc->created_at);
 		IdemEndPending(link, false);
 	}
 	else
 	{
-		IdemRow		row;
-		Datum		values[6];
-		char		nulls[6];
+		IdemKeyRow	row;
 
 		IdemLeasedRow(fcinfo, 5, &scope, now,
 					  STATE_BIT(IDEM_STATE_IN_PROGRESS) | STATE_BIT(IDEM_STATE_UNKNOWN),
-					  "fail", &row, cxt);
-		memset(nulls, ' ', sizeof(nulls));
-		IdemScopeValues(&scope, values);
-		values[3] = TimestampTzGetDatum(now);
-		values[4] = CStringGetTextDatum(IdemStateName(outcome));
-		values[5] = reason ? CStringGetTextDatum(reason) : (Datum) 0;
-		nulls[5] = reason ? ' ' : 'n';
-		IdemExecOn(STMT_FAIL, &row, values, nulls, SPI_OK_UPDATE);
+					  IDEM_OP_FAIL, &row, cxt);
+		IdemKeystoreFail(&scope, &row, now, outcome, reason);
 		IdemReport(&scope, row.fingerprint, IdemStateName(row.state),
 				   IdemStateName(outcome), false, -1, row.created_at);
 	}
-	SPI_finish();
 	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_FAILS);
 	PG_RETURN_VOID();
 }
@@ -1730,16 +1107,11 @@ idem_release(PG_FUNCTION_ARGS)
 	else
 	{
 		TimestampTz now = GetCurrentTimestamp();
-		IdemRow		row;
-		Datum		values[4];
+		IdemKeyRow	row;
 
-		IdemSPIConnect();
 		IdemLeasedRow(fcinfo, 3, &scope, now,
-					  STATE_BIT(IDEM_STATE_IN_PROGRESS), "release", &row, cxt);
-		IdemScopeValues(&scope, values);
-		values[3] = TimestampTzGetDatum(now);
-		IdemExecOn(STMT_DELETE_LIVE, &row, values, NULL, SPI_OK_DELETE);
-		SPI_finish();
+					  STATE_BIT(IDEM_STATE_IN_PROGRESS), IDEM_OP_RELEASE, &row, cxt);
+		IdemKeystoreDelete(&scope, &row, now);
 		IdemReport(&scope, row.fingerprint, "in_progress", NULL, false, -1,
 				   row.created_at);
 	}
@@ -1761,8 +1133,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	IdemScope	scope;
 	TimestampTz now;
 	TimestampTz until;
-	IdemRow		row;
-	Datum		values[5];
+	IdemKeyRow	row;
 
 	IdemGetScope(fcinfo, &scope, false);
 	if (PG_ARGISNULL(4))
@@ -1776,9 +1147,8 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("extend must be positive")));
 
-	IdemSPIConnect();
 	IdemLeasedRow(fcinfo, 3, &scope, now,
-				  STATE_BIT(IDEM_STATE_IN_PROGRESS), "extend the lease of",
+				  STATE_BIT(IDEM_STATE_IN_PROGRESS), IDEM_OP_HEARTBEAT,
 				  &row, cxt);
 	if (until > row.expires_at)
 		ereport(ERROR,
@@ -1786,11 +1156,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 				 errmsg("the lease would outlive the key"),
 				 errdetail("The key expires before the extended lease would end."),
 				 errhint("Claim with a longer ttl, or extend by less.")));
-	IdemScopeValues(&scope, values);
-	values[3] = TimestampTzGetDatum(now);
-	values[4] = TimestampTzGetDatum(until);
-	IdemExecOn(STMT_HEARTBEAT, &row, values, NULL, SPI_OK_UPDATE);
-	SPI_finish();
+	IdemKeystoreExtendLease(&scope, &row, now, until);
 	PG_RETURN_TIMESTAMPTZ(until);
 }
 
@@ -1809,9 +1175,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	IdemScope	scope;
 	IdemResponse resp;
 	TimestampTz now;
-	IdemRow		row;
-	Datum		values[10];
-	char		nulls[10];
+	IdemKeyRow	row;
 
 	IdemGetScope(fcinfo, &scope, false);
 	IdemGetResponse(fcinfo, 3, 5, &resp);
@@ -1820,8 +1184,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	IdemResponseForStorage(IdemGetEndpointPolicy(scope.endpoint_str), &resp);
 	now = GetCurrentTimestamp();
 
-	IdemSPIConnect();
-	IdemLoadRow(&scope, now, now, true, &row, cxt);
+	IdemKeystoreLock(&scope, now, &row, cxt);
 	if (!row.found)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
@@ -1833,12 +1196,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 				 errmsg("cannot resolve an idempotency key in state %s",
 						IdemStateName(row.state)),
 				 errdetail("Only failed and unknown keys are reconciled.")));
-	memset(nulls, ' ', sizeof(nulls));
-	IdemScopeValues(&scope, values);
-	values[3] = TimestampTzGetDatum(now);
-	IdemResponseValues(&resp, values + 4, nulls + 4);
-	IdemExecOn(STMT_COMPLETE, &row, values, nulls, SPI_OK_UPDATE);
-	SPI_finish();
+	IdemKeystoreComplete(&scope, &row, now, &resp);
 
 	IdemReport(&scope, row.fingerprint, IdemStateName(row.state), "completed",
 			   false, resp.status, row.created_at);
@@ -1884,13 +1242,12 @@ idem_lookup(PG_FUNCTION_ARGS)
 	}
 	else
 	{
-		IdemRow		row;
+		IdemKeyRow	row;
 		TimestampTz now = GetCurrentTimestamp();
 
-		IdemSPIConnect();
-		IdemLoadRow(&scope, now, now + (int64) idem_default_ttl * USECS_PER_SEC,
-					false, &row, cxt);
-		SPI_finish();
+		IdemKeystoreRead(&scope, now,
+						 now + (int64) idem_default_ttl * USECS_PER_SEC,
+						 &row, cxt);
 		if (row.found)
 		{
 			values[0] = CStringGetTextDatum(IdemStateName(row.state));

@@ -32,7 +32,7 @@
 #include "endpoint.h"
 #include "idempotency.h"
 #include "keys.h"
-#include "keyscan.h"
+#include "keystore.h"
 
 #define IDEM_ENDPOINT_CACHE_MAX 1000
 
@@ -87,7 +87,7 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	IdemBeginOwnerSection(&section, IdemKeysOwner(), 0);
+	IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
 	if (endpoint_plan == NULL)
 	{
 		Oid			argtypes[1] = {TEXTOID};

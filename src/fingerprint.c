@@ -40,7 +40,7 @@ PG_FUNCTION_INFO_V1(idem_number_text);
 static pg_cryptohash_ctx *sha256_ctx = NULL;
 
 static pg_cryptohash_ctx *
-sha256_begin(void)
+IdemSha256Begin(void)
 {
 	if (sha256_ctx == NULL)
 	{
@@ -64,7 +64,7 @@ sha256_begin(void)
 }
 
 static void
-sha256_update(pg_cryptohash_ctx *ctx, const char *data, size_t len)
+IdemSha256Update(pg_cryptohash_ctx *ctx, const char *data, size_t len)
 {
 	if (pg_cryptohash_update(ctx, (const uint8 *) data, len) < 0)
 		elog(ERROR, "could not update SHA-256 context: %s",
@@ -72,7 +72,7 @@ sha256_update(pg_cryptohash_ctx *ctx, const char *data, size_t len)
 }
 
 static void
-sha256_end(pg_cryptohash_ctx *ctx, uint8 *digest)
+IdemSha256End(pg_cryptohash_ctx *ctx, uint8 *digest)
 {
 	if (pg_cryptohash_final(ctx, digest, IDEM_FINGERPRINT_LEN) < 0)
 		elog(ERROR, "could not finalize SHA-256 context: %s",
@@ -80,7 +80,7 @@ sha256_end(pg_cryptohash_ctx *ctx, uint8 *digest)
 }
 
 static bytea *
-digest_to_bytea(const uint8 *digest)
+IdemDigestToBytea(const uint8 *digest)
 {
 	bytea	   *result = palloc(VARHDRSZ + IDEM_FINGERPRINT_LEN);
 
@@ -103,8 +103,8 @@ digest_to_bytea(const uint8 *digest)
  * path's errors in its order (the text's, then the pointers').
  */
 static void
-canonical_bytes(StringInfo buf, Jsonb *jb, text *json, ArrayType *exclude,
-			 pg_cryptohash_ctx *sink)
+IdemCanonicalBytes(StringInfo buf, Jsonb *jb, text *json, ArrayType *exclude,
+				   pg_cryptohash_ctx *sink)
 {
 	IdemExclusions *ex = NULL;
 	bool		have_ex = false;
@@ -122,59 +122,59 @@ canonical_bytes(StringInfo buf, Jsonb *jb, text *json, ArrayType *exclude,
 }
 
 static text *
-canonical_text(Jsonb *jb, text *json, ArrayType *exclude)
+IdemCanonicalText(Jsonb *jb, text *json, ArrayType *exclude)
 {
 	StringInfoData buf;
 
 	initStringInfo(&buf);
-	canonical_bytes(&buf, jb, json, exclude, NULL);
+	IdemCanonicalBytes(&buf, jb, json, exclude, NULL);
 	return IdemCanonicalToText(buf.data, buf.len);
 }
 
 static bytea *
-canonical_sha256(Jsonb *jb, text *json, ArrayType *exclude)
+IdemCanonicalSha256(Jsonb *jb, text *json, ArrayType *exclude)
 {
 	StringInfoData buf;
 	pg_cryptohash_ctx *ctx;
 	uint8		digest[IDEM_FINGERPRINT_LEN];
 
 	initStringInfo(&buf);
-	ctx = sha256_begin();
-	canonical_bytes(&buf, jb, json, exclude, ctx);
-	sha256_end(ctx, digest);
-	return digest_to_bytea(digest);
+	ctx = IdemSha256Begin();
+	IdemCanonicalBytes(&buf, jb, json, exclude, ctx);
+	IdemSha256End(ctx, digest);
+	return IdemDigestToBytea(digest);
 }
 
 /* idem_canonical_json(body jsonb [, exclude text[]]) returns text */
 Datum
 idem_canonical_json(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_TEXT_P(canonical_text(PG_GETARG_JSONB_P(0), NULL,
-									EXCLUDE_ARG(1)));
+	PG_RETURN_TEXT_P(IdemCanonicalText(PG_GETARG_JSONB_P(0), NULL,
+									   EXCLUDE_ARG(1)));
 }
 
 /* idem_canonical_json_sha256(body jsonb [, exclude text[]]) returns bytea */
 Datum
 idem_canonical_json_sha256(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BYTEA_P(canonical_sha256(PG_GETARG_JSONB_P(0), NULL,
-									   EXCLUDE_ARG(1)));
+	PG_RETURN_BYTEA_P(IdemCanonicalSha256(PG_GETARG_JSONB_P(0), NULL,
+										  EXCLUDE_ARG(1)));
 }
 
 /* idem_canonical_json_text(body text [, exclude text[]]) returns text */
 Datum
 idem_canonical_json_text(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_TEXT_P(canonical_text(NULL, PG_GETARG_TEXT_PP(0),
-									EXCLUDE_ARG(1)));
+	PG_RETURN_TEXT_P(IdemCanonicalText(NULL, PG_GETARG_TEXT_PP(0),
+									   EXCLUDE_ARG(1)));
 }
 
 /* idem_canonical_json_text_sha256(body text [, exclude text[]]) returns bytea */
 Datum
 idem_canonical_json_text_sha256(PG_FUNCTION_ARGS)
 {
-	PG_RETURN_BYTEA_P(canonical_sha256(NULL, PG_GETARG_TEXT_PP(0),
-									   EXCLUDE_ARG(1)));
+	PG_RETURN_BYTEA_P(IdemCanonicalSha256(NULL, PG_GETARG_TEXT_PP(0),
+										  EXCLUDE_ARG(1)));
 }
 
 void
@@ -216,12 +216,12 @@ IdemFingerprint(const char *method, const char *path, Jsonb *body,
 	IdemRequireAsciiInSqlAscii(path, strlen(path));
 	upath = pg_server_to_any(path, strlen(path), PG_UTF8);
 
-	ctx = sha256_begin();
-	sha256_update(ctx, IDEM_FINGERPRINT_MAGIC, strlen(IDEM_FINGERPRINT_MAGIC));
-	sha256_update(ctx, upper, mlen);
-	sha256_update(ctx, "\n", 1);
-	sha256_update(ctx, upath, strlen(upath));
-	sha256_update(ctx, "\n", 1);
+	ctx = IdemSha256Begin();
+	IdemSha256Update(ctx, IDEM_FINGERPRINT_MAGIC, strlen(IDEM_FINGERPRINT_MAGIC));
+	IdemSha256Update(ctx, upper, mlen);
+	IdemSha256Update(ctx, "\n", 1);
+	IdemSha256Update(ctx, upath, strlen(upath));
+	IdemSha256Update(ctx, "\n", 1);
 	if (body)
 	{
 		StringInfoData buf;
@@ -230,14 +230,14 @@ IdemFingerprint(const char *method, const char *path, Jsonb *body,
 		IdemCanonicalizeJsonb(&buf, body, ex, ctx);
 		pfree(buf.data);
 	}
-	sha256_end(ctx, digest);
+	IdemSha256End(ctx, digest);
 	pfree(upper);
 }
 
 /*
  * idem_fingerprint(method text, path text, body jsonb [, exclude text[]])
  * returns bytea.  Not strict: a NULL body is a request without one, a NULL
- * exclusion list excludes nothing; NULL method or path is an error.
+ * exclusion list excludes nothing; NULL method or path is an error (IK400).
  */
 Datum
 idem_fingerprint(PG_FUNCTION_ARGS)
@@ -245,21 +245,22 @@ idem_fingerprint(PG_FUNCTION_ARGS)
 	uint8		digest[IDEM_FINGERPRINT_LEN];
 	IdemExclusions *ex = NULL;
 
+	/* missing, like malformed, is the request's fault: IK400 */
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("request method must not be NULL")));
+				(errcode(ERRCODE_IDEM_INVALID_KEY),
+				 errmsg("request method is missing")));
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("request path must not be NULL")));
+				(errcode(ERRCODE_IDEM_INVALID_KEY),
+				 errmsg("request path is missing")));
 	ex = IdemParseExclusions(EXCLUDE_ARG(3));
 
 	IdemFingerprint(text_to_cstring(PG_GETARG_TEXT_PP(0)),
 					text_to_cstring(PG_GETARG_TEXT_PP(1)),
 					PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2),
 					ex, digest);
-	PG_RETURN_BYTEA_P(digest_to_bytea(digest));
+	PG_RETURN_BYTEA_P(IdemDigestToBytea(digest));
 }
 
 /* idem_number_text(float8) returns text: the ECMAScript form */

@@ -2,20 +2,15 @@
  *
  * idempotency.c
  *	  Entry point of the idempotency extension: module magic and _PG_init,
- *	  which only hands over to each module's initialisation function; and
- *	  the few helpers every module shares.
+ *	  which only hands over to each module's initialisation function.  The
+ *	  helpers every module shares are in util.c.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include "access/xact.h"
-#include "commands/trigger.h"
 #include "fmgr.h"
 #include "miscadmin.h"
-#include "utils/guc.h"
-#include "utils/memutils.h"
-#include "utils/resowner.h"
 
 #include "idempotency.h"
 #include "claim.h"
@@ -38,76 +33,4 @@ _PG_init(void)
 	IdemStatsInit();
 	IdemClaimInit();
 	IdemWorkerInit();
-}
-
-/*
- * Raise an error naming shared_preload_libraries when a feature that needs
- * shared memory or the background worker is used in a server that did not
- * preload the library.
- */
-void
-IdemRequirePreload(const char *feature)
-{
-	if (!IdemPreloaded)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("%s requires idempotency to be loaded via shared_preload_libraries",
-						feature),
-				 errhint("Add idempotency to shared_preload_libraries in postgresql.conf and restart the server.")));
-}
-
-void
-IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname)
-{
-	if (!CALLED_AS_TRIGGER(fcinfo))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("function %s can only be called as a trigger", funcname)));
-}
-
-ErrorData *
-IdemRunInSubtransaction(void (*fn) (void *arg), void *arg)
-{
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
-	ErrorData  *volatile edata = NULL;
-
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
-	PG_TRY();
-	{
-		fn(arg);
-		ReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(oldcxt);
-	CurrentResourceOwner = oldowner;
-	return edata;
-}
-
-void
-IdemBeginOwnerSection(IdemOwnerSection *section, Oid owner,
-					  int extra_sec_context)
-{
-	GetUserIdAndSecContext(&section->save_userid, &section->save_sec_context);
-	SetUserIdAndSecContext(owner, section->save_sec_context |
-						   SECURITY_LOCAL_USERID_CHANGE | extra_sec_context);
-	section->guc_nestlevel = NewGUCNestLevel();
-	(void) set_config_option("search_path", "pg_catalog, pg_temp",
-							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-							 true, 0, false);
-}
-
-void
-IdemEndOwnerSection(IdemOwnerSection *section)
-{
-	AtEOXact_GUC(true, section->guc_nestlevel);
-	SetUserIdAndSecContext(section->save_userid, section->save_sec_context);
 }

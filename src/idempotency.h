@@ -2,8 +2,8 @@
  *
  * idempotency.h
  *	  Declarations shared by every module of the idempotency extension:
- *	  the extension's own SQLSTATEs, the preload check, subtransactions and
- *	  sections run as the extension's owner.
+ *	  the extension's own SQLSTATEs, and the helpers of util.c (the preload
+ *	  check, subtransactions, acting as another role).
  *
  *-------------------------------------------------------------------------
  */
@@ -58,6 +58,21 @@ IdemIsTokenChar(unsigned char c)
 extern void IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname);
 
 /*
+ * Act as role (with SECURITY_LOCAL_USERID_CHANGE and extra_sec_context
+ * added to the security context) until IdemRestoreUser; an error in
+ * between is undone by the (sub)transaction's abort.  Every change of the
+ * current user in the extension goes through these two.
+ */
+typedef struct IdemUserSwitch
+{
+	Oid			save_userid;
+	int			save_sec_context;
+} IdemUserSwitch;
+
+extern void IdemSwitchUser(IdemUserSwitch *sw, Oid role, int extra_sec_context);
+extern void IdemRestoreUser(const IdemUserSwitch *sw);
+
+/*
  * The extension's own SQL (SPI) runs as the owner of its tables, with the
  * search_path pinned to pg_catalog, pg_temp, whoever called: clients need
  * no rights on the tables, and no object of theirs can stand in for a
@@ -67,8 +82,7 @@ extern void IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname
  */
 typedef struct IdemOwnerSection
 {
-	Oid			save_userid;
-	int			save_sec_context;
+	IdemUserSwitch user;
 	int			guc_nestlevel;
 } IdemOwnerSection;
 

@@ -284,11 +284,15 @@ idem_downstream_key(PG_FUNCTION_ARGS)
 
 	IdemCheckScope(args[0], args[1]);
 	IdemCheckKey(args[2]);
-	if (args[3] == NULL || VARSIZE_ANY_EXHDR(args[3]) == 0)
+	if (args[3] == NULL)
 		ereport(ERROR,
-				(errcode(args[3] == NULL ? ERRCODE_NULL_VALUE_NOT_ALLOWED :
-						 ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("step name is missing"),
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("step name must not be NULL"),
+				 errdetail("A downstream key is derived from the scope, the key and a non-empty step name.")));
+	if (VARSIZE_ANY_EXHDR(args[3]) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("step name must not be empty"),
 				 errdetail("A downstream key is derived from the scope, the key and a non-empty step name.")));
 
 	for (i = 0; i < 4; i++)

@@ -62,8 +62,9 @@ IdemCheckKey(const text *key)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_INVALID_KEY),
 				 errmsg("idempotency key is too long"),
-				 errdetail("The key has %d bytes; at most %d characters are allowed.",
-						   len, IDEM_KEY_MAX_LEN)));
+				 errdetail_plural("The key has %d byte; at most %d characters are allowed.",
+								  "The key has %d bytes; at most %d characters are allowed.",
+								  len, len, IDEM_KEY_MAX_LEN)));
 	for (i = 0; i < len; i++)
 		if (!IdemKeyChar((unsigned char) p[i]))
 			ereport(ERROR,
@@ -74,35 +75,40 @@ IdemCheckKey(const text *key)
 					 errhint("Use a UUID, a ULID or another base32 or base64url string.")));
 }
 
+/* Check the tenant (is_tenant) or the endpoint of a scope. */
 static void
-IdemCheckScopePart(const text *value, const char *what)
+IdemCheckScopePart(const text *value, bool is_tenant)
 {
 	int			len;
 
 	if (value == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_INVALID_KEY),
-				 errmsg("%s is missing", what),
+				 is_tenant ? errmsg("tenant is missing") :
+				 errmsg("endpoint is missing"),
 				 errdetail("Every key is scoped by tenant and endpoint; neither may be NULL.")));
 	len = VARSIZE_ANY_EXHDR(value);
 	if (len == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_INVALID_KEY),
-				 errmsg("%s is empty", what),
+				 is_tenant ? errmsg("tenant is empty") :
+				 errmsg("endpoint is empty"),
 				 errdetail("Every key is scoped by tenant and endpoint; neither may be empty.")));
 	if (len > IDEM_SCOPE_MAX_LEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_INVALID_KEY),
-				 errmsg("%s is too long", what),
-				 errdetail("It has %d bytes; at most %d are allowed.",
-						   len, IDEM_SCOPE_MAX_LEN)));
+				 is_tenant ? errmsg("tenant is too long") :
+				 errmsg("endpoint is too long"),
+				 errdetail_plural("It has %d byte; at most %d are allowed.",
+								  "It has %d bytes; at most %d are allowed.",
+								  len, len, IDEM_SCOPE_MAX_LEN)));
 }
 
 void
 IdemCheckScope(const text *tenant, const text *endpoint)
 {
-	IdemCheckScopePart(tenant, "tenant");
-	IdemCheckScopePart(endpoint, "endpoint");
+	IdemCheckScopePart(tenant, true);
+	IdemCheckScopePart(endpoint, false);
 }
 
 void
@@ -116,9 +122,13 @@ IdemCheckFingerprint(const bytea *fingerprint)
 	if (VARSIZE_ANY_EXHDR(fingerprint) != IDEM_FINGERPRINT_LEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_INVALID_KEY),
-				 errmsg("request fingerprint must be %d bytes", IDEM_FINGERPRINT_LEN),
-				 errdetail("The fingerprint given has %d bytes.",
-						   (int) VARSIZE_ANY_EXHDR(fingerprint)),
+				 errmsg_plural("request fingerprint must be %d byte",
+							   "request fingerprint must be %d bytes",
+							   IDEM_FINGERPRINT_LEN, IDEM_FINGERPRINT_LEN),
+				 errdetail_plural("The fingerprint given has %d byte.",
+								  "The fingerprint given has %d bytes.",
+								  (int) VARSIZE_ANY_EXHDR(fingerprint),
+								  (int) VARSIZE_ANY_EXHDR(fingerprint)),
 				 errhint("Pass the SHA-256 of the canonical request, for example idempotency.idem_fingerprint(method, path, body).")));
 }
 

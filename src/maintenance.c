@@ -2,7 +2,10 @@
  *
  * maintenance.c
  *	  One maintenance pass over idempotency.keys, and the SQL function
- *	  idem_maintenance() that runs it.
+ *	  idem_maintenance() that runs it.  The pass decides; the rows it reads
+ *	  and changes are read and changed by the key store (keystore.c), and
+ *	  only the partitions themselves (made, attached, dropped by DDL) are
+ *	  handled here.
  *
  *	  A pass, in this order:
  *	  1. stale leases: in_progress rows past locked_until (and not expired)
@@ -63,6 +66,7 @@
 #include "endpoint.h"
 #include "guc.h"
 #include "keygen.h"
+#include "keystore.h"
 #include "maintenance.h"
 #include "resolver.h"
 #include "response.h"
@@ -94,16 +98,6 @@ typedef struct MaintRange
 	Oid			relid;			/* InvalidOid for a range to make */
 } MaintRange;
 
-/* One stale lease. */
-typedef struct StaleLease
-{
-	char	   *tenant;
-	char	   *endpoint;
-	char	   *key;
-	bytea	   *fingerprint;
-	TimestampTz created_at;
-} StaleLease;
-
 typedef enum LeaseOutcome
 {
 	LEASE_UNKNOWN,
@@ -131,7 +125,7 @@ static const char *const lease_outcome_kinds[] = {
  * settings every step runs with.
  */
 static void
-StepBegin(MaintPass *p)
+IdemStepBegin(MaintPass *p)
 {
 	if (p->own_xacts)
 	{
@@ -151,7 +145,7 @@ StepBegin(MaintPass *p)
 }
 
 static void
-StepEnd(MaintPass *p)
+IdemStepEnd(MaintPass *p)
 {
 	AtEOXact_GUC(true, p->guc_nest);
 	SPI_finish();
@@ -163,7 +157,7 @@ StepEnd(MaintPass *p)
 }
 
 static void
-Emit(MaintPass *p, const char *kind, const char *object, int64 rows)
+IdemEmit(MaintPass *p, const char *kind, const char *object, int64 rows)
 {
 	p->emit(p->arg, kind, object, rows);
 }
@@ -176,7 +170,7 @@ typedef struct LockTimeoutCall
 } LockTimeoutCall;
 
 static void
-CallWithPass(void *arg)
+IdemCallWithPass(void *arg)
 {
 	LockTimeoutCall *c = (LockTimeoutCall *) arg;
 
@@ -184,16 +178,17 @@ CallWithPass(void *arg)
 }
 
 /*
- * Run fn in a subtransaction.  When it fails for want of a lock
- * (lock_timeout), roll it back, log, report a "skipped" action and return
- * false; any other error is raised again.
+ * Run fn (which creates the partition object, or drops the expired
+ * partitions of object, as dropping says) in a subtransaction.  When it
+ * fails for want of a lock (lock_timeout), roll it back, log, report a
+ * "skipped" action and return false; any other error is raised again.
  */
 static bool
-RunWithLockTimeout(MaintPass *p, const char *what, const char *object,
-				   void (*fn) (MaintPass *p, void *arg), void *arg)
+IdemRunWithLockTimeout(MaintPass *p, bool dropping, const char *object,
+					   void (*fn) (MaintPass *p, void *arg), void *arg)
 {
 	LockTimeoutCall c = {p, fn, arg};
-	ErrorData  *edata = IdemRunInSubtransaction(CallWithPass, &c);
+	ErrorData  *edata = IdemRunInSubtransaction(IdemCallWithPass, &c);
 
 	if (edata == NULL)
 		return true;
@@ -201,16 +196,19 @@ RunWithLockTimeout(MaintPass *p, const char *what, const char *object,
 		ReThrowError(edata);
 
 	ereport(LOG,
-			(errmsg("idempotency maintenance skipped %s of \"%s\": %s",
-					what, object, edata->message),
+			(dropping ?
+			 errmsg("idempotency maintenance skipped dropping the expired partitions of \"%s\": %s",
+					object, edata->message) :
+			 errmsg("idempotency maintenance skipped creating partition \"%s\": %s",
+					object, edata->message),
 			 errdetail("The next maintenance pass tries again.")));
 	FreeErrorData(edata);
-	Emit(p, "skipped", object, -1);
+	IdemEmit(p, "skipped", object, -1);
 	return false;
 }
 
 static void
-ExecDDL(const char *sql)
+IdemExecDDL(const char *sql)
 {
 	int			rc = SPI_execute(sql, false, 0);
 
@@ -224,7 +222,7 @@ ExecDDL(const char *sql)
  * the worker (which commits between steps), transaction-level otherwise.
  */
 static void
-PassLockTag(LOCKTAG *tag)
+IdemPassLockTag(LOCKTAG *tag)
 {
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, 0, 0, IDEM_LOCKTAG_MAINTENANCE);
 }
@@ -240,7 +238,7 @@ PassLockTag(LOCKTAG *tag)
 
 /* Start of the partition_interval slot that holds ts (UTC, from the epoch). */
 static TimestampTz
-SlotStart(TimestampTz ts, int64 width)
+IdemSlotStart(TimestampTz ts, int64 width)
 {
 	int64		unix_us = ts + UNIX_TO_PG_USECS;
 	int64		q = unix_us / width;
@@ -251,7 +249,7 @@ SlotStart(TimestampTz ts, int64 width)
 }
 
 static void
-TimestampToUtcTm(TimestampTz ts, struct pg_tm *tm)
+IdemTimestampToUtcTm(TimestampTz ts, struct pg_tm *tm)
 {
 	fsec_t		fsec;
 
@@ -263,14 +261,14 @@ TimestampToUtcTm(TimestampTz ts, struct pg_tm *tm)
 
 /* A timestamptz literal in UTC, whatever the session's TimeZone. */
 static char *
-UtcLiteral(TimestampTz ts)
+IdemUtcLiteral(TimestampTz ts)
 {
 	struct pg_tm tm;
 	int64		usec = ts % USECS_PER_SEC;
 
 	if (usec < 0)
 		usec += USECS_PER_SEC;
-	TimestampToUtcTm(ts, &tm);
+	IdemTimestampToUtcTm(ts, &tm);
 	return psprintf("'%04d-%02d-%02d %02d:%02d:%02d.%06d+00'",
 					tm.tm_year, tm.tm_mon, tm.tm_mday,
 					tm.tm_hour, tm.tm_min, tm.tm_sec, (int) usec);
@@ -278,11 +276,11 @@ UtcLiteral(TimestampTz ts)
 
 /* keys_pYYYYMMDDtHHMM, with seconds when the start has any. */
 static char *
-PartitionName(TimestampTz lo)
+IdemPartitionName(TimestampTz lo)
 {
 	struct pg_tm tm;
 
-	TimestampToUtcTm(lo, &tm);
+	IdemTimestampToUtcTm(lo, &tm);
 	if (tm.tm_sec != 0 || lo % USECS_PER_SEC != 0)
 		return psprintf("keys_p%04d%02d%02dt%02d%02d%02d",
 						tm.tm_year, tm.tm_mon, tm.tm_mday,
@@ -293,7 +291,7 @@ PartitionName(TimestampTz lo)
 
 /* What logs show of a key: idem_key_hash(tenant, endpoint, key). */
 static char *
-KeyHash(const StaleLease *l)
+IdemLeaseKeyHash(const IdemStaleLease *l)
 {
 	char	   *out = palloc(IDEM_KEY_HASH_LEN + 1);
 
@@ -302,24 +300,13 @@ KeyHash(const StaleLease *l)
 	return out;
 }
 
-static Oid
-KeysRelid(void)
-{
-	Oid			nsp = get_namespace_oid(IDEM_SCHEMA, false);
-	Oid			relid = get_relname_relid("keys", nsp);
-
-	if (!OidIsValid(relid))
-		elog(ERROR, "table idempotency.keys does not exist");
-	return relid;
-}
-
 /* ---------------------------------------------------------------------
  * Partitions
  * ---------------------------------------------------------------------
  */
 
 static int
-RangeCmp(const ListCell *a, const ListCell *b)
+IdemRangeCmp(const ListCell *a, const ListCell *b)
 {
 	MaintRange *ra = lfirst(a);
 	MaintRange *rb = lfirst(b);
@@ -333,9 +320,9 @@ RangeCmp(const ListCell *a, const ListCell *b)
 
 /* The dated partitions of idempotency.keys, by lower bound (in p->cxt). */
 static List *
-ListPartitions(MaintPass *p)
+IdemListPartitions(MaintPass *p)
 {
-	List	   *children = find_inheritance_children(KeysRelid(), NoLock);
+	List	   *children = find_inheritance_children(IdemKeystoreRelid(), NoLock);
 	List	   *result = NIL;
 	ListCell   *lc;
 
@@ -379,7 +366,7 @@ ListPartitions(MaintPass *p)
 		result = lappend(result, r);
 		MemoryContextSwitchTo(old);
 	}
-	list_sort(result, RangeCmp);
+	list_sort(result, IdemRangeCmp);
 	return result;
 }
 
@@ -389,7 +376,7 @@ ListPartitions(MaintPass *p)
  * already cover (they may have another width when the setting changed).
  */
 static List *
-PlanPremake(MaintPass *p, List *existing)
+IdemPlanPremake(MaintPass *p, List *existing)
 {
 	int64		width = (int64) idem_partition_interval * USECS_PER_SEC;
 	TimestampTz horizon = p->as_of + (int64) idem_max_ttl * USECS_PER_SEC + width;
@@ -397,7 +384,7 @@ PlanPremake(MaintPass *p, List *existing)
 	List	   *plan = NIL;
 	MemoryContext old = MemoryContextSwitchTo(p->cxt);
 
-	for (slot = SlotStart(p->as_of, width); slot < horizon; slot += width)
+	for (slot = IdemSlotStart(p->as_of, width); slot < horizon; slot += width)
 	{
 		TimestampTz cur = slot;
 		TimestampTz end = slot + width;
@@ -438,7 +425,7 @@ PlanPremake(MaintPass *p, List *existing)
 
 /* A partition's rows as pg_class.reltuples estimates them; -1 if never counted. */
 static int64
-PartitionEstimate(Oid relid)
+IdemPartitionEstimate(Oid relid)
 {
 	int64		estimate = -1;
 	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
@@ -452,31 +439,6 @@ PartitionEstimate(Oid relid)
 		ReleaseSysCache(tup);
 	}
 	return estimate;
-}
-
-/*
- * Rows of the default partition whose expires_at is in [lo, hi), or, with
- * lo NULL, at most hi: what a preview reports for a move or a purge.
- */
-static int64
-CountDefaultRows(const TimestampTz *lo, TimestampTz hi)
-{
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(hi), TimestampTzGetDatum(lo ? *lo : 0)};
-	bool		isnull;
-	int			rc;
-
-	rc = SPI_execute_with_args(lo ?
-							   "SELECT count(*) FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at >= $2 AND expires_at < $1" :
-							   "SELECT count(*) FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at <= $1",
-							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "counting rows of idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									   SPI_tuptable->tupdesc, 1, &isnull));
 }
 
 typedef struct CreateArgs
@@ -494,12 +456,12 @@ typedef struct CreateArgs
  * partition is locked exclusively, and only for as long as the step lasts.
  */
 static void
-CreatePartition(MaintPass *p, void *arg)
+IdemCreatePartition(MaintPass *p, void *arg)
 {
 	CreateArgs *a = arg;
 	char	   *qname = quote_qualified_identifier(IDEM_SCHEMA, a->name);
-	char	   *lo = UtcLiteral(a->range->lo);
-	char	   *hi = UtcLiteral(a->range->hi);
+	char	   *lo = IdemUtcLiteral(a->range->lo);
+	char	   *hi = IdemUtcLiteral(a->range->hi);
 	StringInfoData sql;
 
 	initStringInfo(&sql);
@@ -509,12 +471,12 @@ CreatePartition(MaintPass *p, void *arg)
 					 " CONSTRAINT %s CHECK (expires_at >= %s AND expires_at < %s),"
 					 " UNIQUE (key, endpoint, tenant))",
 					 qname, quote_identifier(psprintf("%s_range", a->name)), lo, hi);
-	ExecDDL(sql.data);
+	IdemExecDDL(sql.data);
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "CREATE INDEX %s ON %s (locked_until) WHERE state = 'in_progress'",
 					 quote_identifier(psprintf("%s_lease_idx", a->name)), qname);
-	ExecDDL(sql.data);
+	IdemExecDDL(sql.data);
 
 	/*
 	 * Rows to move out of the default partition: a claim that had read the
@@ -524,65 +486,51 @@ CreatePartition(MaintPass *p, void *arg)
 	 * after it; moves are rare (maintenance fell behind).  Otherwise ATTACH's
 	 * own locks do, taken in the order it takes them.
 	 */
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "SELECT 1 FROM ONLY idempotency.keys_default"
-					 " WHERE expires_at >= %s AND expires_at < %s LIMIT 1",
-					 lo, hi);
-	ExecDDL(sql.data);
-	if (SPI_processed > 0)
-		ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+	if (IdemKeystoreDefaultHasRows(a->range->lo, a->range->hi))
+		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 	else
-		ExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
-	ExecDDL("LOCK TABLE ONLY idempotency.keys_default IN ACCESS EXCLUSIVE MODE");
+		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
+	IdemExecDDL("LOCK TABLE ONLY idempotency.keys_default IN ACCESS EXCLUSIVE MODE");
 
 	/* rows that arrived meanwhile */
-	ExecDDL(sql.data);
-	if (SPI_processed > 0)
-		ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+	if (IdemKeystoreDefaultHasRows(a->range->lo, a->range->hi))
+		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
-					 " WHERE expires_at >= %s AND expires_at < %s RETURNING *)"
-					 " INSERT INTO %s SELECT * FROM moved",
-					 lo, hi, qname);
-	ExecDDL(sql.data);
-	a->moved = (int64) SPI_processed;
+	a->moved = IdemKeystoreMoveDefaultRows(a->range->lo, a->range->hi, qname);
 
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "ALTER TABLE idempotency.keys ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
 					 qname, lo, hi);
-	ExecDDL(sql.data);
+	IdemExecDDL(sql.data);
 }
 
 static void
-Premake(MaintPass *p)
+IdemPremake(MaintPass *p)
 {
 	List	   *plan;
 	ListCell   *lc;
 
-	StepBegin(p);
-	plan = PlanPremake(p, ListPartitions(p));
-	StepEnd(p);
+	IdemStepBegin(p);
+	plan = IdemPlanPremake(p, IdemListPartitions(p));
+	IdemStepEnd(p);
 
 	foreach(lc, plan)
 	{
 		CreateArgs	a;
 		MemoryContext old;
 
-		StepBegin(p);
+		IdemStepBegin(p);
 		a.range = lfirst(lc);
 		old = MemoryContextSwitchTo(p->cxt);
-		a.name = PartitionName(a.range->lo);
+		a.name = IdemPartitionName(a.range->lo);
 		MemoryContextSwitchTo(old);
 		a.moved = 0;
 		if (p->preview)
-			Emit(p, "create", a.name, CountDefaultRows(&a.range->lo, a.range->hi));
-		else if (RunWithLockTimeout(p, "creating partition", a.name, CreatePartition, &a))
-			Emit(p, "create", a.name, a.moved);
-		StepEnd(p);
+			IdemEmit(p, "create", a.name, IdemKeystoreCountDefault(&a.range->lo, a.range->hi));
+		else if (IdemRunWithLockTimeout(p, false, a.name, IdemCreatePartition, &a))
+			IdemEmit(p, "create", a.name, a.moved);
+		IdemStepEnd(p);
 	}
 }
 
@@ -599,14 +547,14 @@ typedef struct DropArgs
  * for all of them, in the last step of the pass.
  */
 static void
-DropPartitions(MaintPass *p, void *arg)
+IdemDropPartitions(MaintPass *p, void *arg)
 {
 	DropArgs   *a = arg;
 	ListCell   *lc;
 	StringInfoData sql;
 	MemoryContext old;
 
-	ExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+	IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 
 	initStringInfo(&sql);
 	appendStringInfoString(&sql, "DROP TABLE ");
@@ -615,7 +563,7 @@ DropPartitions(MaintPass *p, void *arg)
 		MaintRange *r = lfirst(lc);
 		char	   *relname = get_rel_name(r->relid);
 		char	   *nspname = get_namespace_name(get_rel_namespace(r->relid));
-		int64		estimate = PartitionEstimate(r->relid);
+		int64		estimate = IdemPartitionEstimate(r->relid);
 
 		if (relname == NULL || nspname == NULL)
 			continue;			/* dropped meanwhile */
@@ -631,17 +579,17 @@ DropPartitions(MaintPass *p, void *arg)
 	}
 	/* one statement: one dependency walk for all of them */
 	if (a->names != NIL)
-		ExecDDL(sql.data);
+		IdemExecDDL(sql.data);
 }
 
 static void
-Retention(MaintPass *p)
+IdemRetention(MaintPass *p)
 {
 	DropArgs	a = {NIL, NIL, NIL};
 	ListCell   *lc;
 
-	StepBegin(p);
-	foreach(lc, ListPartitions(p))
+	IdemStepBegin(p);
+	foreach(lc, IdemListPartitions(p))
 	{
 		MaintRange *r = lfirst(lc);
 
@@ -652,50 +600,36 @@ Retention(MaintPass *p)
 			char	   *relname = get_rel_name(r->relid);
 
 			if (relname != NULL)
-				Emit(p, "drop", relname, PartitionEstimate(r->relid));
+				IdemEmit(p, "drop", relname, IdemPartitionEstimate(r->relid));
 		}
 		else
 			a.ranges = lappend(a.ranges, r);
 	}
 	if (a.ranges != NIL &&
-		RunWithLockTimeout(p, "dropping expired partitions", "keys", DropPartitions, &a))
+		IdemRunWithLockTimeout(p, true, "keys", IdemDropPartitions, &a))
 	{
 		ListCell   *lc2;
 
 		forboth(lc, a.names, lc2, a.estimates)
-			Emit(p, "drop", lfirst(lc), *(int64 *) lfirst(lc2));
+			IdemEmit(p, "drop", lfirst(lc), *(int64 *) lfirst(lc2));
 	}
-	StepEnd(p);
+	IdemStepEnd(p);
 }
 
 /* Expired rows leave the default partition (it should hold few rows). */
 static void
-PurgeDefault(MaintPass *p)
+IdemPurgeDefault(MaintPass *p)
 {
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1];
-	int			rc;
+	int64		n;
 
-	StepBegin(p);
-	args[0] = TimestampTzGetDatum(p->as_of);
+	IdemStepBegin(p);
 	if (p->preview)
-	{
-		int64		n = CountDefaultRows(NULL, p->as_of);
-
-		if (n > 0)
-			Emit(p, "purge", "keys_default", n);
-		StepEnd(p);
-		return;
-	}
-	rc = SPI_execute_with_args("DELETE FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at <= $1",
-							   1, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_DELETE)
-		elog(ERROR, "purging idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	if (SPI_processed > 0)
-		Emit(p, "purge", "keys_default", (int64) SPI_processed);
-	StepEnd(p);
+		n = IdemKeystoreCountDefault(NULL, p->as_of);
+	else
+		n = IdemKeystorePurgeDefault(p->as_of);
+	if (n > 0)
+		IdemEmit(p, "purge", "keys_default", n);
+	IdemStepEnd(p);
 }
 
 /* ---------------------------------------------------------------------
@@ -703,16 +637,8 @@ PurgeDefault(MaintPass *p)
  * ---------------------------------------------------------------------
  */
 
-/* The WHERE clause of the stale leases as of $1. */
-#define STALE_LEASES_QUAL \
-	" WHERE state = 'in_progress' AND locked_until < $1 AND expires_at > $1"
-
-/* The WHERE clause that identifies a still-stale lease ($1..$4). */
-#define STALE_ROW_QUAL \
-	STALE_LEASES_QUAL " AND tenant = $2 AND endpoint = $3 AND key = $4"
-
 static void
-ReportLease(const StaleLease *l, const char *to_state, int status)
+IdemReportLease(const IdemStaleLease *l, const char *to_state, int status)
 {
 	IdemTransition t;
 
@@ -729,43 +655,9 @@ ReportLease(const StaleLease *l, const char *to_state, int status)
 	IdemReportTransition(&t);
 }
 
-/* Run an UPDATE of one stale lease; returns the number of rows changed. */
-static uint64
-UpdateLease(MaintPass *p, const StaleLease *l, const char *set_clause,
-			int nextra, Oid *extra_types, Datum *extra_values,
-			const char *extra_nulls)
-{
-	Oid			types[16];
-	Datum		values[16];
-	char		nulls[16];
-	int			i;
-	int			rc;
-	char	   *sql;
-
-	Assert(nextra <= 12);
-	types[0] = TIMESTAMPTZOID;
-	values[0] = TimestampTzGetDatum(p->as_of);
-	types[1] = types[2] = types[3] = TEXTOID;
-	values[1] = CStringGetTextDatum(l->tenant);
-	values[2] = CStringGetTextDatum(l->endpoint);
-	values[3] = CStringGetTextDatum(l->key);
-	memset(nulls, ' ', sizeof(nulls));
-	for (i = 0; i < nextra; i++)
-	{
-		types[4 + i] = extra_types[i];
-		values[4 + i] = extra_values[i];
-		nulls[4 + i] = extra_nulls ? extra_nulls[i] : ' ';
-	}
-	sql = psprintf("UPDATE idempotency.keys SET %s" STALE_ROW_QUAL, set_clause);
-	rc = SPI_execute_with_args(sql, 4 + nextra, types, values, nulls, false, 0);
-	if (rc != SPI_OK_UPDATE)
-		elog(ERROR, "updating a stale lease failed: %s", SPI_result_code_string(rc));
-	return SPI_processed;
-}
-
 typedef struct ResolveArgs
 {
-	const StaleLease *lease;
+	const IdemStaleLease *lease;
 	const IdemEndpointPolicy *policy;
 	LeaseOutcome outcome;
 	int			status;
@@ -773,11 +665,12 @@ typedef struct ResolveArgs
 
 /* Call the resolver and apply its answer; runs in a subtransaction. */
 static void
-ResolveLease(MaintPass *p, ResolveArgs *a)
+IdemResolveLease(MaintPass *p, ResolveArgs *a)
 {
-	const StaleLease *l = a->lease;
+	const IdemStaleLease *l = a->lease;
 	Oid			resolver = a->policy->resolver;
 	FmgrInfo	flinfo;
+
 	LOCAL_FCINFO(fcinfo, 3);
 	Datum		answer;
 	Oid			types[2] = {JSONBOID, TEXTOID};
@@ -788,11 +681,7 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	char	   *status_text;
 	IdemResponse resp;
 	Oid			role;
-	Oid			save_userid;
-	int			save_sec_context;
-	Datum		upd_values[7];
-	Oid			upd_types[7] = {INT4OID, JSONBOID, TEXTOID, BOOLOID, BYTEAOID, TEXTOID, TIMESTAMPTZOID};
-	char		upd_nulls[7];
+	IdemUserSwitch user;
 
 	/* the function and its role may have changed since the row was written */
 	IdemResolverCheckSignature(resolver, l->endpoint);
@@ -816,24 +705,18 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	 * DEFINER resolver runs as its owner, who lent those rights by granting
 	 * EXECUTE.  An error restores the user with the subtransaction.
 	 */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(role, save_sec_context |
-						   SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
+	IdemSwitchUser(&user, role, SECURITY_RESTRICTED_OPERATION);
 	answer = FunctionCallInvoke(fcinfo);
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	IdemRestoreUser(&user);
 
 	if (fcinfo->isnull)
 	{
 		/* no business record: the operation did not happen */
-		Oid			ftypes[1] = {TEXTOID};
-		Datum		fvalues[1] = {CStringGetTextDatum("resolver found no business record")};
-
-		if (UpdateLease(p, l, "state = 'failed', fail_reason = $5, locked_until = NULL",
-						1, ftypes, fvalues, NULL) == 0)
-			a->outcome = LEASE_GONE;
-		else
+		if (IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_FAILED,
+									"resolver found no business record", NULL))
 			a->outcome = LEASE_FAILED;
+		else
+			a->outcome = LEASE_GONE;
 		return;
 	}
 
@@ -891,33 +774,7 @@ ResolveLease(MaintPass *p, ResolveArgs *a)
 	/* what the endpoint keeps of it (headers, size cap, encryption) */
 	IdemResponseForStorage(a->policy, &resp);
 
-	memset(upd_nulls, ' ', sizeof(upd_nulls));
-	upd_values[0] = Int32GetDatum(resp.status);
-	if (resp.headers)
-		upd_values[1] = JsonbPGetDatum(resp.headers);
-	else
-		upd_nulls[1] = 'n';
-	if (IdemBodyKindName(resp.body_kind))
-		upd_values[2] = CStringGetTextDatum(IdemBodyKindName(resp.body_kind));
-	else
-		upd_nulls[2] = 'n';
-	upd_values[3] = BoolGetDatum(resp.encrypted);
-	if (resp.body)
-		upd_values[4] = PointerGetDatum(resp.body);
-	else
-		upd_nulls[4] = 'n';
-	if (resp.body_ref)
-		upd_values[5] = PointerGetDatum(resp.body_ref);
-	else
-		upd_nulls[5] = 'n';
-	upd_values[6] = TimestampTzGetDatum(p->as_of);
-
-	if (UpdateLease(p, l,
-					"state = 'completed', locked_until = NULL, fail_reason = NULL,"
-					" response_status = $5, response_headers = $6,"
-					" body_kind = $7, body_encrypted = $8, response_body = $9,"
-					" body_ref = $10, completed_at = $11",
-					7, upd_types, upd_values, upd_nulls) == 0)
+	if (!IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_COMPLETED, NULL, &resp))
 		a->outcome = LEASE_GONE;
 	else
 	{
@@ -933,11 +790,11 @@ typedef struct ResolveCall
 } ResolveCall;
 
 static void
-CallResolveLease(void *arg)
+IdemCallResolveLease(void *arg)
 {
 	ResolveCall *c = (ResolveCall *) arg;
 
-	ResolveLease(c->p, c->a);
+	IdemResolveLease(c->p, c->a);
 }
 
 /*
@@ -950,7 +807,7 @@ static TimeoutId resolver_timeout_id;
 static bool resolver_timeout_registered = false;
 
 static void
-ResolverTimeoutHandler(void)
+IdemResolverTimeoutHandler(void)
 {
 	resolver_timed_out = true;
 	InterruptPending = true;
@@ -964,8 +821,8 @@ ResolverTimeoutHandler(void)
  * row as it was: the error is logged and the pass goes on.
  */
 static LeaseOutcome
-ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
-					const IdemEndpointPolicy *policy, int *status)
+IdemResolveLeaseGuarded(MaintPass *p, const IdemStaleLease *l,
+						const IdemEndpointPolicy *policy, int *status)
 {
 	ResolveArgs a;
 	ResolveCall c = {p, &a};
@@ -980,13 +837,13 @@ ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
 
 	if (timeout_ms > 0 && !resolver_timeout_registered)
 	{
-		resolver_timeout_id = RegisterTimeout(USER_TIMEOUT, ResolverTimeoutHandler);
+		resolver_timeout_id = RegisterTimeout(USER_TIMEOUT, IdemResolverTimeoutHandler);
 		resolver_timeout_registered = true;
 	}
 	resolver_timed_out = false;
 	if (timeout_ms > 0)
 		enable_timeout_after(resolver_timeout_id, timeout_ms);
-	edata = IdemRunInSubtransaction(CallResolveLease, &c);
+	edata = IdemRunInSubtransaction(IdemCallResolveLease, &c);
 	if (timeout_ms > 0)
 		disable_timeout(resolver_timeout_id, false);
 	timed_out = resolver_timed_out;
@@ -1007,13 +864,13 @@ ResolveLeaseGuarded(MaintPass *p, const StaleLease *l,
 		if (timed_out)
 			ereport(WARNING,
 					(errmsg("idempotency resolver of endpoint \"%s\" did not answer within %d ms for tenant \"%s\", key hash %s",
-							l->endpoint, timeout_ms, l->tenant, KeyHash(l)),
+							l->endpoint, timeout_ms, l->tenant, IdemLeaseKeyHash(l)),
 					 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again."),
 					 errhint("A resolver should only look the operation up; raise idempotency.resolver_timeout if it needs longer.")));
 		else
 			ereport(WARNING,
 					(errmsg("idempotency resolver of endpoint \"%s\" failed for tenant \"%s\", key hash %s: %s",
-							l->endpoint, l->tenant, KeyHash(l), edata->message),
+							l->endpoint, l->tenant, IdemLeaseKeyHash(l), edata->message),
 					 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again.")));
 		FreeErrorData(edata);
 		a.outcome = LEASE_RESOLVER_ERROR;
@@ -1034,97 +891,42 @@ typedef struct LeaseCount
  * to the endpoint's resolver ("lease_resolve") or mark unknown.
  */
 static void
-StaleLeasesPreview(MaintPass *p)
+IdemStaleLeasesPreview(MaintPass *p)
 {
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1] = {TimestampTzGetDatum(p->as_of)};
-	int			rc;
-	uint64		nrows;
-	uint64		i;
+	int			nrows;
 	char	  **endpoints;
 	int64	   *counts;
 
-	rc = SPI_execute_with_args("SELECT endpoint, count(*) FROM idempotency.keys"
-							   STALE_LEASES_QUAL
-							   " GROUP BY endpoint ORDER BY endpoint",
-							   1, argtypes, args, NULL, true, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
-	nrows = SPI_processed;
-	endpoints = palloc0(sizeof(char *) * (nrows + 1));
-	counts = palloc0(sizeof(int64) * (nrows + 1));
-	for (i = 0; i < nrows; i++)
-	{
-		bool		isnull;
-
-		endpoints[i] = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		counts[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-												SPI_tuptable->tupdesc, 2, &isnull));
-	}
-	for (i = 0; i < nrows; i++)
+	nrows = IdemKeystoreCountStaleLeases(p->as_of, &endpoints, &counts);
+	for (int i = 0; i < nrows; i++)
 	{
 		const IdemEndpointPolicy *policy = IdemGetEndpointPolicy(endpoints[i]);
 
-		Emit(p, policy->resolve_on_expiry && OidIsValid(policy->resolver) ?
-			 "lease_resolve" : "lease_unknown", endpoints[i], counts[i]);
+		IdemEmit(p, policy->resolve_on_expiry && OidIsValid(policy->resolver) ?
+				 "lease_resolve" : "lease_unknown", endpoints[i], counts[i]);
 	}
 }
 
 static void
-StaleLeases(MaintPass *p)
+IdemStaleLeases(MaintPass *p)
 {
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1];
-	int			rc;
-	uint64		nrows;
-	uint64		i;
-	StaleLease *leases;
+	int			nrows;
+	IdemStaleLease *leases;
 	List	   *counts = NIL;
 	ListCell   *lc;
 
-	StepBegin(p);
+	IdemStepBegin(p);
 	if (p->preview)
 	{
-		StaleLeasesPreview(p);
-		StepEnd(p);
+		IdemStaleLeasesPreview(p);
+		IdemStepEnd(p);
 		return;
 	}
-	args[0] = TimestampTzGetDatum(p->as_of);
+	nrows = IdemKeystoreStaleLeases(p->as_of, &leases);
 
-	/*
-	 * Lock the stale rows; one whose holder is busy with it right now
-	 * (finishing, heartbeating) is left for the next pass.
-	 */
-	rc = SPI_execute_with_args("SELECT tenant, endpoint, key, fingerprint, created_at"
-							   " FROM idempotency.keys"
-							   STALE_LEASES_QUAL
-							   " ORDER BY endpoint, tenant, key"
-							   " FOR UPDATE SKIP LOCKED",
-							   1, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
-
-	nrows = SPI_processed;
-	leases = palloc0(sizeof(StaleLease) * (nrows + 1));
-	for (i = 0; i < nrows; i++)
+	for (int i = 0; i < nrows; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		Datum		d;
-
-		leases[i].tenant = SPI_getvalue(tup, desc, 1);
-		leases[i].endpoint = SPI_getvalue(tup, desc, 2);
-		leases[i].key = SPI_getvalue(tup, desc, 3);
-		d = SPI_getbinval(tup, desc, 4, &isnull);
-		leases[i].fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
-		d = SPI_getbinval(tup, desc, 5, &isnull);
-		leases[i].created_at = isnull ? 0 : DatumGetTimestampTz(d);
-	}
-
-	for (i = 0; i < nrows; i++)
-	{
-		StaleLease *l = &leases[i];
+		IdemStaleLease *l = &leases[i];
 		IdemEndpointPolicy policy = *IdemGetEndpointPolicy(l->endpoint);
 		LeaseOutcome outcome;
 		int			status = -1;
@@ -1133,9 +935,10 @@ StaleLeases(MaintPass *p)
 		CHECK_FOR_INTERRUPTS();
 
 		if (policy.resolve_on_expiry && OidIsValid(policy.resolver))
-			outcome = ResolveLeaseGuarded(p, l, &policy, &status);
+			outcome = IdemResolveLeaseGuarded(p, l, &policy, &status);
 		else
-			outcome = UpdateLease(p, l, "state = 'unknown'", 0, NULL, NULL, NULL) > 0 ?
+			outcome = IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_UNKNOWN,
+											  NULL, NULL) ?
 				LEASE_UNKNOWN : LEASE_GONE;
 
 		/* counted once per key: when its state changed */
@@ -1148,18 +951,18 @@ StaleLeases(MaintPass *p)
 			case LEASE_UNKNOWN:
 				ereport(WARNING,
 						(errmsg("idempotency lease expired: tenant \"%s\", endpoint \"%s\", key hash %s is now unknown",
-								l->tenant, l->endpoint, KeyHash(l)),
+								l->tenant, l->endpoint, IdemLeaseKeyHash(l)),
 						 errdetail("Its holder neither finished nor renewed the lease in time; duplicates get outcome_pending until an operator resolves the key."),
 						 errhint("Record the real outcome with idempotency.idem_resolve().")));
-				ReportLease(l, "unknown", -1);
+				IdemReportLease(l, "unknown", -1);
 				break;
 			case LEASE_COMPLETED:
 				IdemStatsCount(l->endpoint, IDEM_COUNT_RESOLVED);
-				ReportLease(l, "completed", status);
+				IdemReportLease(l, "completed", status);
 				break;
 			case LEASE_FAILED:
 				IdemStatsCount(l->endpoint, IDEM_COUNT_RESOLVED);
-				ReportLease(l, "failed", -1);
+				IdemReportLease(l, "failed", -1);
 				break;
 			case LEASE_RESOLVER_ERROR:
 			case LEASE_GONE:
@@ -1191,9 +994,9 @@ StaleLeases(MaintPass *p)
 
 		for (o = 0; o < LEASE_GONE; o++)
 			if (count->n[o] > 0)
-				Emit(p, lease_outcome_kinds[o], count->endpoint, count->n[o]);
+				IdemEmit(p, lease_outcome_kinds[o], count->endpoint, count->n[o]);
 	}
-	StepEnd(p);
+	IdemStepEnd(p);
 }
 
 /* ---------------------------------------------------------------------
@@ -1202,8 +1005,8 @@ StaleLeases(MaintPass *p)
  */
 
 static void
-PassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
-		 IdemMaintEmit emit, void *arg)
+IdemPassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
+			 IdemMaintEmit emit, void *arg)
 {
 	memset(p, 0, sizeof(*p));
 	p->as_of = as_of;
@@ -1213,12 +1016,12 @@ PassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
 }
 
 static void
-RunSteps(MaintPass *p)
+IdemRunSteps(MaintPass *p)
 {
-	StaleLeases(p);
-	PurgeDefault(p);
-	Premake(p);
-	Retention(p);
+	IdemStaleLeases(p);
+	IdemPurgeDefault(p);
+	IdemPremake(p);
+	IdemRetention(p);
 }
 
 /*
@@ -1231,10 +1034,10 @@ IdemMaintenancePreview(TimestampTz as_of, IdemMaintEmit emit, void *arg)
 {
 	MaintPass	p;
 
-	PassInit(&p, as_of, false, emit, arg);
+	IdemPassInit(&p, as_of, false, emit, arg);
 	p.preview = true;
 	p.cxt = CurrentMemoryContext;
-	RunSteps(&p);
+	IdemRunSteps(&p);
 }
 
 bool
@@ -1244,9 +1047,9 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 	MaintPass	p;
 	LOCKTAG		tag;
 
-	PassInit(&p, as_of, own_xacts, emit, arg);
+	IdemPassInit(&p, as_of, own_xacts, emit, arg);
 
-	PassLockTag(&tag);
+	IdemPassLockTag(&tag);
 	if (own_xacts)
 	{
 		/* a session lock, taken in a transaction, kept across the steps */
@@ -1254,7 +1057,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 		if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
 		{
 			CommitTransactionCommand();
-			Emit(&p, "busy", NULL, -1);
+			IdemEmit(&p, "busy", NULL, -1);
 			return false;
 		}
 		CommitTransactionCommand();
@@ -1266,7 +1069,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 	{
 		if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 		{
-			Emit(&p, "busy", NULL, -1);
+			IdemEmit(&p, "busy", NULL, -1);
 			return false;
 		}
 		p.cxt = CurrentMemoryContext;
@@ -1274,7 +1077,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 
 	PG_TRY();
 	{
-		RunSteps(&p);
+		IdemRunSteps(&p);
 	}
 	PG_FINALLY();
 	{
@@ -1294,7 +1097,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
  */
 
 static void
-EmitTuple(void *arg, const char *kind, const char *object, int64 rows)
+IdemEmitTuple(void *arg, const char *kind, const char *object, int64 rows)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
 	Datum		values[3];
@@ -1322,7 +1125,7 @@ EmitTuple(void *arg, const char *kind, const char *object, int64 rows)
 #define IDEM_AS_OF_MAX	"9000-01-01 00:00:00+00"
 
 static TimestampTz
-AsOfBound(const char *literal)
+IdemAsOfBound(const char *literal)
 {
 	return DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in,
 												   CStringGetDatum(literal),
@@ -1351,11 +1154,11 @@ idem_maintenance(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("as_of must not be null"),
+				 errmsg("as_of must not be NULL"),
 				 errhint("Leave as_of out for a pass as of now().")));
 	as_of = PG_GETARG_TIMESTAMPTZ(0);
 	if (TIMESTAMP_NOT_FINITE(as_of) ||
-		as_of < AsOfBound(IDEM_AS_OF_MIN) || as_of >= AsOfBound(IDEM_AS_OF_MAX))
+		as_of < IdemAsOfBound(IDEM_AS_OF_MIN) || as_of >= IdemAsOfBound(IDEM_AS_OF_MAX))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("as_of is out of range for a maintenance pass"),
@@ -1376,8 +1179,8 @@ idem_maintenance(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (preview)
-		IdemMaintenancePreview(as_of, EmitTuple, rsinfo);
+		IdemMaintenancePreview(as_of, IdemEmitTuple, rsinfo);
 	else
-		(void) IdemMaintenancePass(as_of, false, EmitTuple, rsinfo);
+		(void) IdemMaintenancePass(as_of, false, IdemEmitTuple, rsinfo);
 	return (Datum) 0;
 }

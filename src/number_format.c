@@ -74,7 +74,7 @@ typedef struct Big
 } Big;
 
 static void
-big_set_small(Big *b, uint32 v)
+IdemBigSetSmall(Big *b, uint32 v)
 {
 	memset(b->d, 0, sizeof(b->d));
 	b->d[0] = v;
@@ -82,7 +82,7 @@ big_set_small(Big *b, uint32 v)
 }
 
 static void
-big_mul_small(Big *b, uint32 f)
+IdemBigMulSmall(Big *b, uint32 f)
 {
 	uint64		carry = 0;
 
@@ -98,7 +98,7 @@ big_mul_small(Big *b, uint32 f)
 }
 
 static int
-big_bitlen(const Big *b)
+IdemBigBitlen(const Big *b)
 {
 	int			n = b->n;
 
@@ -111,7 +111,7 @@ big_bitlen(const Big *b)
 
 /* the 32 bits of b starting at bit position pos */
 static uint32
-big_word_at(const Big *b, int pos)
+IdemBigWordAt(const Big *b, int pos)
 {
 	int			limb = pos / 32;
 	int			sh = pos % 32;
@@ -123,17 +123,17 @@ big_word_at(const Big *b, int pos)
 
 /* (b >> shift) truncated to 128 bits, as lo/hi */
 static void
-big_shr128(const Big *b, int shift, uint64 *out)
+IdemBigShr128(const Big *b, int shift, uint64 *out)
 {
-	out[0] = (uint64) big_word_at(b, shift) |
-		((uint64) big_word_at(b, shift + 32) << 32);
-	out[1] = (uint64) big_word_at(b, shift + 64) |
-		((uint64) big_word_at(b, shift + 96) << 32);
+	out[0] = (uint64) IdemBigWordAt(b, shift) |
+		((uint64) IdemBigWordAt(b, shift + 32) << 32);
+	out[1] = (uint64) IdemBigWordAt(b, shift + 64) |
+		((uint64) IdemBigWordAt(b, shift + 96) << 32);
 }
 
 /* b = floor(b / f) */
 static void
-big_div_small(Big *b, uint32 f)
+IdemBigDivSmall(Big *b, uint32 f)
 {
 	uint64		rem = 0;
 
@@ -147,7 +147,7 @@ big_div_small(Big *b, uint32 f)
 }
 
 static void
-build_tables(void)
+IdemBuildTables(void)
 {
 	Big			p5;
 	Big			inv;
@@ -157,13 +157,13 @@ build_tables(void)
 	 * step (floor(floor(x / a) / b) is floor(x / ab)), so that shifting it
 	 * right gives floor(2^k / 5^i) for any k up to 1023.
 	 */
-	big_set_small(&p5, 1);
+	IdemBigSetSmall(&p5, 1);
 	memset(&inv, 0, sizeof(inv));
 	inv.d[BIG_LIMBS - 1] = (uint32) 1 << 31;
 	inv.n = BIG_LIMBS;
 	for (int i = 0; i < POW5_INV_TABLE_SIZE; i++)
 	{
-		int			bits = big_bitlen(&p5);
+		int			bits = IdemBigBitlen(&p5);
 		uint64	   *q = pow5_inv_split[i];
 
 		if (i < POW5_TABLE_SIZE)
@@ -174,7 +174,7 @@ build_tables(void)
 				uint64		v[2];
 				int			sh = POW5_BITCOUNT - bits;
 
-				big_shr128(&p5, 0, v);
+				IdemBigShr128(&p5, 0, v);
 				if (sh >= 64)
 				{
 					v[1] = v[0] << (sh - 64);
@@ -189,16 +189,16 @@ build_tables(void)
 				pow5_split[i][1] = v[1];
 			}
 			else
-				big_shr128(&p5, bits - POW5_BITCOUNT, pow5_split[i]);
+				IdemBigShr128(&p5, bits - POW5_BITCOUNT, pow5_split[i]);
 		}
 
 		/* floor(2^(bits - 1 + 125) / 5^i) + 1; no carry out: it is <= 2^125 */
-		big_shr128(&inv, 32 * BIG_LIMBS - 1 - (bits - 1 + POW5_INV_BITCOUNT), q);
+		IdemBigShr128(&inv, 32 * BIG_LIMBS - 1 - (bits - 1 + POW5_INV_BITCOUNT), q);
 		if (++q[0] == 0)
 			q[1]++;
 
-		big_div_small(&inv, 5);
-		big_mul_small(&p5, 5);
+		IdemBigDivSmall(&inv, 5);
+		IdemBigMulSmall(&p5, 5);
 	}
 	tables_ready = true;
 }
@@ -207,27 +207,27 @@ build_tables(void)
 
 /* ceil(log2(5^e)) for 1 <= e <= 3528, and 1 for e = 0 */
 static inline int
-pow5bits(int e)
+IdemPow5bits(int e)
 {
 	return (int) ((((uint32) e) * 1217359) >> 19) + 1;
 }
 
 /* floor(log10(2^e)) for 0 <= e <= 1650 */
 static inline int
-log10_pow2(int e)
+IdemLog10Pow2(int e)
 {
 	return (int) ((((uint32) e) * 78913) >> 18);
 }
 
 /* floor(log10(5^e)) for 0 <= e <= 2620 */
 static inline int
-log10_pow5(int e)
+IdemLog10Pow5(int e)
 {
 	return (int) ((((uint32) e) * 732923) >> 20);
 }
 
 static inline int
-pow5_factor(uint64 v)
+IdemPow5Factor(uint64 v)
 {
 	int			count = 0;
 
@@ -240,20 +240,20 @@ pow5_factor(uint64 v)
 }
 
 static inline bool
-multiple_of_pow5(uint64 v, int p)
+IdemMultipleOfPow5(uint64 v, int p)
 {
-	return pow5_factor(v) >= p;
+	return IdemPow5Factor(v) >= p;
 }
 
 static inline bool
-multiple_of_pow2(uint64 v, int p)
+IdemMultipleOfPow2(uint64 v, int p)
 {
 	return (v & ((UINT64CONST(1) << p) - 1)) == 0;
 }
 
 /* (m * mul) >> j, mul a 128-bit lo/hi pair, 64 <= j */
 static inline uint64
-mul_shift64(uint64 m, const uint64 *mul, int j)
+IdemMulShift64(uint64 m, const uint64 *mul, int j)
 {
 #ifdef HAVE_INT128
 	uint128		b0 = (uint128) m * mul[0];
@@ -264,7 +264,7 @@ mul_shift64(uint64 m, const uint64 *mul, int j)
 	/* portable 64x128 multiply, keeping the bits above 2^64 */
 	uint64		a_lo = (uint32) m,
 				a_hi = m >> 32;
-	uint64		parts[2][2];		/* [word of mul][hi,lo of product] */
+	uint64		parts[2][2];	/* [word of mul][hi,lo of product] */
 	uint64		lo,
 				mid;
 
@@ -293,7 +293,7 @@ mul_shift64(uint64 m, const uint64 *mul, int j)
 }
 
 static inline int
-decimal_length(uint64 v)
+IdemDecimalLength(uint64 v)
 {
 	int			n = 1;
 	uint64		p = 10;
@@ -313,7 +313,7 @@ decimal_length(uint64 v)
  * value is digits * 10^exp10.
  */
 static uint64
-ryu_shortest(uint64 ieee_mantissa, uint32 ieee_exponent, int *exp10)
+IdemRyuShortest(uint64 ieee_mantissa, uint32 ieee_exponent, int *exp10)
 {
 	int			e2;
 	uint64		m2;
@@ -350,36 +350,36 @@ ryu_shortest(uint64 ieee_mantissa, uint32 ieee_exponent, int *exp10)
 
 	if (e2 >= 0)
 	{
-		int			q = log10_pow2(e2) - (e2 > 3);
-		int			k = POW5_INV_BITCOUNT + pow5bits(q) - 1;
+		int			q = IdemLog10Pow2(e2) - (e2 > 3);
+		int			k = POW5_INV_BITCOUNT + IdemPow5bits(q) - 1;
 		int			i = -e2 + q + k;
 
 		e10 = q;
-		vr = mul_shift64(4 * m2, pow5_inv_split[q], i);
-		vp = mul_shift64(4 * m2 + 2, pow5_inv_split[q], i);
-		vm = mul_shift64(4 * m2 - 1 - mm_shift, pow5_inv_split[q], i);
+		vr = IdemMulShift64(4 * m2, pow5_inv_split[q], i);
+		vp = IdemMulShift64(4 * m2 + 2, pow5_inv_split[q], i);
+		vm = IdemMulShift64(4 * m2 - 1 - mm_shift, pow5_inv_split[q], i);
 		if (q <= 21)
 		{
 			/* at most one of mv, mp, mm is a multiple of 5 */
 			if (mv % 5 == 0)
-				vr_trailing_zeros = multiple_of_pow5(mv, q);
+				vr_trailing_zeros = IdemMultipleOfPow5(mv, q);
 			else if (accept_bounds)
-				vm_trailing_zeros = multiple_of_pow5(mv - 1 - mm_shift, q);
+				vm_trailing_zeros = IdemMultipleOfPow5(mv - 1 - mm_shift, q);
 			else
-				vp -= multiple_of_pow5(mv + 2, q);
+				vp -= IdemMultipleOfPow5(mv + 2, q);
 		}
 	}
 	else
 	{
-		int			q = log10_pow5(-e2) - (-e2 > 1);
+		int			q = IdemLog10Pow5(-e2) - (-e2 > 1);
 		int			i = -e2 - q;
-		int			k = pow5bits(i) - POW5_BITCOUNT;
+		int			k = IdemPow5bits(i) - POW5_BITCOUNT;
 		int			j = q - k;
 
 		e10 = q + e2;
-		vr = mul_shift64(4 * m2, pow5_split[i], j);
-		vp = mul_shift64(4 * m2 + 2, pow5_split[i], j);
-		vm = mul_shift64(4 * m2 - 1 - mm_shift, pow5_split[i], j);
+		vr = IdemMulShift64(4 * m2, pow5_split[i], j);
+		vp = IdemMulShift64(4 * m2 + 2, pow5_split[i], j);
+		vm = IdemMulShift64(4 * m2 - 1 - mm_shift, pow5_split[i], j);
 		if (q <= 1)
 		{
 			/* mv has at least two trailing zero bits, so vr is exact */
@@ -390,7 +390,7 @@ ryu_shortest(uint64 ieee_mantissa, uint32 ieee_exponent, int *exp10)
 				--vp;
 		}
 		else if (q < 63)
-			vr_trailing_zeros = multiple_of_pow2(mv, q);
+			vr_trailing_zeros = IdemMultipleOfPow2(mv, q);
 	}
 
 	if (vm_trailing_zeros || vr_trailing_zeros)
@@ -474,7 +474,7 @@ ryu_shortest(uint64 ieee_mantissa, uint32 ieee_exponent, int *exp10)
  * is 0.DIGITS * 10^n the way Number::toString does; return the length.
  */
 static int
-layout_number(char *buf, bool negative, const char *digits, int k, int n)
+IdemLayoutNumber(char *buf, bool negative, const char *digits, int k, int n)
 {
 	char	   *p = buf;
 
@@ -535,9 +535,9 @@ layout_number(char *buf, bool negative, const char *digits, int k, int n)
 
 /* decimal digits of v (v > 0) into buf, without terminator; return count */
 static int
-uint64_digits(uint64 v, char *buf)
+IdemUint64Digits(uint64 v, char *buf)
 {
-	int			len = decimal_length(v);
+	int			len = IdemDecimalLength(v);
 
 	for (int i = len - 1; i >= 0; i--)
 	{
@@ -581,7 +581,7 @@ IdemFormatDouble(double value, char *buf)
 			*p++ = '-';
 			iv = -iv;
 		}
-		p += uint64_digits((uint64) iv, p);
+		p += IdemUint64Digits((uint64) iv, p);
 		*p = '\0';
 		return (int) (p - buf);
 	}
@@ -593,8 +593,8 @@ IdemFormatDouble(double value, char *buf)
 						 ((1u << DOUBLE_EXPONENT_BITS) - 1));
 
 	if (!tables_ready)
-		build_tables();
-	out = ryu_shortest(mantissa, exponent, &exp10);
+		IdemBuildTables();
+	out = IdemRyuShortest(mantissa, exponent, &exp10);
 
 	/* Ryu leaves no trailing zeros except for values it did not shorten */
 	while (out % 10 == 0)
@@ -602,8 +602,8 @@ IdemFormatDouble(double value, char *buf)
 		out /= 10;
 		exp10++;
 	}
-	k = uint64_digits(out, digits);
-	return layout_number(buf, negative, digits, k, k + exp10);
+	k = IdemUint64Digits(out, digits);
+	return IdemLayoutNumber(buf, negative, digits, k, k + exp10);
 }
 
 /* ---------- decimal input ---------- */
@@ -614,7 +614,7 @@ static const char digit_pairs[201] =
 "8081828384858687888990919293949596979899";
 
 static void
-out_of_range(const char *what, int len)
+IdemOutOfRange(const char *what, int len)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
@@ -628,7 +628,7 @@ out_of_range(const char *what, int len)
  * of range is an error, or (soft) a false return with nothing appended.
  */
 static bool
-append_via_double(StringInfo out, const char *s, int len, bool soft)
+IdemAppendViaDouble(StringInfo out, const char *s, int len, bool soft)
 {
 	char		buf[IDEM_NUMBER_BUFLEN];
 	double		d;
@@ -639,7 +639,7 @@ append_via_double(StringInfo out, const char *s, int len, bool soft)
 	{
 		if (soft)
 			return false;
-		out_of_range(s, len);
+		IdemOutOfRange(s, len);
 	}
 	appendBinaryStringInfo(out, buf, IdemFormatDouble(d, buf));
 	return true;
@@ -652,8 +652,8 @@ append_via_double(StringInfo out, const char *s, int len, bool soft)
  * false instead of the out-of-range error.
  */
 static bool
-append_decimal(StringInfo out, bool negative, const char *digits, int k,
-			   long n, const char *fallback, int fallback_len, bool soft)
+IdemAppendDecimal(StringInfo out, bool negative, const char *digits, int k,
+				  long n, const char *fallback, int fallback_len, bool soft)
 {
 	/*
 	 * At most 15 digits (DBL_DIG) and well inside the normal range: the
@@ -664,11 +664,11 @@ append_decimal(StringInfo out, bool negative, const char *digits, int k,
 		char		buf[IDEM_NUMBER_BUFLEN];
 
 		appendBinaryStringInfo(out, buf,
-							   layout_number(buf, negative, digits, k, (int) n));
+							   IdemLayoutNumber(buf, negative, digits, k, (int) n));
 		return true;
 	}
 	if (fallback)
-		return append_via_double(out, fallback, fallback_len, soft);
+		return IdemAppendViaDouble(out, fallback, fallback_len, soft);
 	else
 	{
 		/* "-D.DIGITSe-NNNNNNNNNN" */
@@ -706,7 +706,7 @@ append_decimal(StringInfo out, bool negative, const char *digits, int k,
 			*p++ = ebuf[--elen];
 		*p = '\0';
 		len = (int) (p - s);
-		ok = append_via_double(out, s, len, soft);
+		ok = IdemAppendViaDouble(out, s, len, soft);
 		if (s != sbuf)
 			pfree(s);
 		return ok;
@@ -716,7 +716,7 @@ append_decimal(StringInfo out, bool negative, const char *digits, int k,
 /* ---------- JSON number text ---------- */
 
 static bool
-bad_number(const char *num, int len, bool soft)
+IdemBadNumber(const char *num, int len, bool soft)
 {
 	if (!soft)
 		ereport(ERROR,
@@ -727,7 +727,7 @@ bad_number(const char *num, int len, bool soft)
 
 /* IdemAppendCanonicalNumber, or (soft) false where it would raise an error */
 static bool
-append_number(StringInfo out, const char *num, int len, bool soft)
+IdemAppendNumber(StringInfo out, const char *num, int len, bool soft)
 {
 	const char *p = num;
 	const char *end = num + len;
@@ -776,7 +776,7 @@ append_number(StringInfo out, const char *num, int len, bool soft)
 		}
 	}
 	if (!any_digit)
-		return bad_number(num, len, soft);
+		return IdemBadNumber(num, len, soft);
 	/* exponent */
 	if (p < end && (*p == 'e' || *p == 'E'))
 	{
@@ -794,11 +794,11 @@ append_number(StringInfo out, const char *num, int len, bool soft)
 				e = e * 10 + (*p - '0');
 		}
 		if (!any_exp)
-			return bad_number(num, len, soft);
+			return IdemBadNumber(num, len, soft);
 		n += eneg ? -e : e;
 	}
 	if (p != end)
-		return bad_number(num, len, soft);
+		return IdemBadNumber(num, len, soft);
 
 	if (last_nonzero == 0)
 	{
@@ -807,8 +807,8 @@ append_number(StringInfo out, const char *num, int len, bool soft)
 		return true;
 	}
 	if (last_nonzero <= 15)
-		return append_decimal(out, negative, digits, last_nonzero, n,
-							  NULL, 0, soft);
+		return IdemAppendDecimal(out, negative, digits, last_nonzero, n,
+								 NULL, 0, soft);
 	else
 	{
 		char		sbuf[64];
@@ -817,8 +817,8 @@ append_number(StringInfo out, const char *num, int len, bool soft)
 
 		memcpy(s, num, len);
 		s[len] = '\0';
-		ok = append_decimal(out, negative, digits, last_nonzero, n,
-							s, len, soft);
+		ok = IdemAppendDecimal(out, negative, digits, last_nonzero, n,
+							   s, len, soft);
 		if (s != sbuf)
 			pfree(s);
 		return ok;
@@ -828,13 +828,13 @@ append_number(StringInfo out, const char *num, int len, bool soft)
 void
 IdemAppendCanonicalNumber(StringInfo out, const char *num, int len)
 {
-	(void) append_number(out, num, len, false);
+	(void) IdemAppendNumber(out, num, len, false);
 }
 
 bool
 IdemTryAppendCanonicalNumber(StringInfo out, const char *num, int len)
 {
-	return append_number(out, num, len, true);
+	return IdemAppendNumber(out, num, len, true);
 }
 
 
@@ -934,7 +934,7 @@ IdemAppendCanonicalNumeric(StringInfo out, Numeric num)
 	if (k == 0)
 		appendStringInfoChar(out, '0');
 	else
-		(void) append_decimal(out, negative, digits, k, n, NULL, 0, false);
+		(void) IdemAppendDecimal(out, negative, digits, k, n, NULL, 0, false);
 	if (digits != dbuf)
 		pfree(digits);
 }

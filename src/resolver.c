@@ -118,7 +118,7 @@ IdemResolverRole(const char *endpoint, Oid resolver)
 
 /* An oid-like column (regprocedure, regrole) of a row; InvalidOid for NULL. */
 static Oid
-OidAttr(HeapTuple tup, TupleDesc desc, int attnum)
+IdemOidAttr(HeapTuple tup, TupleDesc desc, int attnum)
 {
 	bool		isnull;
 	Datum		d = heap_getattr(tup, attnum, desc, &isnull);
@@ -181,12 +181,12 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 		elog(ERROR, "idem_endpoints_resolver: table %s lacks a column it needs",
 			 RelationGetRelationName(trigdata->tg_relation));
 
-	resolver = OidAttr(newtup, desc, resolver_att);
-	role = OidAttr(newtup, desc, role_att);
+	resolver = IdemOidAttr(newtup, desc, resolver_att);
+	role = IdemOidAttr(newtup, desc, role_att);
 	if (oldtup != NULL)
 	{
-		old_resolver = OidAttr(oldtup, desc, resolver_att);
-		old_role = OidAttr(oldtup, desc, role_att);
+		old_resolver = IdemOidAttr(oldtup, desc, resolver_att);
+		old_role = IdemOidAttr(oldtup, desc, role_att);
 	}
 
 	cols[0] = role_att;

@@ -361,8 +361,10 @@ IdemCheckResponseSize(const IdemEndpointPolicy *policy, Size body_bytes,
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_RESPONSE_TOO_LARGE),
 				 errmsg("response is too large to be stored"),
-				 errdetail("The body has %zu bytes and the headers %zu bytes; at most %d bytes are stored for this endpoint.",
-						   body_bytes, header_bytes, limit),
+				 errdetail_plural("The response has %zu bytes (body %zu, headers %zu); at most %d byte is stored for this endpoint.",
+								  "The response has %zu bytes (body %zu, headers %zu); at most %d bytes are stored for this endpoint.",
+								  limit, body_bytes + header_bytes, body_bytes,
+								  header_bytes, limit),
 				 errhint("Store the body elsewhere and finish with a reference to it, or raise the limit with idempotency.max_response_bytes or the endpoint's max_response_bytes.")));
 }
 

@@ -50,6 +50,7 @@
 #include "utils/timestamp.h"
 
 #include "guc.h"
+#include "idempotency.h"
 #include "maintenance.h"
 #include "worker.h"
 
@@ -85,7 +86,7 @@ IdemWorkerInit(void)
 }
 
 static void
-ReloadIfAsked(void)
+IdemReloadIfAsked(void)
 {
 	if (ConfigReloadPending)
 	{
@@ -96,7 +97,7 @@ ReloadIfAsked(void)
 
 /* The connectable databases that are not templates. */
 static List *
-ConnectableDatabases(MemoryContext cxt)
+IdemConnectableDatabases(MemoryContext cxt)
 {
 	List	   *result = NIL;
 	Relation	rel;
@@ -114,8 +115,8 @@ ConnectableDatabases(MemoryContext cxt)
 
 		/*
 		 * Templates are left alone: a session in one would make CREATE
-		 * DATABASE fail.  -2 in datconnlimit marks a database whose DROP
-		 * was interrupted.
+		 * DATABASE fail.  -2 in datconnlimit marks a database whose DROP was
+		 * interrupted.
 		 */
 		if (!db->datallowconn || db->datistemplate || db->datconnlimit == -2)
 			continue;
@@ -134,7 +135,7 @@ ConnectableDatabases(MemoryContext cxt)
  * false when no worker could be started (no free slot).
  */
 static bool
-RunDatabaseWorker(Oid dboid)
+IdemRunDatabaseWorker(Oid dboid)
 {
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
@@ -170,21 +171,21 @@ RunDatabaseWorker(Oid dboid)
 static bool slots_exhausted = false;
 
 static void
-LaunchRound(void)
+IdemLaunchRound(void)
 {
 	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext,
 											  "idempotency launcher round",
 											  ALLOCSET_DEFAULT_SIZES);
-	List	   *dbs = ConnectableDatabases(cxt);
+	List	   *dbs = IdemConnectableDatabases(cxt);
 	ListCell   *lc;
 
 	foreach(lc, dbs)
 	{
 		CHECK_FOR_INTERRUPTS();
-		ReloadIfAsked();
+		IdemReloadIfAsked();
 		if (!idem_enable_worker)
 			break;
-		if (!RunDatabaseWorker(lfirst_oid(lc)))
+		if (!IdemRunDatabaseWorker(lfirst_oid(lc)))
 		{
 			if (!slots_exhausted)
 				ereport(WARNING,
@@ -224,7 +225,7 @@ IdemLauncherMain(Datum main_arg)
 		{
 			last_round = now;
 			if (idem_enable_worker && !RecoveryInProgress())
-				LaunchRound();
+				IdemLaunchRound();
 			continue;			/* the round took time: read the clock again */
 		}
 
@@ -232,7 +233,7 @@ IdemLauncherMain(Datum main_arg)
 						 (long) ((next - now) / 1000) + 1, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
-		ReloadIfAsked();
+		IdemReloadIfAsked();
 	}
 }
 
@@ -271,7 +272,7 @@ static const struct
  * rows), each in a message of its own.
  */
 static void
-LogAction(void *arg, const char *kind, const char *object, int64 rows)
+IdemLogAction(void *arg, const char *kind, const char *object, int64 rows)
 {
 	long long	n = (long long) rows;
 	unsigned long un = (unsigned long) Max(rows, 0);
@@ -330,8 +331,7 @@ IdemDatabaseWorkerMain(Datum main_arg)
 {
 	Oid			dboid = DatumGetObjectId(main_arg);
 	Oid			extowner = InvalidOid;
-	Oid			save_userid;
-	int			save_sec_context;
+	IdemUserSwitch user;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
@@ -368,10 +368,9 @@ IdemDatabaseWorkerMain(Datum main_arg)
 	pgstat_report_activity(STATE_RUNNING, "idempotency maintenance pass");
 
 	/* act as the extension's owner, as idem_maintenance() does */
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(extowner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-	(void) IdemMaintenancePass(GetCurrentTimestamp(), true, LogAction, NULL);
-	SetUserIdAndSecContext(save_userid, save_sec_context);
+	IdemSwitchUser(&user, extowner, 0);
+	(void) IdemMaintenancePass(GetCurrentTimestamp(), true, IdemLogAction, NULL);
+	IdemRestoreUser(&user);
 
 	pgstat_report_activity(STATE_IDLE, NULL);
 	proc_exit(0);

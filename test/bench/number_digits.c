@@ -133,7 +133,7 @@ core_form(double value, char *buf)
 		n += atoi(s + i + 1);
 	while (digits[k - 1] == '0')
 		k--;
-	layout_number(buf, s[0] == '-', digits, k, n);
+	IdemLayoutNumber(buf, s[0] == '-', digits, k, n);
 }
 
 /*
@@ -204,7 +204,7 @@ oracle(double d, char *out)
 		pick_e10 = ok_down ? e10 : up_e10;
 		while (k > 1 && pick[k - 1] == '0')
 			k--;
-		layout_number(out, d < 0, pick, k, pick_e10 + 1);
+		IdemLayoutNumber(out, d < 0, pick, k, pick_e10 + 1);
 		return;
 	}
 	strcpy(out, "?");

@@ -176,8 +176,8 @@ sub render
 		  'Server-side instructions per transaction under callgrind (difference of runs of 100 and 600',
 		  'transactions of one client, so connection start-up is left out).  Stable on a noisy machine,',
 		  'but blind to waits: WAL flushes, round trips and cache misses are not in them.', '',
-		  'Columns after the total: inclusive counts of functions within it (lookup: IdemLoadRow;',
-		  'insert: IdemInsertRow; CHECK: ExecConstraints; jsonb_in: parsing the JSON parameters, in every',
+		  'Columns after the total: inclusive counts of functions within it (lookup: IdemKeystoreRead;',
+		  'insert: IdemKeystoreInsert; CHECK: ExecConstraints; jsonb_in: parsing the JSON parameters, in every',
 		  'script that takes one).', '',
 		  '| database/script | instructions | idem_claim | of which lookup | idem_finish | of which insert | of which CHECK | canonical fingerprint | jsonb_in |',
 		  '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |';
@@ -185,7 +185,7 @@ sub render
 		{
 			my $f = $insfn{$k} // {};
 			push @out, sprintf('| %s | %s | %s | %s | %s | %s | %s | %s | %s |', $k, map { defined $_ ? fmt_int($_) : '' }
-				$ins{$k}, $f->{idem_claim}, $f->{IdemLoadRow}, $f->{idem_finish}, $f->{IdemInsertRow},
+				$ins{$k}, $f->{idem_claim}, $f->{IdemKeystoreRead}, $f->{idem_finish}, $f->{IdemKeystoreInsert},
 				($k =~ /ext_execute/ ? $f->{ExecConstraints} : undef),
 				$f->{idem_canonical_json_sha256} // $f->{idem_canonical_json_text_sha256}, $f->{jsonb_in});
 		}

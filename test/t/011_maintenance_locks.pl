@@ -44,7 +44,7 @@ my $res = $node->safe_psql('postgres', q{
 	GROUP BY kind ORDER BY kind});
 like($res, qr/^skipped\|\d+$/m, 'steps that cannot get their lock are skipped');
 unlike($res, qr/^create\|/m, 'and nothing is created meanwhile');
-ok($node->wait_for_log(qr/idempotency maintenance skipped creating partition of "keys_p/, $offset),
+ok($node->wait_for_log(qr/idempotency maintenance skipped creating partition "keys_p/, $offset),
 	'the skip is logged');
 # claims (inserts through the parent) were never blocked by the pass
 $node->safe_psql('postgres', q{

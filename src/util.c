@@ -1,0 +1,105 @@
+/*-------------------------------------------------------------------------
+ *
+ * util.c
+ *	  Helpers every module of the extension shares: the preload and trigger
+ *	  checks, subtransactions that catch an error, and the one way the
+ *	  extension acts as another role (IdemSwitchUser, and the owner
+ *	  sections built on it).  Declared in idempotency.h.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "commands/trigger.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+
+#include "idempotency.h"
+
+/*
+ * Raise an error naming shared_preload_libraries when a feature that needs
+ * shared memory or the background worker is used in a server that did not
+ * preload the library.
+ */
+void
+IdemRequirePreload(const char *feature)
+{
+	if (!IdemPreloaded)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s requires idempotency to be loaded via shared_preload_libraries",
+						feature),
+				 errhint("Add idempotency to shared_preload_libraries in postgresql.conf and restart the server.")));
+}
+
+void
+IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("function %s can only be called as a trigger", funcname)));
+}
+
+ErrorData *
+IdemRunInSubtransaction(void (*fn) (void *arg), void *arg)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	ErrorData  *volatile edata = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		fn(arg);
+		ReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(oldcxt);
+	CurrentResourceOwner = oldowner;
+	return edata;
+}
+
+void
+IdemSwitchUser(IdemUserSwitch *sw, Oid role, int extra_sec_context)
+{
+	GetUserIdAndSecContext(&sw->save_userid, &sw->save_sec_context);
+	SetUserIdAndSecContext(role, sw->save_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE | extra_sec_context);
+}
+
+void
+IdemRestoreUser(const IdemUserSwitch *sw)
+{
+	SetUserIdAndSecContext(sw->save_userid, sw->save_sec_context);
+}
+
+void
+IdemBeginOwnerSection(IdemOwnerSection *section, Oid owner,
+					  int extra_sec_context)
+{
+	IdemSwitchUser(&section->user, owner, extra_sec_context);
+	section->guc_nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+}
+
+void
+IdemEndOwnerSection(IdemOwnerSection *section)
+{
+	AtEOXact_GUC(true, section->guc_nestlevel);
+	IdemRestoreUser(&section->user);
+}
