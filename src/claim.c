@@ -138,9 +138,28 @@ IdemWaitMs(const Interval *iv)
 	return usecs / 1000;
 }
 
+/*
+ * ts + iv, where iv is the argument named what.  No ttl, lease or extension
+ * is meant to last a century: a longer one (or an infinite one) is refused
+ * as out of range before the sum could overflow the timestamp type.
+ */
+#define IDEM_MAX_INTERVAL_YEARS 100
+
 static TimestampTz
-IdemAddInterval(TimestampTz ts, const Interval *iv)
+IdemAddInterval(TimestampTz ts, const Interval *iv, const char *what)
 {
+	const int64 max_days = (int64) (IDEM_MAX_INTERVAL_YEARS * DAYS_PER_YEAR);
+
+	if (iv->month > IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR ||
+		iv->month < -IDEM_MAX_INTERVAL_YEARS * MONTHS_PER_YEAR ||
+		iv->day > max_days || iv->day < -max_days ||
+		iv->time > max_days * USECS_PER_DAY ||
+		iv->time < -max_days * USECS_PER_DAY)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("%s is out of range", what),
+				 errdetail("An interval of more than %d years, or an infinite one, is not accepted.",
+						   IDEM_MAX_INTERVAL_YEARS)));
 	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
 												   TimestampTzGetDatum(ts),
 												   IntervalPGetDatum(iv)));
@@ -534,7 +553,7 @@ static void
 IdemClaimTimes(TimestampTz now, const Interval *ttl, const Interval *lease,
 			   TimestampTz *expires_at, TimestampTz *locked_until)
 {
-	*expires_at = IdemAddInterval(now, ttl);
+	*expires_at = IdemAddInterval(now, ttl, "ttl");
 	if (*expires_at <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -550,7 +569,7 @@ IdemClaimTimes(TimestampTz now, const Interval *ttl, const Interval *lease,
 	*locked_until = 0;
 	if (lease != NULL)
 	{
-		*locked_until = IdemAddInterval(now, lease);
+		*locked_until = IdemAddInterval(now, lease, "lease");
 		if (*locked_until <= now)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -1141,7 +1160,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("extend must not be NULL")));
 	now = GetCurrentTimestamp();
-	until = IdemAddInterval(now, PG_GETARG_INTERVAL_P(4));
+	until = IdemAddInterval(now, PG_GETARG_INTERVAL_P(4), "extend");
 	if (until <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -136,11 +136,39 @@ IdemCheckHeaderName(const char *name, int len)
 				 errdetail("A header name is an HTTP token: letters, digits and !#$%%&'*+-.^_`|~, without spaces.")));
 }
 
-/* A header's value must be a string or an array of strings. */
+/*
+ * A header's value may hold visible characters, spaces and tabs, but no
+ * other control character: a CR or LF in a stored value would split the
+ * replayed header in two (response splitting), and the others are invalid
+ * in a field value (RFC 9110, section 5.5).
+ */
+static void
+IdemCheckHeaderText(const char *name, int len, const JsonbValue *v)
+{
+	for (int i = 0; i < v->val.string.len; i++)
+	{
+		unsigned char c = (unsigned char) v->val.string.val[i];
+
+		if ((c < 0x20 && c != '\t') || c == 0x7f)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("response header \"%.*s\" holds a control character", len, name),
+					 errdetail("Byte %d of the value is 0x%02X; a header value may hold visible characters, spaces and tabs, but no line break or other control character.",
+							   i + 1, c)));
+	}
+}
+
+/*
+ * A header's value must be a string or an array of strings, without
+ * control characters.
+ */
 static void
 IdemCheckHeaderValue(const char *name, int len, JsonbValue *v)
 {
 	bool		ok = v->type == jbvString;
+
+	if (ok)
+		IdemCheckHeaderText(name, len, v);
 
 	if (v->type == jbvBinary && JsonContainerIsArray(v->val.binary.data) &&
 		!JsonContainerIsScalar(v->val.binary.data))
@@ -152,7 +180,11 @@ IdemCheckHeaderValue(const char *name, int len, JsonbValue *v)
 		ok = true;
 		while (ok && (tok = JsonbIteratorNext(&it, &elem, true)) != WJB_DONE)
 			if (tok == WJB_ELEM)
+			{
 				ok = elem.type == jbvString;
+				if (ok)
+					IdemCheckHeaderText(name, len, &elem);
+			}
 	}
 	if (!ok)
 		ereport(ERROR,

@@ -98,6 +98,8 @@ SELECT label, bi.t(stmt) FROM (VALUES
   ('ttl 1 month -31 d',  $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), ttl => '1 month -31 days')$$),
   ('ttl huge',           $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), ttl => '178000000 years')$$),
   ('ttl huge negative',  $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), ttl => '-178000000 years')$$),
+  ('ttl 101 years',      $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), ttl => '101 years')$$),
+  ('ttl 40000 days',     $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), ttl => '40000 days')$$),
   ('lease negative',     $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), lease => '-1 second')$$),
   ('lease zero',         $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), lease => '0')$$),
   ('lease > ttl',        $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), ttl => '1 hour', lease => '2 hours')$$),
@@ -238,6 +240,7 @@ SELECT label, bi.t(replace(stmt, 'TOKEN', (SELECT token::text FROM bi.tok))) FRO
   ('extend past expiry', $$SELECT idempotency.idem_heartbeat('t', 'POST /lease', 'k-leased', TOKEN, '2 days') > now()$$),
   ('extend huge',        $$SELECT idempotency.idem_heartbeat('t', 'POST /lease', 'k-leased', TOKEN, '178000000 years') > now()$$),
   ('extend huge negative', $$SELECT idempotency.idem_heartbeat('t', 'POST /lease', 'k-leased', TOKEN, '-178000000 years') > now()$$),
+  ('extend 101 years',   $$SELECT idempotency.idem_heartbeat('t', 'POST /lease', 'k-leased', TOKEN, '101 years') > now()$$),
   ('completed key',      $$SELECT idempotency.idem_heartbeat('t', 'POST /pay', 'k-done', 1, '1 minute') > now()$$)
 ) AS v(label, stmt);
 

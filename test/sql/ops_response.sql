@@ -89,9 +89,15 @@ FROM unnest(ARRAY['{"Set-Cookie ": "sid=secret"}', '{" Authorization": "Bearer x
                   '{"Set-Cookie:": "x"}', '{"": "x"}', '{"X-Count": 1}', '{"X-Flag": true}',
                   '{"X-None": null}', '{"X-Obj": {"a": "b"}}', '{"Link": ["<a>", 2]}',
                   '{"Link": [["<a>"]]}']) h;
+-- A value with a line break or another control character is refused: a
+-- CR LF would split the replayed header in two.  A tab is allowed.
+SELECT pg_temp.rsp_try(format($$SELECT pg_temp.rsp_store('POST /r', 'h-5', 200, '{}', %L)$$, h)) AS refused
+FROM unnest(ARRAY['{"Location": "/a\r\nSet-Cookie: sid=stolen"}', '{"X-A": "a\nb"}',
+                  '{"X-A": "a\rb"}', '{"Link": ["<a>", "<b>\r\n"]}', '{"X-A": "\u0001"}',
+                  '{"X-A": "x\u007f"}']) h;
 SELECT count(*) AS rows_of_refused_key FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-5';
 -- an empty array is an array of strings
-SELECT pg_temp.rsp_store('POST /r', 'h-6', 200, '{}', '{"Vary": [], "X-Id": "1"}');
+SELECT pg_temp.rsp_store('POST /r', 'h-6', 200, '{}', '{"Vary": [], "X-Id": "1", "X-Tab": "a\tb", "X-Utf8": "été"}');
 SELECT response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-6';
 
 --
