@@ -58,6 +58,10 @@ ensure_citus() {
             | sha256sum --check --quiet \
             || { echo FAIL >"$src/status"; die "$CITUS_TARBALL or its patch: checksum mismatch"; }
         rm -rf "$src/citus-$CITUS_VERSION" "$CITUS_ROOT" "$src/status"
+        # a build of its own, not a part of the make that runs this script:
+        # PostgreSQL's makefiles generate their headers (errcodes.h, ...)
+        # only at make level 0, and the parent's flags must not leak in
+        unset MAKELEVEL MAKEFLAGS MFLAGS
         tar -xzf "$CITUS_TARBALL" -C "$src"
         cd "$src/citus-$CITUS_VERSION"
         if patch -p1 -i "$CITUS_PATCH" >"$src/patch.log" 2>&1 \

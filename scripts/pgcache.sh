@@ -60,6 +60,10 @@ ensure_pg18() {
         echo "$PG18_SHA256  $PG18_TARBALL" | sha256sum --check --quiet \
             || { echo FAIL >"$src/status"; die "$PG18_TARBALL: checksum mismatch"; }
         rm -rf "$src/postgresql-$PG18_VERSION" "$prefix" "$src/status"
+        # a build of its own, not a part of the make that runs this script:
+        # PostgreSQL's makefiles generate their headers (errcodes.h, ...)
+        # only at make level 0, and the parent's flags must not leak in
+        unset MAKELEVEL MAKEFLAGS MFLAGS
         tar -xjf "$PG18_TARBALL" -C "$src"
         cd "$src/postgresql-$PG18_VERSION"
         if ./configure --prefix="$prefix" --with-openssl --with-lz4 --with-zstd --with-icu \
