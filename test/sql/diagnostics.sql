@@ -266,3 +266,14 @@ FROM idempotency.stats WHERE endpoint IS NULL AND NOT untracked;
 DELETE FROM idempotency.endpoints WHERE endpoint IN ('POST /quiet', 'POST /later');
 DELETE FROM idempotency.keys WHERE tenant IN ('t', 'u');
 DROP SCHEMA diag_test CASCADE;
+
+-- a session bound to a tenant gets no digest for another (IK401); last,
+-- since the binding lasts as long as the session
+SET idempotency.tenant = 'acme';
+DO $$
+BEGIN
+    PERFORM idempotency.idem_request_digest('t', 'POST /pay', 'k1', '{}');
+EXCEPTION WHEN OTHERS THEN
+    RAISE NOTICE '%: %', SQLSTATE, SQLERRM;
+END $$;
+SELECT length(idempotency.idem_request_digest('acme', 'POST /pay', 'k1', '{}')) > 0 AS own_tenant;
