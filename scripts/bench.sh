@@ -145,6 +145,7 @@ setup_db() {
 
 # ---- pgbench ------------------------------------------------------------------
 RUN=0
+DIAG_SCRIPTS=()		# set by bench_diagnostics, for the callgrind runs
 # run_pgbench NAME DB CLIENTS SECONDS SCRIPT... : one pgbench run, logged
 # per transaction into $BENCH_DIR/logs/NAME.*, output in NAME.out.
 run_pgbench() {
@@ -244,7 +245,8 @@ bench_diagnostics() {
     say "mismatch diagnostics: execute path without a digest, with one, on an endpoint with diagnostics off, ${T_DIAG}s"
     setup_db s_diag "$FEW_PARTS" >/dev/null
     psql_db s_diag -c "INSERT INTO idempotency.endpoints (endpoint, diagnostics) VALUES ('POST /quiet', false)" >/dev/null
-    local scripts=(diag_none.sql diag_on.sql diag_endpoint_off.sql)
+    DIAG_SCRIPTS=(diag_none.sql diag_on.sql diag_endpoint_off.sql)
+    local scripts=("${DIAG_SCRIPTS[@]}")
     run_pgbench diag_warmup s_diag 1 "$T_WARM" "${scripts[@]}" >/dev/null
     run_pgbench diag s_diag 1 "$T_DIAG" "${scripts[@]}"
     latency diagnostics diag_none,diag_on,diag_endpoint_off diag
@@ -352,7 +354,7 @@ bench_callgrind() {
     for i in $(seq 1 120); do as_pg pg_isready -q -h "$SOCKET_DIR" -p "$PORT" && break; sleep 1; done
     # the first connection after a start rebuilds the relation cache file:
     # connect once to each database before measuring
-    for db in bench s_base s_parts; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done
+    for db in bench s_base s_parts s_diag; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done
     # then count the server's own processes, once those backends are gone
     local pm prev=-1 stable=0
     pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
@@ -365,6 +367,7 @@ bench_callgrind() {
     local runs=()
     for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
     if [ $EXT = 1 ] && want scale; then runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql"); fi
+    for script in "${DIAG_SCRIPTS[@]}"; do runs+=("s_diag:$script"); done
     for i in "${runs[@]}"; do
         db=${i%%:*}; script=${i#*:}
         RUN=$((RUN + 2))

@@ -200,7 +200,9 @@ sub render
 			[ 'Execute on the floor\'s footing / floor', 'bench/ext_execute_merged', 'bench/floor_execute' ],
 			[ 'Replay: extension / plain lookup', 'bench/ext_replay', 'bench/plain_replay' ],
 			[ 'Replay, fingerprint sent / plain lookup', 'bench/ext_replay_given_fp', 'bench/plain_replay' ],
-			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ])
+			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ],
+			[ 'Execute with mismatch diagnostics / without', 's_diag/diag_on', 's_diag/diag_none' ],
+			[ 'Execute, endpoint with diagnostics off / without a digest', 's_diag/diag_endpoint_off', 's_diag/diag_none' ])
 		{
 			my ($t, $x, $y) = @$r;
 			next unless $ins{$x} && $ins{$y};
