@@ -13,7 +13,7 @@
  *	  bytes.  Method and path, when given, have a keyed hash each.  No
  *	  value is ever stored; names and the shape of the document are.
  *
- *	  The hashes are HMAC-SHA256 under a key of the scope: HMAC(secret,
+ *	  The hashes are keyed with a key of the scope: HMAC-SHA256(secret,
  *	  SHA-256 of tenant, endpoint and key, framed), where the secret is 32
  *	  random bytes made for the database by CREATE EXTENSION and kept in
  *	  idempotency.diagnostics_secret, readable by the extension's owner
@@ -21,11 +21,12 @@
  *	  whoever reads a stored digest without the secret cannot test guesses
  *	  of a value (an amount) against it.
  *
- *	  Each node's hash is computed bottom-up (Merkle-style) with plain
- *	  SHA-256 over its kind and its children's hashes (and names), or over
- *	  the canonical bytes of a value that is not a container; only the
- *	  entries that are kept are keyed.  Two nodes have the same hash exactly
- *	  when their canonical forms are the same.
+ *	  Each node's hash is SHA-256 of the scope's key followed by its kind
+ *	  and either the canonical bytes of a value that is not a container or,
+ *	  for an object or array, its members' names and full hashes (computed
+ *	  bottom-up, Merkle-style); a digest keeps the first 8 bytes.  Two nodes
+ *	  of one scope have the same hash exactly when their canonical forms
+ *	  are the same.
  *
  *	  Size.  Entries are kept down to IDEM_DIAG_MAX_DEPTH, containers of
  *	  more than IDEM_DIAG_MAX_MEMBERS members are summarised by their own
@@ -36,7 +37,7 @@
  *
  *	  Format (version 1):
  *		byte 0		version (1)
- *		bytes 1-8	scope tag: HMAC(scope key, "scope"), first 8 bytes
+ *		bytes 1-8	scope tag: HMAC-SHA256(scope key, "scope"), first 8 bytes
  *		byte 9		flags: 1 method, 2 path, 4 body, 8 summarised
  *		[8 bytes]	method hash, [8 bytes] path hash, when flagged
  *		entries, when the body is flagged, in preorder:
@@ -71,6 +72,7 @@
 #include "guc.h"
 #include "idempotency.h"
 #include "keygen.h"
+#include "keys.h"
 #include "keystore.h"
 #include "scope.h"
 
@@ -102,6 +104,19 @@
 
 static uint8 diag_secret[IDEM_DIAG_SECRET_LEN];
 static bool diag_secret_valid = false;
+
+/*
+ * The key of the last scope asked for: a request's digest and its claim
+ * ask for the same one, in that order.  Forgotten with the secret.
+ */
+static struct
+{
+	bool		valid;
+	int			lens[3];
+	char		parts[3][IDEM_SCOPE_MAX_LEN];
+	uint8		key[PG_SHA256_DIGEST_LENGTH];
+	uint8		tag[IDEM_DIAG_MAC_LEN];
+}			diag_last;
 static Oid	diag_secret_relid = InvalidOid;
 static bool diag_callback_registered = false;
 
@@ -114,6 +129,7 @@ IdemDiagSecretInvalidate(Datum arg, Oid relid)
 	{
 		diag_secret_valid = false;
 		diag_secret_relid = InvalidOid;
+		diag_last.valid = false;
 	}
 }
 
@@ -162,6 +178,7 @@ IdemDiagLoadSecret(void)
 				 errmsg("the secret in idempotency.diagnostics_secret is not %d bytes long",
 						IDEM_DIAG_SECRET_LEN)));
 	memcpy(diag_secret, VARDATA_ANY(b), IDEM_DIAG_SECRET_LEN);
+	diag_last.valid = false;
 	IdemEndOwnerSection(&section);
 	SPI_finish();
 	diag_secret_valid = true;
@@ -193,17 +210,19 @@ IdemDiagHmac(pg_hmac_ctx *ctx, const uint8 *key, size_t keylen,
 
 /*
  * The key of a scope, and the tag that says which scope (and secret) a
- * digest was made for.
+ * digest was made for: HMAC-SHA256(secret, framed SHA-256 of the scope),
+ * and the first bytes of HMAC-SHA256(that key, "scope").
  */
 static void
-IdemDiagScopeKey(pg_hmac_ctx *ctx, const IdemScope *scope,
-				 uint8 key[PG_SHA256_DIGEST_LENGTH],
+IdemDiagScopeKey(const IdemScope *scope, uint8 key[PG_SHA256_DIGEST_LENGTH],
 				 uint8 tag[IDEM_DIAG_MAC_LEN])
 {
 	const char *parts[3];
 	int			lens[3];
 	uint8		framed[PG_SHA256_DIGEST_LENGTH];
 	uint8		full[PG_SHA256_DIGEST_LENGTH];
+	pg_hmac_ctx *ctx;
+	bool		same;
 
 	IdemDiagLoadSecret();
 	parts[0] = VARDATA_ANY(scope->tenant);
@@ -212,11 +231,38 @@ IdemDiagScopeKey(pg_hmac_ctx *ctx, const IdemScope *scope,
 	lens[1] = VARSIZE_ANY_EXHDR(scope->endpoint);
 	parts[2] = VARDATA_ANY(scope->key);
 	lens[2] = VARSIZE_ANY_EXHDR(scope->key);
-	IdemFramedSha256("idempotency request digest v1", 3, parts, lens, framed);
-	IdemDiagHmac(ctx, diag_secret, IDEM_DIAG_SECRET_LEN,
-				 framed, sizeof(framed), NULL, 0, key);
-	IdemDiagHmac(ctx, key, PG_SHA256_DIGEST_LENGTH, "scope", 5, NULL, 0, full);
-	memcpy(tag, full, IDEM_DIAG_MAC_LEN);
+
+	same = diag_last.valid;
+	for (int i = 0; same && i < 3; i++)
+		same = lens[i] == diag_last.lens[i] &&
+			memcmp(parts[i], diag_last.parts[i], lens[i]) == 0;
+	if (!same)
+	{
+		ctx = pg_hmac_create(PG_SHA256);
+		if (ctx == NULL)
+			elog(ERROR, "out of memory");
+		IdemFramedSha256("idempotency request digest v1", 3, parts, lens, framed);
+		IdemDiagHmac(ctx, diag_secret, IDEM_DIAG_SECRET_LEN,
+					 framed, sizeof(framed), NULL, 0, diag_last.key);
+		IdemDiagHmac(ctx, diag_last.key, PG_SHA256_DIGEST_LENGTH, "scope", 5,
+					 NULL, 0, full);
+		pg_hmac_free(ctx);
+		memcpy(diag_last.tag, full, IDEM_DIAG_MAC_LEN);
+		diag_last.valid = true;
+		for (int i = 0; i < 3; i++)
+		{
+			/* checked scopes have at most IDEM_SCOPE_MAX_LEN bytes */
+			if (lens[i] > IDEM_SCOPE_MAX_LEN)
+			{
+				diag_last.valid = false;
+				break;
+			}
+			diag_last.lens[i] = lens[i];
+			memcpy(diag_last.parts[i], parts[i], lens[i]);
+		}
+	}
+	memcpy(key, diag_last.key, PG_SHA256_DIGEST_LENGTH);
+	memcpy(tag, diag_last.tag, IDEM_DIAG_MAC_LEN);
 }
 
 /* ----------------------------------------------------------------
@@ -238,6 +284,8 @@ typedef struct DiagNode
 
 typedef struct DiagBuild
 {
+	pg_cryptohash_ctx *sha;		/* for every node's hash, one at a time */
+	const uint8 *key;			/* the scope's key */
 	const char *s;				/* canonical text (UTF-8) */
 	int			len;
 	int			pos;
@@ -246,30 +294,24 @@ typedef struct DiagBuild
 	int			maxnodes;
 } DiagBuild;
 
-static pg_cryptohash_ctx *
-IdemDiagShaBegin(const char *kind)
+/*
+ * out = SHA-256(key || a || b), in ctx (made by the caller, used again):
+ * the keyed hash of one node.  What is stored of it is its first
+ * IDEM_DIAG_MAC_LEN bytes, which leave out most of the hash's state, so
+ * that the secret-prefix construction cannot be extended to other inputs
+ * (the attack HMAC's nesting guards against), at half of HMAC's cost per
+ * node.
+ */
+static void
+IdemDiagSha(pg_cryptohash_ctx *ctx, const uint8 *key, const void *a, size_t alen,
+			const void *b, size_t blen, uint8 out[PG_SHA256_DIGEST_LENGTH])
 {
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
-
 	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) kind, 1) < 0)
+		pg_cryptohash_update(ctx, key, PG_SHA256_DIGEST_LENGTH) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) a, alen) < 0 ||
+		(blen > 0 && pg_cryptohash_update(ctx, (const uint8 *) b, blen) < 0) ||
+		pg_cryptohash_final(ctx, out, PG_SHA256_DIGEST_LENGTH) < 0)
 		elog(ERROR, "could not compute SHA-256 hash: %s", pg_cryptohash_error(ctx));
-	return ctx;
-}
-
-static void
-IdemDiagShaUpdate(pg_cryptohash_ctx *ctx, const void *data, size_t len)
-{
-	if (pg_cryptohash_update(ctx, (const uint8 *) data, len) < 0)
-		elog(ERROR, "could not compute SHA-256 hash: %s", pg_cryptohash_error(ctx));
-}
-
-static void
-IdemDiagShaEnd(pg_cryptohash_ctx *ctx, uint8 *out)
-{
-	if (pg_cryptohash_final(ctx, out, PG_SHA256_DIGEST_LENGTH) < 0)
-		elog(ERROR, "could not compute SHA-256 hash: %s", pg_cryptohash_error(ctx));
-	pg_cryptohash_free(ctx);
 }
 
 /* skip a string whose opening quote is at b->pos; returns the closing one's */
@@ -318,7 +360,10 @@ IdemDiagParse(DiagBuild *b, int depth, uint8 flags, const char *name, int namele
 	if (b->s[b->pos] == '{' || b->s[b->pos] == '[')
 	{
 		bool		object = b->s[b->pos] == '{';
-		pg_cryptohash_ctx *ctx = IdemDiagShaBegin(object ? "o" : "a");
+		StringInfoData members;	/* kind, then each member's name and hash */
+
+		initStringInfo(&members);
+		appendStringInfoChar(&members, object ? 'o' : 'a');
 
 		kind = object ? DIAG_OBJECT : DIAG_ARRAY;
 		b->pos++;
@@ -350,12 +395,13 @@ IdemDiagParse(DiagBuild *b, int depth, uint8 flags, const char *name, int namele
 					lenbuf[1] = (uint8) ((uint32) cnamelen >> 16);
 					lenbuf[2] = (uint8) ((uint32) cnamelen >> 8);
 					lenbuf[3] = (uint8) cnamelen;
-					IdemDiagShaUpdate(ctx, lenbuf, 4);
-					IdemDiagShaUpdate(ctx, cname, cnamelen);
+					appendBinaryStringInfo(&members, (const char *) lenbuf, 4);
+					appendBinaryStringInfo(&members, cname, cnamelen);
 				}
 				child = IdemDiagParse(b, depth + 1,
 									  object ? 0 : DIAG_ELEMENT, cname, cnamelen);
-				IdemDiagShaUpdate(ctx, b->nodes[child].hash, PG_SHA256_DIGEST_LENGTH);
+				appendBinaryStringInfo(&members, (const char *) b->nodes[child].hash,
+									   PG_SHA256_DIGEST_LENGTH);
 				nchildren++;
 				if (b->pos < b->len && b->s[b->pos] == ',')
 				{
@@ -366,12 +412,12 @@ IdemDiagParse(DiagBuild *b, int depth, uint8 flags, const char *name, int namele
 				break;
 			}
 		}
-		IdemDiagShaEnd(ctx, hash);
+		IdemDiagSha(b->sha, b->key, members.data, members.len, NULL, 0, hash);
+		pfree(members.data);
 	}
 	else
 	{
 		int			start = b->pos;
-		pg_cryptohash_ctx *ctx = IdemDiagShaBegin("v");
 
 		if (b->s[b->pos] == '"')
 			b->pos = IdemDiagSkipString(b) + 1;
@@ -379,8 +425,7 @@ IdemDiagParse(DiagBuild *b, int depth, uint8 flags, const char *name, int namele
 			while (b->pos < b->len && b->s[b->pos] != ',' &&
 				   b->s[b->pos] != ']' && b->s[b->pos] != '}')
 				b->pos++;
-		IdemDiagShaUpdate(ctx, b->s + start, b->pos - start);
-		IdemDiagShaEnd(ctx, hash);
+		IdemDiagSha(b->sha, b->key, "v", 1, b->s + start, b->pos - start, hash);
 	}
 
 	n = &b->nodes[idx];
@@ -432,17 +477,6 @@ IdemDiagEntriesSize(const DiagBuild *b, int limit, bool *summarised)
 	return size;
 }
 
-static void
-IdemDiagPutMac(StringInfo out, pg_hmac_ctx *ctx, const uint8 *key,
-			   const char *label, const void *data, size_t len)
-{
-	uint8		mac[PG_SHA256_DIGEST_LENGTH];
-
-	IdemDiagHmac(ctx, key, PG_SHA256_DIGEST_LENGTH, label, strlen(label),
-				 data, len, mac);
-	appendBinaryStringInfo(out, (const char *) mac, IDEM_DIAG_MAC_LEN);
-}
-
 /*
  * The digest of a request for a scope: body is NULL for a request without
  * one, method and path NULL when not given.
@@ -451,8 +485,9 @@ static bytea *
 IdemRequestDigest(const IdemScope *scope, Jsonb *body, const char *method,
 				  const char *path, const IdemExclusions *ex)
 {
-	pg_hmac_ctx *ctx = pg_hmac_create(PG_SHA256);
+	pg_cryptohash_ctx *sha = pg_cryptohash_create(PG_SHA256);
 	uint8		key[PG_SHA256_DIGEST_LENGTH];
+	uint8		h[PG_SHA256_DIGEST_LENGTH];
 	uint8		tag[IDEM_DIAG_MAC_LEN];
 	StringInfoData out;
 	StringInfoData canon;
@@ -463,11 +498,13 @@ IdemRequestDigest(const IdemScope *scope, Jsonb *body, const char *method,
 	Size		header;
 	bytea	   *result;
 
-	if (ctx == NULL)
+	if (sha == NULL)
 		elog(ERROR, "out of memory");
-	IdemDiagScopeKey(ctx, scope, key, tag);
+	IdemDiagScopeKey(scope, key, tag);
 
 	memset(&b, 0, sizeof(b));
+	b.sha = sha;
+	b.key = key;
 	if (body != NULL)
 	{
 		initStringInfo(&canon);
@@ -506,9 +543,15 @@ IdemRequestDigest(const IdemScope *scope, Jsonb *body, const char *method,
 	appendBinaryStringInfo(&out, (const char *) tag, IDEM_DIAG_MAC_LEN);
 	appendStringInfoChar(&out, (char) flags);
 	if (method != NULL)
-		IdemDiagPutMac(&out, ctx, key, "method\n", method, strlen(method));
+	{
+		IdemDiagSha(sha, key, "m", 1, method, strlen(method), h);
+		appendBinaryStringInfo(&out, (const char *) h, IDEM_DIAG_MAC_LEN);
+	}
 	if (path != NULL)
-		IdemDiagPutMac(&out, ctx, key, "path\n", path, strlen(path));
+	{
+		IdemDiagSha(sha, key, "p", 1, path, strlen(path), h);
+		appendBinaryStringInfo(&out, (const char *) h, IDEM_DIAG_MAC_LEN);
+	}
 	for (int i = 0; body != NULL && i < b.nnodes;)
 	{
 		const DiagNode *n = &b.nodes[i];
@@ -528,10 +571,10 @@ IdemRequestDigest(const IdemScope *scope, Jsonb *body, const char *method,
 			}
 			appendBinaryStringInfo(&out, n->name, n->namelen);
 		}
-		IdemDiagPutMac(&out, ctx, key, "value\n", n->hash, PG_SHA256_DIGEST_LENGTH);
+		appendBinaryStringInfo(&out, (const char *) n->hash, IDEM_DIAG_MAC_LEN);
 		i = listed ? i + 1 : n->end;
 	}
-	pg_hmac_free(ctx);
+	pg_cryptohash_free(sha);
 
 	result = (bytea *) out.data;
 	SET_VARSIZE(result, out.len);
@@ -692,7 +735,6 @@ void
 IdemDiagnosticsCheck(const IdemScope *scope, const bytea *digest)
 {
 	DiagParsed	p;
-	pg_hmac_ctx *ctx;
 	uint8		key[PG_SHA256_DIGEST_LENGTH];
 	uint8		tag[IDEM_DIAG_MAC_LEN];
 
@@ -702,11 +744,7 @@ IdemDiagnosticsCheck(const IdemScope *scope, const bytea *digest)
 				(errcode(ERRCODE_IDEM_INVALID_KEY),
 				 errmsg("request digest is malformed"),
 				 errhint("Pass what idem_request_digest returns, or NULL.")));
-	ctx = pg_hmac_create(PG_SHA256);
-	if (ctx == NULL)
-		elog(ERROR, "out of memory");
-	IdemDiagScopeKey(ctx, scope, key, tag);
-	pg_hmac_free(ctx);
+	IdemDiagScopeKey(scope, key, tag);
 	if (memcmp(tag, p.tag, IDEM_DIAG_MAC_LEN) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_INVALID_KEY),
