@@ -656,8 +656,12 @@ IdemDiagRead(const bytea *digest, DiagParsed *p)
 			DIAG_KIND(flags) == (DIAG_OBJECT | DIAG_ARRAY) ||
 			((flags & DIAG_LISTED) && DIAG_KIND(flags) == 0))
 			return false;
-		/* the root first and once; then members of a listed container */
-		if ((p->n == 0) != (depth == 0))
+		/*
+		 * the root first and once; then members of a listed container, as
+		 * deep and as many as a digest made here can have (which also
+		 * bounds the comparison's work)
+		 */
+		if ((p->n == 0) != (depth == 0) || depth > IDEM_DIAG_MAX_DEPTH)
 			return false;
 		if (depth > 0)
 		{
@@ -718,6 +722,8 @@ IdemDiagRead(const bytea *digest, DiagParsed *p)
 		{
 			DiagEntry  *par = &p->e[parent[depth - 1]];
 
+			if (par->nchildren == IDEM_DIAG_MAX_MEMBERS)
+				return false;
 			if (par->nchildren == 0)
 				par->first_child = p->n;
 			else
@@ -846,6 +852,7 @@ IdemDiagCompareNodes(DiagCompare *c, int ia, int ib, StringInfo ptr)
 	int			base = ptr->len;
 
 	check_stack_depth();
+	CHECK_FOR_INTERRUPTS();
 	if (memcmp(a->mac, b->mac, IDEM_DIAG_MAC_LEN) == 0)
 		return;
 	if (!(a->flags & DIAG_LISTED) || !(b->flags & DIAG_LISTED) ||

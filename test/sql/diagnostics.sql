@@ -194,6 +194,9 @@ SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), d
                substring(dg('m1', '{"a": [1, 2]}') FROM 1 FOR 40)));
 SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                dg('m1', '{"a": [1, 2]}') || '\x00'::bytea));
+-- longer than any digest made here (64kB)
+SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+               dg('m1', '{}') || decode(repeat('00', 65536), 'hex')));
 -- an entry flagged as a member of an array under an object
 SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                overlay(dg('m1', '{"a": 1}') PLACING '\x0102'::bytea FROM 37 FOR 2)));
