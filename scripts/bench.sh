@@ -12,7 +12,7 @@
 # the scale scenario and 200,000 instead of 1 million for expiry (under 2
 # minutes on 2 cores); the full run takes under 10 minutes.
 # BENCH_CALLGRIND=1 adds instruction counts under valgrind's callgrind.
-# BENCH_ONLY=main,scale,contention,fingerprint,expiry,callgrind runs only the
+# BENCH_ONLY=main,scale,contention,fingerprint,expiry,diagnostics,callgrind runs only the
 # parts named (callgrind implies BENCH_CALLGRIND=1) and writes its report to
 # build/bench/RESULTS.md instead of test/bench/RESULTS.md.
 
@@ -21,10 +21,10 @@
 QUICK=${BENCH_QUICK:-0}
 [ "$QUICK" = 0 ] || QUICK=1
 if [ $QUICK = 1 ]; then
-    T_WARM=2 T_MAIN=15 T_SCALE=4 SCALE_ROUNDS=2 T_CONT=8 T_FP=10
+    T_WARM=2 T_MAIN=15 T_SCALE=4 SCALE_ROUNDS=2 T_CONT=8 T_FP=10 T_DIAG=15
     SCALE_KEYS=1000000 NREPLAY=2000 EXPIRY_ROWS=200000
 else
-    T_WARM=5 T_MAIN=60 T_SCALE=10 SCALE_ROUNDS=3 T_CONT=30 T_FP=30
+    T_WARM=5 T_MAIN=60 T_SCALE=10 SCALE_ROUNDS=3 T_CONT=30 T_FP=30 T_DIAG=60
     SCALE_KEYS=10000000 NREPLAY=10000 EXPIRY_ROWS=1000000
 fi
 FEW_PARTS=8 MANY_PARTS=31
@@ -84,7 +84,9 @@ psql_db bench -c 'SET client_min_messages = warning' -c 'CREATE EXTENSION idempo
 has_proc() { [ "$(val "$1" "SELECT to_regprocedure('$2') IS NOT NULL")" = t ]; }
 # Without the core (idem_claim) only the floor and PL/pgSQL scripts run.
 EXT=1
-if ! has_proc bench 'idempotency.idem_claim(text,text,text,bytea,interval,interval,interval)'; then
+# (0.3.0's claim also takes the request digest of mismatch diagnostics)
+if ! has_proc bench 'idempotency.idem_claim(text,text,text,bytea,interval,interval,interval)' &&
+   ! has_proc bench 'idempotency.idem_claim(text,text,text,bytea,interval,interval,interval,bytea)'; then
     EXT=0
     meta core_missing "this build has no \`idem_claim\`: only the floor, plain and PL/pgSQL scripts ran"
     say "this build has no idempotency.idem_claim: running only the scripts that do not need it"
@@ -143,6 +145,7 @@ setup_db() {
 
 # ---- pgbench ------------------------------------------------------------------
 RUN=0
+DIAG_SCRIPTS=()		# set by bench_diagnostics, for the callgrind runs
 # run_pgbench NAME DB CLIENTS SECONDS SCRIPT... : one pgbench run, logged
 # per transaction into $BENCH_DIR/logs/NAME.*, output in NAME.out.
 run_pgbench() {
@@ -231,6 +234,27 @@ bench_contention() {
     meta cont_keys "$(val bench "SELECT count(DISTINCT key) FROM bench_actions")"
     meta cont_business_rows "$(val bench "SELECT count(*) FROM payments WHERE tenant = 'hot'")"
     meta cont_duplicates "$(val bench "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) n FROM payments WHERE tenant = 'hot' GROUP BY idempotency_key) p")"
+}
+
+# ---- mismatch diagnostics: execute path with and without the request digest -------
+bench_diagnostics() {
+    if ! has_proc bench 'idempotency.idem_request_digest(text, text, text, jsonb, text, text, text[])'; then
+        meta diag_missing "this build has no idem_request_digest: no diagnostics rows"
+        return 0
+    fi
+    say "mismatch diagnostics: execute path without a digest, with one, on an endpoint with diagnostics off, ${T_DIAG}s"
+    setup_db s_diag "$FEW_PARTS" >/dev/null
+    psql_db s_diag -c "INSERT INTO idempotency.endpoints (endpoint, diagnostics) VALUES ('POST /quiet', false)" >/dev/null
+    DIAG_SCRIPTS=(diag_none.sql diag_on.sql diag_endpoint_off.sql)
+    local scripts=("${DIAG_SCRIPTS[@]}")
+    run_pgbench diag_warmup s_diag 1 "$T_WARM" "${scripts[@]}" >/dev/null
+    run_pgbench diag s_diag 1 "$T_DIAG" "${scripts[@]}"
+    latency diagnostics diag_none,diag_on,diag_endpoint_off diag
+    # what a key keeps: the stored size of the digest of the benchmark's body
+    local bytes
+    bytes=$(val s_diag "SELECT round(avg(pg_column_size(request_digest))) FROM idempotency.keys WHERE request_digest IS NOT NULL")
+    meta diag_bytes "$bytes"
+    meta diagnostics "a digest of the benchmark's $(printf '%s' "$BODY" | wc -c)-byte body (with method and path) takes $bytes bytes per key as stored (pg_column_size), $(val s_diag "SELECT pg_size_pretty($bytes::bigint * 1000000)") per million keys, with idempotency.diagnostics_max_bytes = $(val s_diag 'SHOW idempotency.diagnostics_max_bytes'); keys without a digest store nothing (a NULL)"
 }
 
 # ---- 5: fingerprint and expiry benchmarks of the other issues ----------------------
@@ -330,7 +354,7 @@ bench_callgrind() {
     for i in $(seq 1 120); do as_pg pg_isready -q -h "$SOCKET_DIR" -p "$PORT" && break; sleep 1; done
     # the first connection after a start rebuilds the relation cache file:
     # connect once to each database before measuring
-    for db in bench s_base s_parts; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done
+    for db in bench s_base s_parts s_diag; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done
     # then count the server's own processes, once those backends are gone
     local pm prev=-1 stable=0
     pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
@@ -343,6 +367,7 @@ bench_callgrind() {
     local runs=()
     for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
     if [ $EXT = 1 ] && want scale; then runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql"); fi
+    for script in "${DIAG_SCRIPTS[@]}"; do runs+=("s_diag:$script"); done
     for i in "${runs[@]}"; do
         db=${i%%:*}; script=${i#*:}
         RUN=$((RUN + 2))
@@ -362,6 +387,7 @@ if want main || want callgrind; then bench_main; fi
 if [ $EXT = 1 ]; then
     want scale && bench_scale
     want contention && bench_contention
+    want diagnostics && bench_diagnostics
 fi
 want fingerprint && bench_fingerprint
 want expiry && bench_expiry
@@ -373,7 +399,7 @@ meta nproc "$(nproc)"
 meta load "$(cut -d' ' -f1-3 /proc/loadavg)"
 meta parts_main "$(tail -n 1 "$BENCH_DIR/parts_main")"
 meta mode "$([ $QUICK = 1 ] && echo "BENCH_QUICK=1 (short runs, $SCALE_KEYS keys for the scale scenario, $EXPIRY_ROWS for expiry)" || echo full)"
-meta durations "main runs ${T_MAIN}s each; scale ${SCALE_ROUNDS} rounds of ${T_SCALE}s per database; contention ${T_CONT}s; fingerprints ${T_FP}s"
+meta durations "main runs ${T_MAIN}s each; scale ${SCALE_ROUNDS} rounds of ${T_SCALE}s per database; contention ${T_CONT}s; fingerprints ${T_FP}s; diagnostics ${T_DIAG}s"
 meta settings "$(printf '%s' "$SETTINGS" | paste -sd';' | sed 's/;/; /g')"
 [ "${BENCH_CALLGRIND:-0}" = 1 ] && bench_callgrind
 meta elapsed "$(( $(date +%s) - STARTED )) s"

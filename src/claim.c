@@ -60,6 +60,7 @@
 #include "audit.h"
 #include "canonical_json.h"
 #include "claim.h"
+#include "diagnostics.h"
 #include "endpoint.h"
 #include "guc.h"
 #include "idempotency.h"
@@ -93,6 +94,7 @@ typedef struct PendingClaim
 	text	   *endpoint;
 	text	   *key;
 	bytea	   *fingerprint;
+	bytea	   *request_digest; /* NULL: none kept */
 	TimestampTz created_at;
 	TimestampTz expires_at;
 	LOCKTAG		tag;
@@ -206,7 +208,7 @@ IdemFindPending(const IdemScope *scope, PendingClaim ***link)
  */
 static void
 IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
-			   TimestampTz created_at, TimestampTz expires_at,
+			   const bytea *request_digest, TimestampTz created_at, TimestampTz expires_at,
 			   const LOCKTAG *tag, bool leased)
 {
 	MemoryContext old;
@@ -227,6 +229,8 @@ IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
 	pc->endpoint = DatumGetTextPCopy(PointerGetDatum(scope->endpoint));
 	pc->key = DatumGetTextPCopy(PointerGetDatum(scope->key));
 	pc->fingerprint = DatumGetByteaPCopy(PointerGetDatum(fingerprint));
+	pc->request_digest = request_digest == NULL ? NULL :
+		DatumGetByteaPCopy(PointerGetDatum(request_digest));
 	pc->created_at = created_at;
 	pc->expires_at = expires_at;
 	pc->tag = *tag;
@@ -250,6 +254,8 @@ IdemForgetPending(PendingClaim **link)
 	pfree(pc->endpoint);
 	pfree(pc->key);
 	pfree(pc->fingerprint);
+	if (pc->request_digest)
+		pfree(pc->request_digest);
 	pfree(pc);
 }
 
@@ -408,6 +414,7 @@ typedef struct ClaimResult
 	int64		lease_token;
 	TimestampTz expires_at;		/* 0: NULL */
 	bool		replayed;
+	Jsonb	   *mismatch;		/* what differs, on a mismatch; or NULL */
 } ClaimResult;
 
 /*
@@ -452,8 +459,8 @@ static Datum
 IdemClaimResultDatum(FunctionCallInfo fcinfo, const ClaimResult *r)
 {
 	TupleDesc	desc = IdemResultDesc(fcinfo);
-	Datum		values[12];
-	bool		nulls[12];
+	Datum		values[13];
+	bool		nulls[13];
 
 	memset(nulls, 0, sizeof(nulls));
 	values[0] = CStringGetTextDatum(r->action);
@@ -478,6 +485,11 @@ IdemClaimResultDatum(FunctionCallInfo fcinfo, const ClaimResult *r)
 	values[10] = BoolGetDatum(r->replayed);
 	values[11] = PointerGetDatum(r->resp.body_ref);
 	nulls[11] = r->resp.body_ref == NULL;
+	/* 0.2.0's claim_result has no mismatch column */
+	values[12] = PointerGetDatum(r->mismatch);
+	nulls[12] = r->mismatch == NULL;
+	if (desc->natts < 12 || desc->natts > 13)
+		elog(ERROR, "claim_result has %d columns, expected 13", desc->natts);
 	return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }
 
@@ -610,12 +622,27 @@ idem_claim(PG_FUNCTION_ARGS)
 	IdemKeyRow	row;
 	IdemNewKeyRow newrow = {0};
 	ClaimResult r;
+	bytea	   *digest = NULL;
+	bytea	   *keep_digest = NULL;
 
 	IdemGetScope(fcinfo, &scope, true);
 	fingerprint = PG_ARGISNULL(3) ? NULL : PG_GETARG_BYTEA_PP(3);
 	IdemCheckFingerprint(fingerprint);
 
 	policy = IdemGetEndpointPolicy(scope.endpoint_str);
+
+	/*
+	 * mismatch diagnostics: the request's digest, checked, and kept with the
+	 * key when it fits idempotency.diagnostics_max_bytes (a 0.2.0 schema
+	 * declares no such argument)
+	 */
+	if (PG_NARGS() > 7 && !PG_ARGISNULL(7) && policy->diagnostics)
+	{
+		digest = PG_GETARG_BYTEA_PP(7);
+		IdemDiagnosticsCheck(&scope, digest);
+		if (VARSIZE_ANY_EXHDR(digest) <= (Size) idem_diagnostics_max_bytes)
+			keep_digest = digest;
+	}
 	now = GetCurrentTimestamp();
 
 	/*
@@ -700,6 +727,15 @@ idem_claim(PG_FUNCTION_ARGS)
 			r.http_status = 422;
 			r.error_code = "idempotency_key_reuse";
 			IdemStatsCount(scope.endpoint_str, IDEM_COUNT_MISMATCHES);
+			if (digest != NULL && row.request_digest != NULL)
+			{
+				MemoryContext old = MemoryContextSwitchTo(cxt);
+
+				r.mismatch = IdemDiagnose(row.request_digest, digest);
+				MemoryContextSwitchTo(old);
+				if (r.mismatch != NULL)
+					IdemStatsCount(scope.endpoint_str, IDEM_COUNT_DIAGNOSED);
+			}
 		}
 		else if (row.state == IDEM_STATE_COMPLETED)
 		{
@@ -772,9 +808,10 @@ idem_claim(PG_FUNCTION_ARGS)
 			token &= PG_INT64_MAX;
 		} while (token == 0);
 
-		IdemAddPending(&scope, fingerprint, now, expires_at, &tag, true);
+		IdemAddPending(&scope, fingerprint, keep_digest, now, expires_at, &tag, true);
 		newrow.created_at = now;
 		newrow.fingerprint = fingerprint;
+		newrow.request_digest = keep_digest;
 		newrow.state = IDEM_STATE_IN_PROGRESS;
 		newrow.lease_token = &token;
 		newrow.locked_until = &locked_until;
@@ -784,7 +821,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		r.lease_token = token;
 	}
 	else
-		IdemAddPending(&scope, fingerprint, now, expires_at, &tag, false);
+		IdemAddPending(&scope, fingerprint, keep_digest, now, expires_at, &tag, false);
 
 	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_EXECUTES);
 	IdemReport(&scope, fingerprint, NULL, "in_progress", false, -1, now);
@@ -934,6 +971,7 @@ IdemFinishCommon(FunctionCallInfo fcinfo, IdemScope *scope,
 		IdemRefuseToken(fcinfo, tokenarg);
 		newrow.created_at = pc->created_at;
 		newrow.fingerprint = pc->fingerprint;
+		newrow.request_digest = pc->request_digest;
 		newrow.state = IDEM_STATE_COMPLETED;
 		newrow.resp = resp;
 		newrow.completed_at = &now;
@@ -1077,6 +1115,7 @@ idem_fail(PG_FUNCTION_ARGS)
 		IdemRefuseToken(fcinfo, 5);
 		newrow.created_at = pc->created_at;
 		newrow.fingerprint = pc->fingerprint;
+		newrow.request_digest = pc->request_digest;
 		newrow.state = outcome;
 		newrow.fail_reason = reason;
 		newrow.expires_at = pc->expires_at;

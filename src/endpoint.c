@@ -80,6 +80,7 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 	memset(policy, 0, sizeof(*policy));
 	policy->max_response_bytes = -1;
 	policy->store_response = true;
+	policy->diagnostics = true;
 
 	if (!OidIsValid(endpoints_relid))
 		endpoints_relid = get_relname_relid("endpoints",
@@ -93,9 +94,15 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		Oid			argtypes[1] = {TEXTOID};
 		SPIPlanPtr	plan;
 
+		/*
+		 * diagnostics is read through to_jsonb, so that the library also
+		 * works with a schema of 0.2.0, whose table lacks the column, until
+		 * the extension is updated
+		 */
 		plan = SPI_prepare("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::oid,"
-						   " max_response_bytes, store_response"
-						   " FROM idempotency.endpoints WHERE endpoint = $1",
+						   " max_response_bytes, store_response,"
+						   " (to_jsonb(e) -> 'diagnostics')::boolean"
+						   " FROM idempotency.endpoints e WHERE endpoint = $1",
 						   1, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
@@ -134,6 +141,8 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		policy->max_response_bytes = isnull ? -1 : DatumGetInt32(d);
 		d = SPI_getbinval(tup, desc, 6, &isnull);
 		policy->store_response = isnull || DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 7, &isnull);
+		policy->diagnostics = isnull || DatumGetBool(d);
 	}
 	IdemEndOwnerSection(&section);
 	SPI_finish();

@@ -21,6 +21,7 @@ typedef struct IdemEndpointPolicy
 	Oid			resolver;		/* InvalidOid when none */
 	int			max_response_bytes; /* -1: the setting applies */
 	bool		store_response;
+	bool		diagnostics;	/* keeps request digests (default true) */
 } IdemEndpointPolicy;
 
 /*

@@ -44,6 +44,7 @@ bool		idem_audit = false;
 int			idem_max_response_bytes = 256 * 1024;
 char	   *idem_extra_sensitive_headers = NULL;
 char	   *idem_encryption_key = "";
+int			idem_diagnostics_max_bytes = 1024;
 
 /* the value the GUC machinery holds for idempotency.encryption_key: "" */
 static char *idem_encryption_key_setting = NULL;
@@ -276,6 +277,14 @@ IdemGucInit(void)
 							   GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
 							   IdemEncryptionKeyCheck, IdemEncryptionKeyAssign,
 							   IdemEncryptionKeyShow);
+
+	DefineCustomIntVariable("idempotency.diagnostics_max_bytes",
+							"Largest request digest kept with a key for mismatch diagnostics.",
+							"A larger request is summarised at a coarser level until its digest fits.",
+							&idem_diagnostics_max_bytes,
+							1024, 64, 65536,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
 
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = IdemHideKeyStatements;

@@ -27,6 +27,7 @@ extern bool idem_audit;
 extern int	idem_max_response_bytes;
 extern char *idem_extra_sensitive_headers;
 extern char *idem_encryption_key;
+extern int	idem_diagnostics_max_bytes;
 
 extern void IdemGucInit(void);
 

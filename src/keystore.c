@@ -250,6 +250,33 @@ IdemKeysAttnum(const char *column)
 }
 
 /*
+ * The column request_digest (mismatch diagnostics), or InvalidAttrNumber
+ * under a schema of 0.2.0, which lacks it until the extension is updated.
+ */
+static AttrNumber digest_attnum = InvalidAttrNumber;
+static uint64 digest_attnum_generation = 0;
+
+static AttrNumber
+IdemDigestAttnum(void)
+{
+	(void) IdemKeysRelid();
+	if (digest_attnum_generation != keys_generation)
+	{
+		digest_attnum = InvalidAttrNumber;
+		for (int i = 0; i < keys_desc->natts; i++)
+		{
+			Form_pg_attribute att = TupleDescAttr(keys_desc, i);
+
+			if (!att->attisdropped &&
+				strcmp(NameStr(att->attname), "request_digest") == 0)
+				digest_attnum = att->attnum;
+		}
+		digest_attnum_generation = keys_generation;
+	}
+	return digest_attnum;
+}
+
+/*
  * Fill attnums with the column numbers of the n names, unless *generation
  * says they are those of the table's current description already.
  */
@@ -515,6 +542,16 @@ IdemTakeSlot(TupleTableSlot *slot, ProbeState *st)
 	IdemTakeRow(st->row, v, n, st->now, st->cxt);
 	if (st->row->found)
 	{
+		AttrNumber	d = IdemDigestAttnum();
+
+		st->row->request_digest = NULL;
+		if (d != InvalidAttrNumber && !slot->tts_isnull[d - 1])
+		{
+			MemoryContext old = MemoryContextSwitchTo(st->cxt);
+
+			st->row->request_digest = DatumGetByteaPCopy(slot->tts_values[d - 1]);
+			MemoryContextSwitchTo(old);
+		}
 		st->row->partoid = slot->tts_tableOid;
 		st->row->tid = slot->tts_tid;
 	}
@@ -866,6 +903,11 @@ IdemKeystoreInsert(const IdemScope *scope, const IdemNewKeyRow *newrow)
 	{
 		values[insert_attnums[i] - 1] = v[i];
 		nulls[insert_attnums[i] - 1] = cn[i] == 'n';
+	}
+	if (newrow->request_digest != NULL && IdemDigestAttnum() != InvalidAttrNumber)
+	{
+		values[IdemDigestAttnum() - 1] = PointerGetDatum(newrow->request_digest);
+		nulls[IdemDigestAttnum() - 1] = false;
 	}
 	IdemInsertKeyRow(relid, values, nulls,
 					 newrow->state == IDEM_STATE_IN_PROGRESS);

@@ -42,6 +42,7 @@ typedef struct IdemKeyRow
 	TimestampTz expires_at;
 	bool		has_completed_at;
 	TimestampTz completed_at;
+	bytea	   *request_digest; /* NULL: none kept */
 	/* where the row is, when a probe found it (else partoid is invalid) */
 	Oid			partoid;
 	ItemPointerData tid;
@@ -59,6 +60,7 @@ typedef struct IdemNewKeyRow
 	const char *fail_reason;	/* NULL: none */
 	const TimestampTz *completed_at;	/* NULL: none */
 	TimestampTz expires_at;
+	const bytea *request_digest;	/* NULL: none */
 } IdemNewKeyRow;
 
 /*

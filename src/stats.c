@@ -208,6 +208,7 @@ IdemStatsPutRow(Tuplestorestate *store, TupleDesc desc, const char *endpoint,
 {
 	Datum		values[IDEM_COUNT_NUM + 3];
 	bool		nulls[IDEM_COUNT_NUM + 3];
+	int			ncounters = desc->natts - 3;	/* fewer under an older schema */
 	int			i;
 
 	memset(nulls, 0, sizeof(nulls));
@@ -216,9 +217,9 @@ IdemStatsPutRow(Tuplestorestate *store, TupleDesc desc, const char *endpoint,
 	else
 		nulls[0] = true;
 	values[1] = BoolGetDatum(untracked);
-	for (i = 0; i < IDEM_COUNT_NUM; i++)
+	for (i = 0; i < ncounters; i++)
 		values[i + 2] = Int64GetDatum((int64) pg_atomic_read_u64(&counters[i]));
-	values[IDEM_COUNT_NUM + 2] = TimestampTzGetDatum(reset);
+	values[ncounters + 2] = TimestampTzGetDatum(reset);
 	tuplestore_putvalues(store, desc, values, nulls);
 }
 
@@ -248,7 +249,9 @@ idem_stats(PG_FUNCTION_ARGS)
 	}
 	IdemStatsRequire("idem_stats()");
 	InitMaterializedSRF(fcinfo, 0);
-	if (rsinfo->setDesc->natts != IDEM_COUNT_NUM + 3)
+	/* 0.2.0's declaration lacks the last counter, diagnosed */
+	if (rsinfo->setDesc->natts != IDEM_COUNT_NUM + 3 &&
+		rsinfo->setDesc->natts != IDEM_COUNT_NUM + 2)
 		elog(ERROR, "idem_stats() is declared with %d columns, expected %d",
 			 rsinfo->setDesc->natts, IDEM_COUNT_NUM + 3);
 

@@ -23,6 +23,7 @@ typedef enum IdemCounter
 	IDEM_COUNT_INVALID_KEYS,	/* a claim refused for a malformed key (400) */
 	IDEM_COUNT_LEASES_EXPIRED,	/* stale lease seen by maintenance */
 	IDEM_COUNT_RESOLVED,		/* idem_resolve, or a resolver's answer */
+	IDEM_COUNT_DIAGNOSED,		/* a mismatch that named what differs */
 	IDEM_COUNT_NUM
 } IdemCounter;
 

@@ -28,7 +28,9 @@ CREATE TABLE idempotency.endpoints (
     CHECK (on_lease_expiry = 'unknown' OR resolver IS NOT NULL),
     -- the role the resolver runs as: set by the trigger endpoints_resolver
     -- (sql/parts/10_endpoints.sql) to the role that sets the resolver
-    resolver_role       regrole
+    resolver_role       regrole,
+    -- false: claims keep no request digest (sql/parts/72_diagnostics.sql)
+    diagnostics         boolean NOT NULL DEFAULT true
 );
 SELECT pg_catalog.pg_extension_config_dump('idempotency.endpoints', '');
 
@@ -65,7 +67,10 @@ CREATE TABLE idempotency.keys (
     fail_reason     text,
     created_at      timestamptz NOT NULL,
     completed_at    timestamptz,
-    expires_at      timestamptz NOT NULL
+    expires_at      timestamptz NOT NULL,
+    -- mismatch diagnostics: keyed hashes of the request's members, never
+    -- their values (sql/parts/72_diagnostics.sql)
+    request_digest  bytea
 ) PARTITION BY RANGE (expires_at);
 
 /*

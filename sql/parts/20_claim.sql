@@ -17,13 +17,14 @@ CREATE TYPE idempotency.claim_result AS (
     lease_token      bigint,        -- execute in lease mode: present it to finish
     expires_at       timestamptz,   -- when the key is forgotten
     replayed         boolean,
-    response_body_ref text          -- replay: where the body is, when it was stored as a reference
+    response_body_ref text,         -- replay: where the body is, when it was stored as a reference
+    mismatch         jsonb          -- mismatch: the members that differ, when both requests had a digest
 );
 
 CREATE FUNCTION idempotency.idem_claim(
     tenant text, endpoint text, key text, fingerprint bytea,
     ttl interval DEFAULT NULL, lease interval DEFAULT NULL,
-    wait interval DEFAULT NULL)
+    wait interval DEFAULT NULL, digest bytea DEFAULT NULL)
 RETURNS idempotency.claim_result
 AS 'MODULE_PATHNAME', 'idem_claim'
 LANGUAGE C VOLATILE;

@@ -59,6 +59,7 @@ CREATE FUNCTION idempotency.idem_stats(
     OUT invalid_keys bigint,
     OUT leases_expired bigint,
     OUT resolved bigint,
+    OUT diagnosed bigint,
     OUT reset_at timestamptz)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'idem_stats'
@@ -78,7 +79,7 @@ COMMENT ON FUNCTION idempotency.idem_stats_reset() IS
 CREATE VIEW idempotency.stats AS
 SELECT endpoint, untracked, claims, executes, replays, in_progress,
        mismatches, pending, finishes, releases, fails, invalid_keys,
-       leases_expired, resolved, reset_at
+       leases_expired, resolved, diagnosed, reset_at
 FROM idempotency.idem_stats()
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;
 

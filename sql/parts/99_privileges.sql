@@ -18,7 +18,7 @@ BEGIN
                              'idem_release', 'idem_fail', 'idem_heartbeat',
                              'idem_fingerprint', 'idem_key_valid',
                              'idem_uuidv7', 'idem_ulid', 'idem_token',
-                             'idem_downstream_key')
+                             'idem_downstream_key', 'idem_request_digest')
                OR p.proname LIKE 'idem\_canonical\_json%')
     LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO idempotency_client', f);

@@ -34,7 +34,8 @@ CREATE TYPE idempotency.claim_result AS (
     lease_token      bigint,
     expires_at       timestamptz,
     replayed         boolean,
-    response_body_ref text
+    response_body_ref text,
+    mismatch         jsonb
 );
 
 -- Per key: on the shard of the tenant.
@@ -42,12 +43,23 @@ CREATE TYPE idempotency.claim_result AS (
 CREATE FUNCTION idempotency.idem_claim(
     tenant text, endpoint text, key text, fingerprint bytea,
     ttl interval DEFAULT NULL, lease interval DEFAULT NULL,
-    wait interval DEFAULT NULL)
+    wait interval DEFAULT NULL, digest bytea DEFAULT NULL)
 RETURNS idempotency.claim_result
 LANGUAGE plproxy AS $$
     CLUSTER 'idempotency';
     RUN ON hashtext(tenant);
     TARGET idempotency.idem_claim;
+$$;
+
+-- keyed with the secret of the tenant's shard, which alone can compare it
+CREATE FUNCTION idempotency.idem_request_digest(
+    tenant text, endpoint text, key text, body jsonb,
+    method text DEFAULT NULL, path text DEFAULT NULL, exclude text[] DEFAULT NULL)
+RETURNS bytea
+LANGUAGE plproxy AS $$
+    CLUSTER 'idempotency';
+    RUN ON hashtext(tenant);
+    TARGET idempotency.idem_request_digest;
 $$;
 
 CREATE FUNCTION idempotency.idem_finish(
@@ -202,6 +214,7 @@ CREATE FUNCTION idempotency.idem_stats(
     OUT invalid_keys bigint,
     OUT leases_expired bigint,
     OUT resolved bigint,
+    OUT diagnosed bigint,
     OUT reset_at timestamptz)
 RETURNS SETOF record
 LANGUAGE plproxy AS $$
@@ -245,7 +258,8 @@ SELECT endpoint, untracked,
        sum(finishes)::bigint AS finishes, sum(releases)::bigint AS releases,
        sum(fails)::bigint AS fails, sum(invalid_keys)::bigint AS invalid_keys,
        sum(leases_expired)::bigint AS leases_expired,
-       sum(resolved)::bigint AS resolved, min(reset_at) AS reset_at
+       sum(resolved)::bigint AS resolved, sum(diagnosed)::bigint AS diagnosed,
+       min(reset_at) AS reset_at
 FROM idempotency.idem_stats()
 GROUP BY endpoint, untracked
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;
@@ -275,7 +289,8 @@ $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA idempotency FROM PUBLIC;
 GRANT USAGE ON SCHEMA idempotency TO idempotency_client, idempotency_admin;
 GRANT EXECUTE ON FUNCTION
-    idempotency.idem_claim(text, text, text, bytea, interval, interval, interval),
+    idempotency.idem_claim(text, text, text, bytea, interval, interval, interval, bytea),
+    idempotency.idem_request_digest(text, text, text, jsonb, text, text, text[]),
     idempotency.idem_finish(text, text, text, integer, jsonb, jsonb, bigint),
     idempotency.idem_finish_bytes(text, text, text, integer, bytea, jsonb, bigint),
     idempotency.idem_finish_ref(text, text, text, integer, text, jsonb, bigint),

@@ -55,6 +55,9 @@ my %WHAT = (
 	ext_replay => 'extension idem_claim of a completed key, returning the stored response',
 	ext_execute_merged => 'extension claim with the fingerprint sent (as the floor\'s constant); business insert with idem_finish in its RETURNING clause: as many statements as the floor',
 	ext_replay_given_fp => 'as ext_replay, with the fingerprint sent as a parameter instead of computed in the statement',
+	diag_none => 'execute path (claim, business insert, finish) without a request digest: the baseline of the diagnostics rows',
+	diag_on => 'the same with digest => idem_request_digest(tenant, endpoint, key, body::jsonb, method, path): computed, checked and kept with the key',
+	diag_endpoint_off => 'the same on an endpoint with diagnostics off: idem_request_digest returns NULL, nothing is kept',
 	contention => '32 clients, 16 hot keys renewed every second, idem_claim(..., wait => 2 s); business insert + idem_finish only on execute',
 );
 
@@ -76,6 +79,8 @@ my @RATIOS = (
 	[ 'Fingerprint, 300 B body: canonical / built-in', 'fingerprint', 'fp_canonical_small', 'fingerprint', 'fp_builtin_small', 1.00 ],
 	[ 'Fingerprint, 300 B text body: canonical / built-in', 'fingerprint', 'fp_canonical_text_small', 'fingerprint', 'fp_builtin_small', undef ],
 	[ 'Fingerprint, 64 KB body: canonical / built-in', 'fingerprint', 'fp_canonical_large', 'fingerprint', 'fp_builtin_large', 1.00 ],
+	[ 'Execute with mismatch diagnostics / without, 1 client', 'diagnostics', 'diag_on', 'diagnostics', 'diag_none', undef ],
+	[ 'Execute, endpoint with diagnostics off / without a digest, 1 client', 'diagnostics', 'diag_endpoint_off', 'diagnostics', 'diag_none', undef ],
 );
 
 sub render
@@ -114,7 +119,7 @@ sub render
 	  "- pgbench: `-M prepared`, per-transaction logs (`-l`), scripts of one table row mixed in one run (`-f script\@1` each)";
 	push @out, "- idempotency.keys in database bench (execute, replay, contention): $meta{parts_main} dated partitions and the default partition"
 	  if defined $meta{parts_main};
-	for my $k (qw(fingerprint partitions scale_load scale_keys_size core_missing fp_missing expiry_missing))
+	for my $k (qw(fingerprint partitions scale_load scale_keys_size core_missing fp_missing expiry_missing diagnostics diag_missing))
 	{
 		push @out, "- $k: $meta{$k}" if defined $meta{$k};
 	}
@@ -195,7 +200,9 @@ sub render
 			[ 'Execute on the floor\'s footing / floor', 'bench/ext_execute_merged', 'bench/floor_execute' ],
 			[ 'Replay: extension / plain lookup', 'bench/ext_replay', 'bench/plain_replay' ],
 			[ 'Replay, fingerprint sent / plain lookup', 'bench/ext_replay_given_fp', 'bench/plain_replay' ],
-			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ])
+			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ],
+			[ 'Execute with mismatch diagnostics / without', 's_diag/diag_on', 's_diag/diag_none' ],
+			[ 'Execute, endpoint with diagnostics off / without a digest', 's_diag/diag_endpoint_off', 's_diag/diag_none' ])
 		{
 			my ($t, $x, $y) = @$r;
 			next unless $ins{$x} && $ins{$y};

@@ -32,6 +32,7 @@ CREATE TABLE idempotency.keys_routing_test (
     body_ref text,
     fail_reason text,
     created_at timestamptz NOT NULL,
+    request_digest bytea,
     completed_at timestamptz,
     UNIQUE (tenant, endpoint, key),
     CONSTRAINT keys_state_check

@@ -97,7 +97,7 @@ SELECT * FROM idempotency.idem_import_keys((SELECT jsonb_set(doc, '{expires_at}'
 UPDATE idempotency.keys SET expires_at = now() - interval '1 second'
 WHERE tenant = 'xf-a' AND key = 'k-done';
 SELECT * FROM idempotency.idem_import_keys((SELECT doc FROM xf_export WHERE n = 1));
-SELECT count(*) AS rows, bool_and(to_jsonb(k) = (SELECT doc FROM xf_export WHERE n = 1)) AS as_exported
+SELECT count(*) AS rows, bool_and(to_jsonb(k) - 'request_digest' = (SELECT doc FROM xf_export WHERE n = 1)) AS as_exported
 FROM idempotency.keys k WHERE tenant = 'xf-a' AND key = 'k-done';
 
 -- malformed input

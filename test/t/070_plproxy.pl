@@ -134,6 +134,18 @@ SELECT string_agg(key || ':' || state, ',' ORDER BY key) FROM idempotency.keys W
 		'k1:completed,k2:completed,k3:completed,k5:completed',
 		"shard $s: the shard holds what the proxy did");
 }
+# mismatch diagnostics through the proxy: the digest is made and compared
+# on the tenant's shard, under that shard's secret
+is($node->safe_psql('proxy', q{
+SELECT action FROM idempotency.idem_claim('diag-t', 'ep-diag', 'd1', sha256('\\x01'), lease => '1 hour',
+    digest => idempotency.idem_request_digest('diag-t', 'ep-diag', 'd1', '{"amount": 1, "note": "a"}'));
+SELECT action || ' ' || (mismatch->'changed')::text || ' ' || (mismatch->'removed')::text
+  FROM idempotency.idem_claim('diag-t', 'ep-diag', 'd1', sha256('\\x02'),
+    digest => idempotency.idem_request_digest('diag-t', 'ep-diag', 'd1', '{"amount": 2}'));
+SELECT max(diagnosed) FROM idempotency.idem_stats() WHERE endpoint = 'ep-diag';
+}), qq{execute\nmismatch ["/amount"] ["/note"]\n1},
+	'a mismatch through the proxy names the members that differ');
+
 # and no shard holds another shard's tenant
 my $stray = 0;
 for my $s (0 .. $nshards - 1)

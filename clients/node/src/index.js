@@ -22,11 +22,14 @@ const LOST_MESSAGES = /Connection terminated|Client has encountered a connection
 const NOT_STORED = new Set(['connection', 'keep-alive', 'transfer-encoding', 'date', 'content-length',
   'upgrade', 'proxy-connection', 'trailer', 'idempotent-replayed', 'idempotency-key']);
 
+// the request's digest (mismatch diagnostics) goes with the claim: a reused
+// key with another body is answered with the members that differ
 const SQL_CLAIM = `SELECT action, error_code, retry_after, response_status, response_headers,
-       response_body, lease_token::text AS lease_token
+       response_body, lease_token::text AS lease_token, mismatch
   FROM idempotency.idem_claim($1, $2, $3,
        idempotency.idem_fingerprint($4, $5, $6::jsonb, $7::text[]),
-       $8::interval, $9::interval, $10::interval)`;
+       $8::interval, $9::interval, $10::interval,
+       idempotency.idem_request_digest($1, $2, $3, $6::jsonb, $4, $5, $7::text[]))`;
 const SQL_FINISH = 'SELECT idempotency.idem_finish_bytes($1, $2, $3, $4, $5::bytea, $6::jsonb, $7::bigint)';
 const SQL_HEARTBEAT = 'SELECT idempotency.idem_heartbeat($1, $2, $3, $4::bigint, $5::interval)';
 const SQL_FAIL = "SELECT idempotency.idem_fail($1, $2, $3, 'unknown', $4, $5::bigint)";
@@ -220,7 +223,8 @@ function idempotent(options) {
         }
         const outcome = ACTION_OUTCOME[c.action];
         if (!outcome) throw new Error(`unexpected claim action ${c.action}`);
-        sendAnswer(res, answer(o.profile, outcome, { code: c.error_code, retryAfter: c.retry_after }));
+        sendAnswer(res, answer(o.profile, outcome,
+          { code: c.error_code, retryAfter: c.retry_after, mismatch: c.mismatch }));
         return 'done';
       };
       // the fingerprint refuses a body PostgreSQL cannot take (class 22:

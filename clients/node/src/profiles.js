@@ -17,9 +17,24 @@ const OUTCOMES = {
   unavailable: [503, 'api_error', 'true', 503, 'The request could not be completed; retry it with the same Idempotency-Key'],
 };
 
-function answer(profile, outcome, { message, code, retryAfter } = {}) {
+// What a mismatch's diagnostics say, in one sentence: the members (JSON
+// Pointers into the body) that differ, never their values.
+function mismatchMessage(m) {
+  const parts = [];
+  const list = (xs) => xs.map((p) => (p === '' ? 'the whole body' : p)).join(', ');
+  if (m.method) parts.push('the method differs');
+  if (m.path) parts.push('the path differs');
+  if (m.changed && m.changed.length) parts.push(`changed: ${list(m.changed)}`);
+  if (m.added && m.added.length) parts.push(`added: ${list(m.added)}`);
+  if (m.removed && m.removed.length) parts.push(`removed: ${list(m.removed)}`);
+  if (!parts.length) return null;
+  return `${OUTCOMES.mismatch[4]} (${parts.join('; ')}${m.truncated ? '; within the members named' : ''}).`;
+}
+
+function answer(profile, outcome, { message, code, retryAfter, mismatch } = {}) {
   const o = OUTCOMES[outcome];
   if (!o) throw new Error(`unknown outcome ${outcome}`);
+  if (mismatch && !message) message = mismatchMessage(mismatch) || undefined;
   const headers = {};
   if (retryAfter) headers['Retry-After'] = String(retryAfter);
   if (profile === 'stripe') {
@@ -27,16 +42,18 @@ function answer(profile, outcome, { message, code, retryAfter } = {}) {
     headers['Content-Type'] = 'application/json';
     const error = { type: o[1], message: message || o[4] };
     if (code) error.code = code;
+    if (mismatch) error.mismatch = mismatch;
     return { status: o[0], headers, body: { error } };
   }
   headers['Content-Type'] = 'application/problem+json';
   const body = { type: IETF_TYPE, title: o[4], status: o[3] };
   if (message) body.detail = message;
   if (code) body.code = code;
+  if (mismatch) body.mismatch = mismatch;
   return { status: o[3], headers, body };
 }
 
 // A claim's action other than execute and replay, as an outcome.
 const ACTION_OUTCOME = { in_progress: 'in_progress', mismatch: 'mismatch', pending: 'pending' };
 
-module.exports = { answer, ACTION_OUTCOME, OUTCOMES };
+module.exports = { answer, mismatchMessage, ACTION_OUTCOME, OUTCOMES };

@@ -22,11 +22,15 @@ LOST_SQLSTATES = {"57P01", "57P02", "57P03", "08000", "08003", "08006"}
 NOT_STORED = {"connection", "keep-alive", "transfer-encoding", "date", "content-length", "upgrade",
               "proxy-connection", "trailer", "idempotent-replayed", "idempotency-key"}
 
+# the request's digest (mismatch diagnostics) goes with the claim: a reused
+# key with another body is answered with the members that differ
 SQL_CLAIM = """SELECT action, error_code, retry_after, response_status, response_headers,
-       response_body, lease_token
-  FROM idempotency.idem_claim(%s, %s, %s,
-       idempotency.idem_fingerprint(%s, %s, %s::jsonb, %s::text[]),
-       %s::interval, %s::interval, %s::interval)"""
+       response_body, lease_token, mismatch
+  FROM idempotency.idem_claim(%(tenant)s, %(endpoint)s, %(key)s,
+       idempotency.idem_fingerprint(%(method)s, %(path)s, %(json)s::jsonb, %(exclude)s::text[]),
+       %(ttl)s::interval, %(lease)s::interval, %(wait)s::interval,
+       idempotency.idem_request_digest(%(tenant)s, %(endpoint)s, %(key)s, %(json)s::jsonb,
+                                       %(method)s, %(path)s, %(exclude)s::text[]))"""
 SQL_FINISH = "SELECT idempotency.idem_finish_bytes(%s, %s, %s, %s, %s::bytea, %s::jsonb, %s::bigint)"
 SQL_HEARTBEAT = "SELECT idempotency.idem_heartbeat(%s, %s, %s, %s::bigint, %s::interval)"
 SQL_FAIL = "SELECT idempotency.idem_fail(%s, %s, %s, 'unknown', %s, %s::bigint)"
@@ -256,8 +260,10 @@ class IdempotencyMiddleware:
     async def _claim(self, conn, req):
         cur = conn.cursor(row_factory=dict_row)
         try:
-            await cur.execute(SQL_CLAIM, (req["tenant"], req["endpoint"], req["key"], req["method"], req["path"],
-                                          req["json"], self.exclude, self.ttl, self.lease, self.wait))
+            await cur.execute(SQL_CLAIM, {"tenant": req["tenant"], "endpoint": req["endpoint"], "key": req["key"],
+                                          "method": req["method"], "path": req["path"], "json": req["json"],
+                                          "exclude": self.exclude, "ttl": self.ttl, "lease": self.lease,
+                                          "wait": self.wait})
         except psycopg.DataError as err:
             if (_sqlstate(err) or "").startswith("22"):
                 raise _BodyRefused(str(err)) from err
@@ -273,7 +279,8 @@ class IdempotencyMiddleware:
         outcome = ACTION_OUTCOME.get(c["action"])
         if outcome is None:
             raise RuntimeError(f"unexpected claim action {c['action']}")
-        await self._send_answer(send, outcome, code=c["error_code"], retry_after=c["retry_after"])
+        await self._send_answer(send, outcome, code=c["error_code"], retry_after=c["retry_after"],
+                                mismatch=c.get("mismatch"))
 
     async def _attempt(self, scope, receive, send, raw, req, state):
         """One run of the request; raises _Retry when it should run again."""

@@ -22,9 +22,30 @@ OUTCOMES = {
 ACTION_OUTCOME = {"in_progress": "in_progress", "mismatch": "mismatch", "pending": "pending"}
 
 
-def answer(profile, outcome, message=None, code=None, retry_after=None):
+def mismatch_message(m):
+    """What a mismatch's diagnostics say, in one sentence: the members (JSON
+    Pointers into the body) that differ, never their values."""
+    def names(xs):
+        return ", ".join("the whole body" if p == "" else p for p in xs)
+    parts = []
+    if m.get("method"):
+        parts.append("the method differs")
+    if m.get("path"):
+        parts.append("the path differs")
+    for what in ("changed", "added", "removed"):
+        if m.get(what):
+            parts.append(f"{what}: {names(m[what])}")
+    if not parts:
+        return None
+    return (f"{OUTCOMES['mismatch'][4]} ({'; '.join(parts)}"
+            f"{'; within the members named' if m.get('truncated') else ''}).")
+
+
+def answer(profile, outcome, message=None, code=None, retry_after=None, mismatch=None):
     """(status, headers dict, body as a JSON value)."""
     o = OUTCOMES[outcome]
+    if mismatch and not message:
+        message = mismatch_message(mismatch)
     headers = {}
     if retry_after:
         headers["Retry-After"] = str(retry_after)
@@ -34,6 +55,8 @@ def answer(profile, outcome, message=None, code=None, retry_after=None):
         error = {"type": o[1], "message": message or o[4]}
         if code:
             error["code"] = code
+        if mismatch:
+            error["mismatch"] = mismatch
         return o[0], headers, {"error": error}
     headers["Content-Type"] = "application/problem+json"
     body = {"type": IETF_TYPE, "title": o[4], "status": o[3]}
@@ -41,4 +64,6 @@ def answer(profile, outcome, message=None, code=None, retry_after=None):
         body["detail"] = message
     if code:
         body["code"] = code
+    if mismatch:
+        body["mismatch"] = mismatch
     return o[3], headers, body

@@ -97,11 +97,18 @@ class Middleware(unittest.IsolatedAsyncioTestCase):
         r = await c.post("/v1/charges", json={"amount": 2}, headers={"Idempotency-Key": key})
         self.assertEqual(r.status_code, 400)
         self.assertEqual(r.json()["error"]["type"], "idempotency_error")
+        # mismatch diagnostics: the member that differs is named, its values never
+        self.assertEqual(r.json()["error"]["mismatch"]["changed"], ["/amount"])
+        self.assertIn("changed: /amount", r.json()["error"]["message"])
+        self.assertNotRegex(r.text, r'"amount":|: ?[12][,}]')
         ci, k2 = self.client(profile="ietf"), self.key()
-        self.assertEqual((await ci.post("/v1/charges", json={"amount": 1}, headers={"Idempotency-Key": f'"{k2}"'})).status_code, 200)
-        r = await ci.post("/v1/charges", json={"amount": 2}, headers={"Idempotency-Key": k2})
+        self.assertEqual((await ci.post("/v1/charges", json={"amount": 1, "note": "a"},
+                                        headers={"Idempotency-Key": f'"{k2}"'})).status_code, 200)
+        r = await ci.post("/v1/charges", json={"amount": 1, "items": [1]}, headers={"Idempotency-Key": k2})
         self.assertEqual(r.status_code, 422)
         self.assertEqual(r.headers["content-type"], "application/problem+json")
+        self.assertEqual(r.json()["mismatch"]["added"], ["/items"])
+        self.assertEqual(r.json()["mismatch"]["removed"], ["/note"])
         self.assertEqual(self.runs[key], 1)
 
     async def test_form_bodies_and_exclusions(self):

@@ -66,6 +66,20 @@ class Pure(unittest.TestCase):
         with self.assertRaises(ValueError):
             interval_seconds("tomorrow")
 
+    def test_mismatch_answer(self):
+        m = {"changed": ["/amount"], "added": [], "removed": ["/metadata/trace_id"], "method": False,
+             "path": True, "truncated": False}
+        st = answer("stripe", "mismatch", code="idempotency_key_reuse", mismatch=m)
+        self.assertEqual(st[2]["error"]["message"], "This Idempotency-Key was used with a different request "
+                         "(the path differs; changed: /amount; removed: /metadata/trace_id).")
+        self.assertEqual(st[2]["error"]["mismatch"], m)
+        ie = answer("ietf", "mismatch", mismatch={"changed": [""], "added": [], "removed": [], "method": None,
+                                                  "path": None, "truncated": True})
+        self.assertEqual(ie[2]["detail"], "This Idempotency-Key was used with a different request "
+                         "(changed: the whole body; within the members named).")
+        self.assertEqual(ie[0], 422)
+        self.assertNotIn("mismatch", answer("ietf", "mismatch", mismatch=None)[2])
+
 
 if __name__ == "__main__":
     unittest.main()

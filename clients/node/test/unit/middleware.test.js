@@ -104,13 +104,22 @@ test('the same key with another request: stripe 400 idempotency_error, ietf 422'
   const r = await post('/v1/charges', key, { amount: 2 });
   assert.equal(r.status, 400);
   assert.equal(r.headers.get('stripe-should-retry'), 'false');
-  assert.equal((await r.json()).error.type, 'idempotency_error');
+  const e = (await r.json()).error;
+  assert.equal(e.type, 'idempotency_error');
+  // mismatch diagnostics: the member that differs is named, its values never
+  assert.deepEqual(e.mismatch.changed, ['/amount']);
+  assert.match(e.message, /changed: \/amount/);
+  assert.doesNotMatch(JSON.stringify(e), /"amount":|: ?[12][,}]/);
   const k2 = newKey();
-  assert.equal((await post('/ietf/orders', `"${k2}"`, { amount: 1 })).status, 200);
-  const r2 = await post('/ietf/orders', k2, { amount: 2 });
+  assert.equal((await post('/ietf/orders', `"${k2}"`, { amount: 1, note: 'a' })).status, 200);
+  const r2 = await post('/ietf/orders', k2, { amount: 1, items: [1] });
   assert.equal(r2.status, 422);
   assert.equal(r2.headers.get('content-type'), 'application/problem+json');
-  assert.equal((await r2.json()).status, 422);
+  const p2 = await r2.json();
+  assert.equal(p2.status, 422);
+  assert.deepEqual(p2.mismatch.added, ['/items']);
+  assert.deepEqual(p2.mismatch.removed, ['/note']);
+  assert.equal(p2.mismatch.path, false);
   assert.equal(runs[key], 1);
 });
 

@@ -73,3 +73,15 @@ test('intervals', () => {
   assert.equal(intervalMs(5), 5000);
   assert.throws(() => intervalMs('tomorrow'));
 });
+
+test('a mismatch answer names the members that differ, never their values', () => {
+  const m = { changed: ['/amount'], added: [], removed: ['/metadata/trace_id'], method: false, path: true, truncated: false };
+  const st = answer('stripe', 'mismatch', { code: 'idempotency_key_reuse', mismatch: m });
+  assert.equal(st.body.error.message,
+    'This Idempotency-Key was used with a different request (the path differs; changed: /amount; removed: /metadata/trace_id).');
+  assert.deepEqual(st.body.error.mismatch, m);
+  const ie = answer('ietf', 'mismatch', { mismatch: { changed: [''], added: [], removed: [], method: null, path: null, truncated: true } });
+  assert.equal(ie.body.detail, 'This Idempotency-Key was used with a different request (changed: the whole body; within the members named).');
+  assert.equal(ie.status, 422);
+  assert.equal(answer('ietf', 'mismatch', { mismatch: null }).body.mismatch, undefined);
+});

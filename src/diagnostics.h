@@ -1,0 +1,35 @@
+/*-------------------------------------------------------------------------
+ *
+ * diagnostics.h
+ *	  Mismatch diagnostics: a keyed structural digest of a request, kept
+ *	  with its key, and the comparison that names the members in which a
+ *	  reused key's request differs, without any value being stored.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_DIAGNOSTICS_H
+#define IDEM_DIAGNOSTICS_H
+
+#include "utils/jsonb.h"
+
+#include "scope.h"
+
+/* the longest digest a claim accepts: the largest the setting allows */
+#define IDEM_DIAG_HARD_MAX_BYTES	65536
+
+/*
+ * Check a digest given to a claim: its structure, and that it was made for
+ * this scope under the current secret.  Raises IK400 otherwise.
+ */
+extern void IdemDiagnosticsCheck(const IdemScope *scope, const bytea *digest);
+
+/*
+ * What differs between the digest stored with a key and the digest of a
+ * reused key's request, as a jsonb object {"changed": [...], "added":
+ * [...], "removed": [...], "method": bool, "path": bool, "truncated":
+ * bool}; NULL when the two cannot be compared (made for another scope or
+ * under another secret).
+ */
+extern Jsonb *IdemDiagnose(const bytea *stored, const bytea *given);
+
+#endif							/* IDEM_DIAGNOSTICS_H */
