@@ -203,3 +203,127 @@ REVOKE EXECUTE ON FUNCTION idempotency.idem_transfer_check_tenant(text),
 GRANT EXECUTE ON FUNCTION idempotency.idem_transfer_check_tenant(text),
     idempotency.idem_export_keys(text),
     idempotency.idem_import_keys(jsonb, text) TO idempotency_admin;
+
+-- ---------------------------------------------------------------------
+-- Tombstones for expired keys (issue 17, sql/parts/74_tombstones.sql):
+-- per-endpoint policy, the table of tombstones, and the counter of claims
+-- that met an expired key (idem_stats, views stats and health).
+-- Keys that expired before the update leave no tombstone.
+-- ---------------------------------------------------------------------
+ALTER TABLE idempotency.endpoints
+    ADD COLUMN tombstone_ttl interval
+        CONSTRAINT endpoints_tombstone_ttl_range
+        CHECK (tombstone_ttl >= interval '0' AND tombstone_ttl <= interval '10 years'),
+    ADD COLUMN on_expired_reuse text NOT NULL DEFAULT 'execute'
+        CONSTRAINT endpoints_on_expired_reuse_check
+        CHECK (on_expired_reuse IN ('execute', 'conflict'));
+
+CREATE TABLE idempotency.tombstones (
+    scope_hash      bytea NOT NULL,     -- idem_tombstone_hash(tenant, endpoint, key)
+    fingerprint     bytea NOT NULL,     -- the expired key's
+    expired_at      timestamptz NOT NULL,   -- the expired key's expires_at
+    expires_at      timestamptz NOT NULL    -- expired_at + the endpoint's tombstone_ttl
+) PARTITION BY RANGE (expires_at);
+
+-- Tombstones whose expiry no dated partition covers; maintenance moves them
+-- into dated partitions, which it makes (tombstones_pYYYYMMDDtHHMM), each
+-- with an index on scope_hash like this one.
+CREATE TABLE idempotency.tombstones_default PARTITION OF idempotency.tombstones DEFAULT;
+CREATE INDEX tombstones_default_scope_idx ON idempotency.tombstones_default (scope_hash);
+SELECT pg_catalog.pg_extension_config_dump('idempotency.tombstones_default', '');
+
+REVOKE ALL ON idempotency.tombstones, idempotency.tombstones_default FROM PUBLIC;
+
+-- The scope of a tombstone: the first 16 bytes of a SHA-256 over a label,
+-- idempotency.encryption_key (when set) and the scope, never the key.
+-- Admin only: EXECUTE is revoked from PUBLIC (sql/parts/99_privileges.sql).
+CREATE FUNCTION idempotency.idem_tombstone_hash(tenant text, endpoint text, key text)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idem_tombstone_hash'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency.idem_tombstone_hash(text, text, text) IS
+    'The keyed hash under which a tombstone of an expired key is kept';
+
+REVOKE EXECUTE ON FUNCTION idempotency.idem_tombstone_hash(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_tombstone_hash(text, text, text) TO idempotency_admin;
+
+DROP VIEW idempotency.health;
+DROP VIEW idempotency.stats;
+DROP FUNCTION idempotency.idem_stats(boolean);
+
+CREATE FUNCTION idempotency.idem_stats(
+    missing_ok boolean DEFAULT false,
+    OUT endpoint text,
+    OUT untracked boolean,
+    OUT claims bigint,
+    OUT executes bigint,
+    OUT replays bigint,
+    OUT in_progress bigint,
+    OUT mismatches bigint,
+    OUT pending bigint,
+    OUT finishes bigint,
+    OUT releases bigint,
+    OUT fails bigint,
+    OUT invalid_keys bigint,
+    OUT leases_expired bigint,
+    OUT resolved bigint,
+    OUT tombstone_hits bigint,
+    OUT reset_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION idempotency.idem_stats(boolean) IS
+    'Counters per endpoint and in total (endpoint NULL) since reset_at';
+
+-- One row per endpoint counted, then the endpoints that found the table of
+-- counters full (endpoint NULL, untracked), then the totals (endpoint NULL).
+CREATE VIEW idempotency.stats AS
+SELECT endpoint, untracked, claims, executes, replays, in_progress,
+       mismatches, pending, finishes, releases, fails, invalid_keys,
+       leases_expired, resolved, tombstone_hits, reset_at
+FROM idempotency.idem_stats()
+ORDER BY endpoint IS NULL, untracked DESC, endpoint;
+
+-- Health per endpoint, from the live rows of the table, with the ratios of
+-- the counters since their reset (NULL without shared_preload_libraries or
+-- before the first claim).  Alert on a rising mismatch_ratio (a client
+-- reusing keys), a rising conflict_ratio (contention or slow handlers), any
+-- old in_progress row, and any unknown row.
+CREATE VIEW idempotency.health AS
+WITH live AS (
+    SELECT endpoint,
+           count(*) AS live_keys,
+           count(*) FILTER (WHERE state = 'in_progress') AS in_progress,
+           now() - min(created_at) FILTER (WHERE state = 'in_progress')
+               AS oldest_in_progress_age,
+           count(*) FILTER (WHERE state = 'unknown') AS unknown,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
+           coalesce(sum(pg_catalog.pg_column_size(response_body)), 0)::bigint
+               AS stored_bytes
+    FROM idempotency.keys
+    WHERE expires_at > now()
+    GROUP BY endpoint
+), counters AS (
+    SELECT * FROM idempotency.idem_stats(true) WHERE endpoint IS NOT NULL
+)
+SELECT coalesce(l.endpoint, c.endpoint) AS endpoint,
+       coalesce(l.live_keys, 0) AS live_keys,
+       coalesce(l.in_progress, 0) AS in_progress,
+       l.oldest_in_progress_age,
+       coalesce(l.unknown, 0) AS unknown,
+       coalesce(l.failed, 0) AS failed,
+       coalesce(l.stored_bytes, 0) AS stored_bytes,
+       c.claims,
+       round(c.replays::numeric / nullif(c.claims, 0), 4) AS replay_ratio,
+       round((c.in_progress + c.pending)::numeric / nullif(c.claims, 0), 4)
+           AS conflict_ratio,
+       round(c.mismatches::numeric / nullif(c.claims, 0), 4) AS mismatch_ratio,
+       c.tombstone_hits,
+       c.reset_at AS counters_since
+FROM live l
+FULL JOIN counters c ON c.endpoint = l.endpoint
+ORDER BY 1;
+
+REVOKE EXECUTE ON FUNCTION idempotency.idem_stats(boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_stats(boolean) TO idempotency_admin;
+GRANT SELECT ON idempotency.stats, idempotency.health TO idempotency_admin;

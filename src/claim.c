@@ -68,6 +68,7 @@
 #include "response.h"
 #include "scope.h"
 #include "stats.h"
+#include "tombstone.h"
 
 /* how long a waiting claim sleeps between two looks at a leased row */
 #define IDEM_LEASE_POLL_MS		20
@@ -610,6 +611,8 @@ idem_claim(PG_FUNCTION_ARGS)
 	IdemKeyRow	row;
 	IdemNewKeyRow newrow = {0};
 	ClaimResult r;
+	bool		tombstones;
+	bool		expired_conflict;
 
 	IdemGetScope(fcinfo, &scope, true);
 	fingerprint = PG_ARGISNULL(3) ? NULL : PG_GETARG_BYTEA_PP(3);
@@ -617,6 +620,9 @@ idem_claim(PG_FUNCTION_ARGS)
 
 	policy = IdemGetEndpointPolicy(scope.endpoint_str);
 	now = GetCurrentTimestamp();
+	/* copied, like the lifetimes below */
+	tombstones = IdemTombstonesOn(policy);
+	expired_conflict = policy->expired_conflict;
 
 	/*
 	 * lifetime: the argument, else the endpoint's, else the setting; copied,
@@ -686,7 +692,10 @@ idem_claim(PG_FUNCTION_ARGS)
 
 	for (;;)
 	{
-		IdemKeystoreRead(&scope, now, expires_at, &row, cxt);
+		if (tombstones)
+			IdemKeystoreReadWithExpired(&scope, now, expires_at, &row, cxt);
+		else
+			IdemKeystoreRead(&scope, now, expires_at, &row, cxt);
 
 		if (!row.found)
 			break;
@@ -751,6 +760,48 @@ idem_claim(PG_FUNCTION_ARGS)
 		if (locked)
 			IdemReleaseScopeLock(&tag);
 		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+	}
+
+	/*
+	 * No live row.  An expired key of the scope, still a row or now a
+	 * tombstone (read after the rows, with a later snapshot, so that a
+	 * maintenance pass turning rows into tombstones meanwhile is seen on one
+	 * side or the other), refuses another payload, and per the endpoint
+	 * asks the client about the same one.
+	 */
+	if (tombstones)
+	{
+		bytea	   *prev = row.expired_fingerprint;
+		TimestampTz prev_at = row.expired_at;
+		bytea	   *tomb_fp;
+		TimestampTz tomb_at;
+
+		if (IdemTombstoneFind(&scope, now, &tomb_fp, &tomb_at, cxt) &&
+			(prev == NULL || tomb_at > prev_at))
+			prev = tomb_fp;
+		if (prev != NULL)
+		{
+			IdemStatsCount(scope.endpoint_str, IDEM_COUNT_TOMBSTONE_HITS);
+			if (VARSIZE_ANY_EXHDR(prev) != VARSIZE_ANY_EXHDR(fingerprint) ||
+				memcmp(VARDATA_ANY(prev), VARDATA_ANY(fingerprint),
+					   VARSIZE_ANY_EXHDR(fingerprint)) != 0)
+			{
+				r.action = "mismatch";
+				r.http_status = 422;
+				r.error_code = "idempotency_key_reuse";
+				IdemStatsCount(scope.endpoint_str, IDEM_COUNT_MISMATCHES);
+				IdemReleaseScopeLock(&tag);
+				PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+			}
+			if (expired_conflict)
+			{
+				r.action = "expired";
+				r.http_status = 409;
+				r.error_code = "key_expired";
+				IdemReleaseScopeLock(&tag);
+				PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+			}
+		}
 	}
 
 	/* execute: the key is ours */

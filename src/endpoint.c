@@ -47,6 +47,7 @@ static EndpointCacheEntry *endpoint_last = NULL;	/* the last one asked for */
 static bool endpoint_callback_registered = false;
 static SPIPlanPtr endpoint_plan = NULL;
 static Oid	endpoints_relid = InvalidOid;	/* once known */
+static bool endpoint_plan_tombstones = false;	/* endpoint_plan reads them */
 
 static void
 IdemEndpointCacheEmpty(void)
@@ -82,8 +83,21 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 	policy->store_response = true;
 
 	if (!OidIsValid(endpoints_relid))
+	{
+		bool		has_tombstones;
+
 		endpoints_relid = get_relname_relid("endpoints",
 											get_namespace_oid("idempotency", false));
+		/* the tombstone columns came with 0.3.0: earlier schemas lack them */
+		has_tombstones = OidIsValid(endpoints_relid) &&
+			get_attnum(endpoints_relid, "on_expired_reuse") != InvalidAttrNumber;
+		if (endpoint_plan != NULL && has_tombstones != endpoint_plan_tombstones)
+		{
+			SPI_freeplan(endpoint_plan);
+			endpoint_plan = NULL;
+		}
+		endpoint_plan_tombstones = has_tombstones;
+	}
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
@@ -93,8 +107,13 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		Oid			argtypes[1] = {TEXTOID};
 		SPIPlanPtr	plan;
 
-		plan = SPI_prepare("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::oid,"
-						   " max_response_bytes, store_response"
+		plan = SPI_prepare(endpoint_plan_tombstones ?
+						   "SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::oid,"
+						   " max_response_bytes, store_response,"
+						   " tombstone_ttl > interval '0', on_expired_reuse = 'conflict'"
+						   " FROM idempotency.endpoints WHERE endpoint = $1" :
+						   "SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::oid,"
+						   " max_response_bytes, store_response, NULL::boolean, false"
 						   " FROM idempotency.endpoints WHERE endpoint = $1",
 						   1, argtypes);
 		if (plan == NULL)
@@ -134,6 +153,11 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		policy->max_response_bytes = isnull ? -1 : DatumGetInt32(d);
 		d = SPI_getbinval(tup, desc, 6, &isnull);
 		policy->store_response = isnull || DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 7, &isnull);
+		policy->has_tombstone_ttl = !isnull;
+		policy->tombstones_on = !isnull && DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 8, &isnull);
+		policy->expired_conflict = !isnull && DatumGetBool(d);
 	}
 	IdemEndOwnerSection(&section);
 	SPI_finish();
