@@ -342,7 +342,7 @@ cg_run() {
 # inclusive instructions of the functions that matter, from one profile
 cg_functions() {
     callgrind_annotate --inclusive=yes --threshold=100 "$CG_DIR/$1" 2>/dev/null \
-        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|IdemKeystoreRead|IdemKeystoreInsert|ExecConstraints|idem_canonical_json_sha256|idem_canonical_json_text_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; print "$fn $n\n" }'
+        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|IdemKeystoreRead|IdemKeystoreReadWithExpired|IdemTombstoneFind|IdemKeystoreInsert|ExecConstraints|idem_canonical_json_sha256|idem_canonical_json_text_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; $fn = "IdemKeystoreRead" if $fn eq "IdemKeystoreReadWithExpired"; print "$fn $n\n" }'
 }
 bench_callgrind() {
     command -v valgrind >/dev/null || { meta callgrind "valgrind is not installed: no instruction counts"; return 0; }

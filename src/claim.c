@@ -30,6 +30,12 @@
  *	  token and locked_until, which the caller commits; later transactions
  *	  present the token to finish, fail, release or extend the lease.
  *
+ *	  Expired keys.  A claim that finds no live row, on an endpoint that
+ *	  keeps tombstones (tombstone.c), looks for the latest expired key of its
+ *	  scope, as a row not yet dropped or as a tombstone: another fingerprint
+ *	  is refused (422), the same one executes or, per endpoint, answers 409
+ *	  key_expired.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

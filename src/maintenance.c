@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * maintenance.c
- *	  One maintenance pass over idempotency.keys, and the SQL function
+ *	  One maintenance pass over idempotency.keys (and the tombstones of its
+ *	  expired keys, idempotency.tombstones), and the SQL function
  *	  idem_maintenance() that runs it.  The pass decides; the rows it reads
  *	  and changes are read and changed by the key store (keystore.c), and
  *	  only the partitions themselves (made, attached, dropped by DDL) are
@@ -11,11 +12,20 @@
  *	  1. stale leases: in_progress rows past locked_until (and not expired)
  *	     become 'unknown', or are settled by the endpoint's resolver (each
  *	     call cut off after idempotency.resolver_timeout);
- *	  2. purge: expired rows leave the default partition;
- *	  3. premake: dated partitions cover from as_of to as_of + max_ttl + one
+ *	  2. premake of idempotency.tombstones (as in 3), so that the
+ *	     tombstones written next land in dated partitions;
+ *	  3. purge: expired rows leave the default partition, leaving their
+ *	     tombstones (tombstone.c) in the same statement;
+ *	  4. premake: dated partitions cover from as_of to as_of + max_ttl + one
  *	     partition_interval; rows of a new partition's range are first moved
  *	     out of the default partition;
- *	  4. retention: partitions whose range has ended are dropped whole.
+ *	  5. retention: partitions whose range has ended are dropped whole,
+ *	     after the tombstones of their rows are written;
+ *	  6. retention of idempotency.tombstones, and expired tombstones leave
+ *	     its default partition.
+ *
+ *	  Steps 2 to 6 serve both partitioned tables through one description of
+ *	  each (MaintTable).
  *
  *	  A preview reports what a pass as of a given time would do, and does
  *	  nothing: it only reads.  idem_maintenance() previews a pass whose as_of

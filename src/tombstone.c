@@ -44,6 +44,7 @@
 #include "storage/bufmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -63,11 +64,35 @@
 static Oid	tombstones_relid = InvalidOid;
 static bool tombstone_callback_registered = false;
 
+/*
+ * What a probe needs of a tombstone partition, cached per backend and
+ * forgotten at any relcache invalidation of the partition.
+ */
+typedef struct TombstoneProbe
+{
+	Oid			partoid;		/* hash key */
+	Oid			indexoid;		/* its index on scope_hash */
+	AttrNumber	a_fp;
+	AttrNumber	a_expired;
+	AttrNumber	a_expires;
+} TombstoneProbe;
+
+static HTAB *tombstone_probes = NULL;
+
 static void
 IdemTombstoneInvalidate(Datum arg, Oid relid)
 {
 	if (!OidIsValid(relid) || relid == tombstones_relid)
 		tombstones_relid = InvalidOid;
+	if (tombstone_probes == NULL)
+		return;
+	if (OidIsValid(relid))
+		(void) hash_search(tombstone_probes, &relid, HASH_REMOVE, NULL);
+	else
+	{
+		hash_destroy(tombstone_probes);
+		tombstone_probes = NULL;
+	}
 }
 
 /* idempotency.tombstones, or InvalidOid in a schema older than 0.3.0 */
@@ -189,6 +214,41 @@ IdemTombstoneIndex(Relation part, AttrNumber hash_attnum)
 	return result;
 }
 
+/* The probe of a tombstone partition the caller has opened and locked. */
+static TombstoneProbe *
+IdemTombstoneGetProbe(Relation part)
+{
+	Oid			partoid = RelationGetRelid(part);
+	TombstoneProbe *probe = NULL;
+	TombstoneProbe built;
+	bool		found;
+
+	if (tombstone_probes != NULL)
+		probe = hash_search(tombstone_probes, &partoid, HASH_FIND, NULL);
+	if (probe != NULL)
+		return probe;
+
+	/* opening indexes may process invalidations: build first, then enter */
+	built.partoid = partoid;
+	built.a_fp = get_attnum(partoid, "fingerprint");
+	built.a_expired = get_attnum(partoid, "expired_at");
+	built.a_expires = get_attnum(partoid, "expires_at");
+	built.indexoid = IdemTombstoneIndex(part, get_attnum(partoid, "scope_hash"));
+	if (tombstone_probes == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(Oid);
+		ctl.entrysize = sizeof(TombstoneProbe);
+		ctl.hcxt = CacheMemoryContext;
+		tombstone_probes = hash_create("idempotency tombstone probes", 16, &ctl,
+									   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	probe = hash_search(tombstone_probes, &partoid, HASH_ENTER, &found);
+	*probe = built;
+	return probe;
+}
+
 bool
 IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 				  bytea **fingerprint, TimestampTz *expired_at,
@@ -212,10 +272,7 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 		bool		ended = false;
 		Relation	part;
 		Relation	idx;
-		AttrNumber	a_hash;
-		AttrNumber	a_fp;
-		AttrNumber	a_expired;
-		AttrNumber	a_expires;
+		TombstoneProbe probe;
 		ScanKeyData skey;
 		IndexScanDesc scan;
 		TupleTableSlot *slot;
@@ -239,11 +296,9 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 			table_close(part, NoLock);
 			continue;
 		}
-		a_hash = get_attnum(RelationGetRelid(part), "scope_hash");
-		a_fp = get_attnum(RelationGetRelid(part), "fingerprint");
-		a_expired = get_attnum(RelationGetRelid(part), "expired_at");
-		a_expires = get_attnum(RelationGetRelid(part), "expires_at");
-		idx = index_open(IdemTombstoneIndex(part, a_hash), AccessShareLock);
+		/* copied: opening the index may process invalidations */
+		probe = *IdemTombstoneGetProbe(part);
+		idx = index_open(probe.indexoid, AccessShareLock);
 
 		/* no predicate locks: see IdemProbeIndex in keystore.c */
 		ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
@@ -259,10 +314,10 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 
 			if (unlocked && !table_tuple_satisfies_snapshot(part, slot, snapshot))
 				continue;
-			expires = DatumGetTimestampTz(slot_getattr(slot, a_expires, &isnull));
+			expires = DatumGetTimestampTz(slot_getattr(slot, probe.a_expires, &isnull));
 			if (isnull || expires <= now)
 				continue;
-			expired = DatumGetTimestampTz(slot_getattr(slot, a_expired, &isnull));
+			expired = DatumGetTimestampTz(slot_getattr(slot, probe.a_expired, &isnull));
 			if (isnull || (found && expired <= *expired_at))
 				continue;
 			found = true;
@@ -270,7 +325,7 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 			{
 				MemoryContext old = MemoryContextSwitchTo(cxt);
 
-				*fingerprint = DatumGetByteaPCopy(slot_getattr(slot, a_fp, &isnull));
+				*fingerprint = DatumGetByteaPCopy(slot_getattr(slot, probe.a_fp, &isnull));
 				MemoryContextSwitchTo(old);
 			}
 		}

@@ -179,15 +179,16 @@ sub render
 		  'transactions of one client, so connection start-up is left out).  Stable on a noisy machine,',
 		  'but blind to waits: WAL flushes, round trips and cache misses are not in them.', '',
 		  'Columns after the total: inclusive counts of functions within it (lookup: IdemKeystoreRead;',
+		  'tombstones: IdemTombstoneFind, the probe of the tombstones of expired keys;',
 		  'insert: IdemKeystoreInsert; CHECK: ExecConstraints; jsonb_in: parsing the JSON parameters, in every',
 		  'script that takes one).', '',
-		  '| database/script | instructions | idem_claim | of which lookup | idem_finish | of which insert | of which CHECK | canonical fingerprint | jsonb_in |',
-		  '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |';
+		  '| database/script | instructions | idem_claim | of which lookup | of which tombstones | idem_finish | of which insert | of which CHECK | canonical fingerprint | jsonb_in |',
+		  '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |';
 		for my $k (@ins)
 		{
 			my $f = $insfn{$k} // {};
-			push @out, sprintf('| %s | %s | %s | %s | %s | %s | %s | %s | %s |', $k, map { defined $_ ? fmt_int($_) : '' }
-				$ins{$k}, $f->{idem_claim}, $f->{IdemKeystoreRead}, $f->{idem_finish}, $f->{IdemKeystoreInsert},
+			push @out, sprintf('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |', $k, map { defined $_ ? fmt_int($_) : '' }
+				$ins{$k}, $f->{idem_claim}, $f->{IdemKeystoreRead}, $f->{IdemTombstoneFind}, $f->{idem_finish}, $f->{IdemKeystoreInsert},
 				($k =~ /ext_execute/ ? $f->{ExecConstraints} : undef),
 				$f->{idem_canonical_json_sha256} // $f->{idem_canonical_json_text_sha256}, $f->{jsonb_in});
 		}
