@@ -1527,7 +1527,9 @@ IdemKeystoreTombstones(Oid relid, TimestampTz as_of, bool count_only)
 {
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
-	char	   *source = psprintf("ONLY %s", IdemRelationName(relid));
+	/* expired at as_of: every row of a partition whose range has ended */
+	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at <= $1)",
+								  IdemRelationName(relid));
 	bool		isnull;
 	int64		n;
 

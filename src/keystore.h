@@ -150,8 +150,8 @@ extern int64 IdemKeystorePurgeDefault(TimestampTz as_of);
  * Tombstones (tombstone.h) of expired rows: of the rows of the default
  * partition expired at as_of, deleted in the same statement (returns how
  * many were deleted, *tombstoned how many tombstones were written), or of
- * every row of the partition relid, about to be dropped (returns how many
- * tombstones were written).  With count_only, only counts the tombstones
+ * the rows of the partition relid expired at as_of (every row of one about
+ * to be dropped; returns how many tombstones were written).  With count_only, only counts the tombstones
  * that would be written.
  */
 extern int64 IdemKeystorePurgeDefaultToTombstones(TimestampTz as_of,
