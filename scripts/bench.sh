@@ -22,10 +22,10 @@ QUICK=${BENCH_QUICK:-0}
 [ "$QUICK" = 0 ] || QUICK=1
 if [ $QUICK = 1 ]; then
     T_WARM=2 T_MAIN=15 T_SCALE=4 SCALE_ROUNDS=2 T_CONT=8 T_FP=10 T_DIAG=15
-    SCALE_KEYS=1000000 NREPLAY=2000 EXPIRY_ROWS=200000
+    SCALE_KEYS=1000000 NREPLAY=2000 EXPIRY_ROWS=200000 TOMB_ROWS=200000
 else
     T_WARM=5 T_MAIN=60 T_SCALE=10 SCALE_ROUNDS=3 T_CONT=30 T_FP=30 T_DIAG=60
-    SCALE_KEYS=10000000 NREPLAY=10000 EXPIRY_ROWS=1000000
+    SCALE_KEYS=10000000 NREPLAY=10000 EXPIRY_ROWS=1000000 TOMB_ROWS=1000000
 fi
 FEW_PARTS=8 MANY_PARTS=31
 ONLY=${BENCH_ONLY:-}
@@ -170,6 +170,30 @@ latency() {
     perl "$PROJECT_DIR/test/bench/report.pl" latency "$label" "$names" "${files[@]}" >>"$RESULTS"
 }
 
+# ---- tombstones of expired keys ---------------------------------------------------
+# When the build keeps tombstones: $TOMB_ROWS of them in database bench,
+# spread over the next 30 days of expiry (the dated partitions maintenance
+# made), so that ext_execute (whose endpoint keeps tombstones) probes
+# populated partitions and ext_execute_no_tombstones (whose endpoint keeps
+# none) does not; and what they take on disk, per million.
+TOMB_BYTES=""
+bench_tombstones() {
+    [ $EXT = 1 ] && [ "$(val bench "SELECT to_regclass('idempotency.tombstones') IS NOT NULL")" = t ] || return 0
+    psql_db bench -v n="$TOMB_ROWS" >/dev/null <<'SQL'
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+SELECT idempotency.idem_tombstone_hash('acme', 'POST /payments', 'old' || i),
+       sha256(int8send(i)), now() - interval '1 day',
+       now() + (i % 30) * interval '1 day' + interval '1 hour'
+FROM generate_series(1, :n) i;
+VACUUM ANALYZE idempotency.tombstones;
+SQL
+    TOMB_BYTES=$(val bench "SELECT round(sum(pg_total_relation_size(inhrelid))::numeric / $TOMB_ROWS * 1000000)
+                             FROM pg_inherits WHERE inhparent = 'idempotency.tombstones'::regclass")
+    local nparts
+    nparts=$(val bench "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency.tombstones'::regclass")
+    meta tombstones "$TOMB_ROWS tombstones in database bench (endpoint POST /payments, which ext_execute claims on) over $nparts partitions of idempotency.tombstones (default included): $((TOMB_BYTES / 1048576)) MiB per million, $((TOMB_BYTES / 1000000)) bytes each (heap and index; scope_hash 16 bytes, fingerprint 32)"
+}
+
 # ---- 1, 2: execute and replay paths, mixed in one run --------------------------
 bench_main() {
     say "setting up database bench ($NREPLAY completed keys for the replay scripts)"
@@ -178,8 +202,10 @@ bench_main() {
     as_pg "${PSQL[@]}" -d bench -v nreplay="$NREPLAY" \
         -c "SELECT set_config('bench.body', \$\$$BODY\$\$, false), set_config('bench.resp', \$\$$RESP\$\$, false), set_config('bench.fp', '$FP', false)" \
         -f "$S/replay_setup.sql" >/dev/null
+    bench_tombstones
     MAIN=(floor_execute.sql floor_roundtrip.sql plpgsql_execute.sql)
     [ $EXT = 1 ] && MAIN+=(ext_execute.sql ext_execute_merged.sql)
+    [ $EXT = 1 ] && [ -n "$TOMB_BYTES" ] && MAIN+=(ext_execute_no_tombstones.sql)
     MAIN+=(plain_replay.sql plpgsql_replay.sql)
     [ $EXT = 1 ] && MAIN+=(ext_replay.sql ext_replay_given_fp.sql)
     MAIN_NAMES=$(printf '%s\n' "${MAIN[@]}" | sed 's/\.sql$//' | paste -sd,)
@@ -340,7 +366,7 @@ cg_run() {
 # inclusive instructions of the functions that matter, from one profile
 cg_functions() {
     callgrind_annotate --inclusive=yes --threshold=100 "$CG_DIR/$1" 2>/dev/null \
-        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|IdemKeystoreRead|IdemKeystoreInsert|ExecConstraints|idem_canonical_json_sha256|idem_canonical_json_text_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; print "$fn $n\n" }'
+        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|IdemKeystoreRead|IdemKeystoreReadWithExpired|IdemTombstoneFind|IdemKeystoreInsert|ExecConstraints|idem_canonical_json_sha256|idem_canonical_json_text_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; $fn = "IdemKeystoreRead" if $fn eq "IdemKeystoreReadWithExpired"; print "$fn $n\n" }'
 }
 bench_callgrind() {
     command -v valgrind >/dev/null || { meta callgrind "valgrind is not installed: no instruction counts"; return 0; }

@@ -224,10 +224,55 @@ REVOKE EXECUTE ON FUNCTION idempotency.idem_claim(text, text, text, bytea, inter
 GRANT EXECUTE ON FUNCTION idempotency.idem_claim(text, text, text, bytea, interval, interval, interval, bytea)
     TO idempotency_client, idempotency_admin;
 
--- the counter diagnosed: idem_stats gains a column, its views are made again
+-- ---------------------------------------------------------------------
+-- Tombstones for expired keys (issue 17, sql/parts/74_tombstones.sql):
+-- per-endpoint policy, the table of tombstones, and the counter of claims
+-- that met an expired key (idem_stats, views stats and health).
+-- Keys that expired before the update leave no tombstone.
+-- ---------------------------------------------------------------------
+ALTER TABLE idempotency.endpoints
+    ADD COLUMN tombstone_ttl interval
+        CONSTRAINT endpoints_tombstone_ttl_range
+        CHECK (tombstone_ttl >= interval '0' AND tombstone_ttl <= interval '10 years'),
+    ADD COLUMN on_expired_reuse text NOT NULL DEFAULT 'execute'
+        CONSTRAINT endpoints_on_expired_reuse_check
+        CHECK (on_expired_reuse IN ('execute', 'conflict'));
+
+CREATE TABLE idempotency.tombstones (
+    scope_hash      bytea NOT NULL,     -- idem_tombstone_hash(tenant, endpoint, key)
+    fingerprint     bytea NOT NULL,     -- the expired key's
+    expired_at      timestamptz NOT NULL,   -- the expired key's expires_at
+    expires_at      timestamptz NOT NULL    -- expired_at + the endpoint's tombstone_ttl
+) PARTITION BY RANGE (expires_at);
+
+-- Tombstones whose expiry no dated partition covers; maintenance moves them
+-- into dated partitions, which it makes (tombstones_pYYYYMMDDtHHMM), each
+-- with an index on scope_hash like this one.
+CREATE TABLE idempotency.tombstones_default PARTITION OF idempotency.tombstones DEFAULT;
+CREATE INDEX tombstones_default_scope_idx ON idempotency.tombstones_default (scope_hash);
+SELECT pg_catalog.pg_extension_config_dump('idempotency.tombstones_default', '');
+
+REVOKE ALL ON idempotency.tombstones, idempotency.tombstones_default FROM PUBLIC;
+
+-- The scope of a tombstone: the first 16 bytes of a SHA-256 over a label,
+-- idempotency.encryption_key (when set) and the scope, never the key.
+-- Admin only: EXECUTE is revoked from PUBLIC (sql/parts/99_privileges.sql).
+CREATE FUNCTION idempotency.idem_tombstone_hash(tenant text, endpoint text, key text)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idem_tombstone_hash'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION idempotency.idem_tombstone_hash(text, text, text) IS
+    'The keyed hash under which a tombstone of an expired key is kept';
+
+REVOKE EXECUTE ON FUNCTION idempotency.idem_tombstone_hash(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_tombstone_hash(text, text, text) TO idempotency_admin;
+
+-- the counters diagnosed and tombstone_hits: idem_stats gains two columns,
+-- its views are made again
 DROP VIEW idempotency.health;
 DROP VIEW idempotency.stats;
 DROP FUNCTION idempotency.idem_stats(boolean);
+
 CREATE FUNCTION idempotency.idem_stats(
     missing_ok boolean DEFAULT false,
     OUT endpoint text,
@@ -245,6 +290,7 @@ CREATE FUNCTION idempotency.idem_stats(
     OUT leases_expired bigint,
     OUT resolved bigint,
     OUT diagnosed bigint,
+    OUT tombstone_hits bigint,
     OUT reset_at timestamptz)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'idem_stats'
@@ -256,7 +302,7 @@ GRANT EXECUTE ON FUNCTION idempotency.idem_stats(boolean) TO idempotency_admin;
 CREATE VIEW idempotency.stats AS
 SELECT endpoint, untracked, claims, executes, replays, in_progress,
        mismatches, pending, finishes, releases, fails, invalid_keys,
-       leases_expired, resolved, diagnosed, reset_at
+       leases_expired, resolved, diagnosed, tombstone_hits, reset_at
 FROM idempotency.idem_stats()
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;
 
@@ -294,6 +340,7 @@ SELECT coalesce(l.endpoint, c.endpoint) AS endpoint,
        round((c.in_progress + c.pending)::numeric / nullif(c.claims, 0), 4)
            AS conflict_ratio,
        round(c.mismatches::numeric / nullif(c.claims, 0), 4) AS mismatch_ratio,
+       c.tombstone_hits,
        c.reset_at AS counters_since
 FROM live l
 FULL JOIN counters c ON c.endpoint = l.endpoint

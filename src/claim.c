@@ -30,6 +30,12 @@
  *	  token and locked_until, which the caller commits; later transactions
  *	  present the token to finish, fail, release or extend the lease.
  *
+ *	  Expired keys.  A claim that finds no live row, on an endpoint that
+ *	  keeps tombstones (tombstone.c), looks for the latest expired key of its
+ *	  scope, as a row not yet dropped or as a tombstone: another fingerprint
+ *	  is refused (422), the same one executes or, per endpoint, answers 409
+ *	  key_expired.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -69,6 +75,7 @@
 #include "response.h"
 #include "scope.h"
 #include "stats.h"
+#include "tombstone.h"
 
 /* how long a waiting claim sleeps between two looks at a leased row */
 #define IDEM_LEASE_POLL_MS		20
@@ -624,6 +631,8 @@ idem_claim(PG_FUNCTION_ARGS)
 	ClaimResult r;
 	bytea	   *digest = NULL;
 	bytea	   *keep_digest = NULL;
+	bool		tombstones;
+	bool		expired_conflict;
 
 	IdemGetScope(fcinfo, &scope, true);
 	fingerprint = PG_ARGISNULL(3) ? NULL : PG_GETARG_BYTEA_PP(3);
@@ -644,6 +653,9 @@ idem_claim(PG_FUNCTION_ARGS)
 			keep_digest = digest;
 	}
 	now = GetCurrentTimestamp();
+	/* copied, like the lifetimes below */
+	tombstones = IdemTombstonesOn(policy);
+	expired_conflict = policy->expired_conflict;
 
 	/*
 	 * lifetime: the argument, else the endpoint's, else the setting; copied,
@@ -713,7 +725,10 @@ idem_claim(PG_FUNCTION_ARGS)
 
 	for (;;)
 	{
-		IdemKeystoreRead(&scope, now, expires_at, &row, cxt);
+		if (tombstones)
+			IdemKeystoreReadWithExpired(&scope, now, expires_at, &row, cxt);
+		else
+			IdemKeystoreRead(&scope, now, expires_at, &row, cxt);
 
 		if (!row.found)
 			break;
@@ -787,6 +802,48 @@ idem_claim(PG_FUNCTION_ARGS)
 		if (locked)
 			IdemReleaseScopeLock(&tag);
 		PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+	}
+
+	/*
+	 * No live row.  An expired key of the scope, still a row or now a
+	 * tombstone (read after the rows, with a later snapshot, so that a
+	 * maintenance pass turning rows into tombstones meanwhile is seen on one
+	 * side or the other), refuses another payload, and per the endpoint
+	 * asks the client about the same one.
+	 */
+	if (tombstones)
+	{
+		bytea	   *prev = row.expired_fingerprint;
+		TimestampTz prev_at = row.expired_at;
+		bytea	   *tomb_fp;
+		TimestampTz tomb_at;
+
+		if (IdemTombstoneFind(&scope, now, &tomb_fp, &tomb_at, cxt) &&
+			(prev == NULL || tomb_at > prev_at))
+			prev = tomb_fp;
+		if (prev != NULL)
+		{
+			IdemStatsCount(scope.endpoint_str, IDEM_COUNT_TOMBSTONE_HITS);
+			if (VARSIZE_ANY_EXHDR(prev) != VARSIZE_ANY_EXHDR(fingerprint) ||
+				memcmp(VARDATA_ANY(prev), VARDATA_ANY(fingerprint),
+					   VARSIZE_ANY_EXHDR(fingerprint)) != 0)
+			{
+				r.action = "mismatch";
+				r.http_status = 422;
+				r.error_code = "idempotency_key_reuse";
+				IdemStatsCount(scope.endpoint_str, IDEM_COUNT_MISMATCHES);
+				IdemReleaseScopeLock(&tag);
+				PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+			}
+			if (expired_conflict)
+			{
+				r.action = "expired";
+				r.http_status = 409;
+				r.error_code = "key_expired";
+				IdemReleaseScopeLock(&tag);
+				PG_RETURN_DATUM(IdemClaimResultDatum(fcinfo, &r));
+			}
+		}
 	}
 
 	/* execute: the key is ours */

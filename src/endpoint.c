@@ -95,13 +95,16 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		SPIPlanPtr	plan;
 
 		/*
-		 * diagnostics is read through to_jsonb, so that the library also
-		 * works with a schema of 0.2.0, whose table lacks the column, until
-		 * the extension is updated
+		 * The columns of 0.3.0 (diagnostics, tombstone_ttl,
+		 * on_expired_reuse) are read through to_jsonb, so that the library
+		 * also works with a schema of 0.2.0, whose table lacks them, until
+		 * the extension is updated; a missing column reads as NULL.
 		 */
 		plan = SPI_prepare("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::oid,"
 						   " max_response_bytes, store_response,"
-						   " (to_jsonb(e) -> 'diagnostics')::boolean"
+						   " (to_jsonb(e) -> 'diagnostics')::boolean,"
+						   " (to_jsonb(e) ->> 'tombstone_ttl')::interval > interval '0',"
+						   " (to_jsonb(e) ->> 'on_expired_reuse') = 'conflict'"
 						   " FROM idempotency.endpoints e WHERE endpoint = $1",
 						   1, argtypes);
 		if (plan == NULL)
@@ -143,6 +146,11 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		policy->store_response = isnull || DatumGetBool(d);
 		d = SPI_getbinval(tup, desc, 7, &isnull);
 		policy->diagnostics = isnull || DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 8, &isnull);
+		policy->has_tombstone_ttl = !isnull;
+		policy->tombstones_on = !isnull && DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 9, &isnull);
+		policy->expired_conflict = !isnull && DatumGetBool(d);
 	}
 	IdemEndOwnerSection(&section);
 	SPI_finish();

@@ -22,6 +22,9 @@ typedef struct IdemEndpointPolicy
 	int			max_response_bytes; /* -1: the setting applies */
 	bool		store_response;
 	bool		diagnostics;	/* keeps request digests (default true) */
+	bool		has_tombstone_ttl;	/* tombstone_ttl is set */
+	bool		tombstones_on;	/* tombstone_ttl > 0 */
+	bool		expired_conflict;	/* on_expired_reuse = 'conflict' */
 } IdemEndpointPolicy;
 
 /*

@@ -45,6 +45,8 @@ int			idem_max_response_bytes = 256 * 1024;
 char	   *idem_extra_sensitive_headers = NULL;
 char	   *idem_encryption_key = "";
 int			idem_diagnostics_max_bytes = 1024;
+int			idem_tombstone_ttl = 30 * 24 * 60 * 60;
+int			idem_tombstone_partition_interval = 7 * 24 * 60 * 60;
 
 /* the value the GUC machinery holds for idempotency.encryption_key: "" */
 static char *idem_encryption_key_setting = NULL;
@@ -196,6 +198,22 @@ IdemGucInit(void)
 							NULL,
 							&idem_partition_interval,
 							24 * 60 * 60, 60, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.tombstone_ttl",
+							"Time a tombstone of an expired key is kept, when the key's endpoint names none.",
+							"A claim of an expired key with another fingerprint answers 422 while its tombstone lives. 0 keeps no tombstones.",
+							&idem_tombstone_ttl,
+							30 * 24 * 60 * 60, 0, IDEM_TOMBSTONE_TTL_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.tombstone_partition_interval",
+							"Width of one partition of idempotency.tombstones, by expiry time.",
+							"A claim of a new key probes every tombstone partition that holds rows: wider partitions, fewer probes.",
+							&idem_tombstone_partition_interval,
+							7 * 24 * 60 * 60, 60, INT_MAX,
 							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 

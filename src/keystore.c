@@ -63,6 +63,7 @@
 #include "compat.h"
 #include "idempotency.h"
 #include "keystore.h"
+#include "tombstone.h"
 
 static const char *const state_names[] = {
 	"in_progress", "completed", "failed", "unknown"
@@ -489,6 +490,13 @@ IdemTakeRow(IdemKeyRow *row, const Datum *v, const bool *n, TimestampTz now,
 	if (expires_at <= now)
 	{
 		row->has_expired = true;
+		if (row->expired_fingerprint == NULL || expires_at > row->expired_at)
+		{
+			old = MemoryContextSwitchTo(cxt);
+			row->expired_fingerprint = DatumGetByteaPCopy(v[0]);
+			row->expired_at = expires_at;
+			MemoryContextSwitchTo(old);
+		}
 		return;
 	}
 	old = MemoryContextSwitchTo(cxt);
@@ -518,6 +526,7 @@ typedef struct ProbeState
 	IdemKeyRow *row;
 	TimestampTz now;
 	MemoryContext cxt;
+	bool		ended_too;		/* probe partitions whose range ended too */
 } ProbeState;
 
 /*
@@ -697,7 +706,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 				DatumGetTimestampTz(bounds->datums[j][0]) <= now)
 				ended = true;
 		}
-		if (!ended)
+		if (!ended || st->ended_too)
 			oids[n++] = pd->oids[p];
 	}
 
@@ -1126,6 +1135,24 @@ IdemKeystoreRead(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	st.row = row;
 	st.now = now;
 	st.cxt = cxt;
+	st.ended_too = false;
+	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
+					&row_attnums_generation);
+	IdemScanScope(scope, now, hint, &st);
+}
+
+void
+IdemKeystoreReadWithExpired(const IdemScope *scope, TimestampTz now,
+							TimestampTz hint, IdemKeyRow *row,
+							MemoryContext cxt)
+{
+	ProbeState	st;
+
+	memset(row, 0, sizeof(*row));
+	st.row = row;
+	st.now = now;
+	st.cxt = cxt;
+	st.ended_too = true;
 	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
 					&row_attnums_generation);
 	IdemScanScope(scope, now, hint, &st);
@@ -1501,4 +1528,65 @@ IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
 										  " INSERT INTO %s SELECT * FROM moved",
 										  qname),
 								 2, argtypes, args, NULL, false, SPI_OK_INSERT);
+}
+
+/*
+ * The expired rows of the default partition leave it, and those whose
+ * endpoint keeps tombstones leave one, in one statement: a claim that reads
+ * with a later snapshot sees the row or its tombstone.
+ */
+int64
+IdemKeystorePurgeDefaultToTombstones(TimestampTz as_of, int64 *tombstoned)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(as_of)};
+	bool		isnull;
+	int64		purged;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(psprintf("WITH gone AS (DELETE FROM ONLY idempotency.keys_default"
+										" WHERE expires_at <= $1"
+										" RETURNING tenant, endpoint, key, fingerprint, expires_at),"
+										" made AS (" IDEM_TOMBSTONE_INSERT_SQL "%s RETURNING 1)"
+										" SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM made)",
+										IdemTombstoneSourceSql("gone")),
+							   1, argtypes, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "purging idempotency.keys_default failed: %s",
+			 SPI_result_code_string(rc));
+	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+	*tombstoned = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 2, &isnull));
+	SPI_finish();
+	return purged;
+}
+
+int64
+IdemKeystoreTombstones(Oid relid, TimestampTz as_of, bool count_only)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(as_of)};
+	/* expired at as_of: every row of a partition whose range has ended */
+	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at <= $1)",
+								  IdemRelationName(relid));
+	bool		isnull;
+	int64		n;
+
+	if (!count_only)
+		return (int64) IdemMaintExec(psprintf(IDEM_TOMBSTONE_INSERT_SQL "%s",
+											  IdemTombstoneSourceSql(source)),
+									 1, argtypes, args, NULL, false, SPI_OK_INSERT);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute_with_args(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),
+							  1, argtypes, args, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "counting the tombstones of %s failed", source);
+	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return n;
 }

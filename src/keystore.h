@@ -31,6 +31,8 @@ typedef struct IdemKeyRow
 {
 	bool		found;			/* a live row exists */
 	bool		has_expired;	/* expired rows of the scope exist */
+	bytea	   *expired_fingerprint;	/* of the latest expired row read */
+	TimestampTz expired_at;		/* its expires_at */
 	bytea	   *fingerprint;
 	IdemState	state;
 	bool		has_token;
@@ -74,6 +76,15 @@ typedef struct IdemNewKeyRow
 extern void IdemKeystoreRead(const IdemScope *scope, TimestampTz now,
 							 TimestampTz hint, IdemKeyRow *row,
 							 MemoryContext cxt);
+
+/*
+ * IdemKeystoreRead that also reads partitions whose range has ended (not
+ * yet dropped), so that the latest expired row of the scope is seen: for
+ * endpoints that keep tombstones.
+ */
+extern void IdemKeystoreReadWithExpired(const IdemScope *scope, TimestampTz now,
+										TimestampTz hint, IdemKeyRow *row,
+										MemoryContext cxt);
 
 /* Read and lock (FOR UPDATE) the live row, for a change of it. */
 extern void IdemKeystoreLock(const IdemScope *scope, TimestampTz now,
@@ -136,6 +147,19 @@ extern bool IdemKeystoreSettleLease(const IdemStaleLease *lease,
  */
 extern int64 IdemKeystoreCountDefault(const TimestampTz *lo, TimestampTz hi);
 extern int64 IdemKeystorePurgeDefault(TimestampTz as_of);
+
+/*
+ * Tombstones (tombstone.h) of expired rows: of the rows of the default
+ * partition expired at as_of, deleted in the same statement (returns how
+ * many were deleted, *tombstoned how many tombstones were written), or of
+ * the rows of the partition relid expired at as_of (every row of one about
+ * to be dropped; returns how many tombstones were written).  With count_only, only counts the tombstones
+ * that would be written.
+ */
+extern int64 IdemKeystorePurgeDefaultToTombstones(TimestampTz as_of,
+												  int64 *tombstoned);
+extern int64 IdemKeystoreTombstones(Oid relid, TimestampTz as_of,
+									bool count_only);
 
 /*
  * For a partition being made for [lo, hi): whether the default partition

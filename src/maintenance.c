@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * maintenance.c
- *	  One maintenance pass over idempotency.keys, and the SQL function
+ *	  One maintenance pass over idempotency.keys (and the tombstones of its
+ *	  expired keys, idempotency.tombstones), and the SQL function
  *	  idem_maintenance() that runs it.  The pass decides; the rows it reads
  *	  and changes are read and changed by the key store (keystore.c), and
  *	  only the partitions themselves (made, attached, dropped by DDL) are
@@ -11,11 +12,20 @@
  *	  1. stale leases: in_progress rows past locked_until (and not expired)
  *	     become 'unknown', or are settled by the endpoint's resolver (each
  *	     call cut off after idempotency.resolver_timeout);
- *	  2. purge: expired rows leave the default partition;
- *	  3. premake: dated partitions cover from as_of to as_of + max_ttl + one
+ *	  2. premake of idempotency.tombstones (as in 3), so that the
+ *	     tombstones written next land in dated partitions;
+ *	  3. purge: expired rows leave the default partition, leaving their
+ *	     tombstones (tombstone.c) in the same statement;
+ *	  4. premake: dated partitions cover from as_of to as_of + max_ttl + one
  *	     partition_interval; rows of a new partition's range are first moved
  *	     out of the default partition;
- *	  4. retention: partitions whose range has ended are dropped whole.
+ *	  5. retention: partitions whose range has ended are dropped whole,
+ *	     after the tombstones of their rows are written;
+ *	  6. retention of idempotency.tombstones, and expired tombstones leave
+ *	     its default partition.
+ *
+ *	  Steps 2 to 6 serve both partitioned tables through one description of
+ *	  each (MaintTable).
  *
  *	  A preview reports what a pass as of a given time would do, and does
  *	  nothing: it only reads.  idem_maintenance() previews a pass whose as_of
@@ -71,6 +81,7 @@
 #include "resolver.h"
 #include "response.h"
 #include "stats.h"
+#include "tombstone.h"
 
 /* DDL waits at most this long for its lock, then the step is skipped */
 #define IDEM_MAINT_LOCK_TIMEOUT_MS	"100"
@@ -97,6 +108,73 @@ typedef struct MaintRange
 	bool		hi_inf;			/* MAXVALUE */
 	Oid			relid;			/* InvalidOid for a range to make */
 } MaintRange;
+
+/*
+ * A table partitioned by RANGE (expires_at) whose partitions maintenance
+ * makes and drops: idempotency.keys, idempotency.tombstones.
+ */
+typedef struct MaintTable
+{
+	const char *name;			/* in schema idempotency: "keys" */
+	const char *dflt;			/* its default partition: "keys_default" */
+	const char *prefix;			/* of its partitions' names: "keys_p" */
+	const char *table_extra;	/* more of CREATE TABLE (%s: partition name) */
+	const char *index_sql;		/* CREATE INDEX (%s: partition name, table) */
+	Oid			(*relid) (void);
+	int64		(*width) (void);	/* partition width, microseconds */
+	/* how far beyond as_of + width partitions are made, microseconds */
+	int64		(*ahead) (void);
+	/* rows of the default partition: see keystore.h */
+	int64		(*count_default) (const TimestampTz *lo, TimestampTz hi);
+	bool		(*default_has_rows) (TimestampTz lo, TimestampTz hi);
+	int64		(*move_default_rows) (TimestampTz lo, TimestampTz hi,
+									  const char *qname);
+	/* tombstones of a partition about to be dropped, or NULL */
+	int64		(*tombstones) (Oid relid, TimestampTz as_of, bool count_only);
+} MaintTable;
+
+static int64
+IdemKeysWidth(void)
+{
+	return (int64) idem_partition_interval * USECS_PER_SEC;
+}
+
+static int64
+IdemKeysAhead(void)
+{
+	return (int64) idem_max_ttl * USECS_PER_SEC;
+}
+
+static int64
+IdemTombstonesWidth(void)
+{
+	return (int64) idem_tombstone_partition_interval * USECS_PER_SEC;
+}
+
+/* a key expires up to max_ttl ahead, its tombstone up to the longest ttl later */
+static int64
+IdemTombstonesAhead(void)
+{
+	return ((int64) idem_max_ttl + IdemTombstoneMaxTtl()) * USECS_PER_SEC;
+}
+
+static const MaintTable keys_table = {
+	"keys", "keys_default", "keys_p",
+	", UNIQUE (key, endpoint, tenant)",
+	"CREATE INDEX %s_lease_idx ON %s (locked_until) WHERE state = 'in_progress'",
+	IdemKeystoreRelid, IdemKeysWidth, IdemKeysAhead,
+	IdemKeystoreCountDefault, IdemKeystoreDefaultHasRows,
+	IdemKeystoreMoveDefaultRows, IdemKeystoreTombstones
+};
+
+static const MaintTable tombstones_table = {
+	"tombstones", "tombstones_default", "tombstones_p",
+	"",
+	"CREATE INDEX %s_scope_idx ON %s (scope_hash)",
+	IdemTombstoneRelid, IdemTombstonesWidth, IdemTombstonesAhead,
+	IdemTombstoneCountDefault, IdemTombstoneDefaultHasRows,
+	IdemTombstoneMoveDefaultRows, NULL
+};
 
 typedef enum LeaseOutcome
 {
@@ -274,18 +352,18 @@ IdemUtcLiteral(TimestampTz ts)
 					tm.tm_hour, tm.tm_min, tm.tm_sec, (int) usec);
 }
 
-/* keys_pYYYYMMDDtHHMM, with seconds when the start has any. */
+/* keys_pYYYYMMDDtHHMM (prefix keys_p), with seconds when the start has any. */
 static char *
-IdemPartitionName(TimestampTz lo)
+IdemPartitionName(const char *prefix, TimestampTz lo)
 {
 	struct pg_tm tm;
 
 	IdemTimestampToUtcTm(lo, &tm);
 	if (tm.tm_sec != 0 || lo % USECS_PER_SEC != 0)
-		return psprintf("keys_p%04d%02d%02dt%02d%02d%02d",
+		return psprintf("%s%04d%02d%02dt%02d%02d%02d", prefix,
 						tm.tm_year, tm.tm_mon, tm.tm_mday,
 						tm.tm_hour, tm.tm_min, tm.tm_sec);
-	return psprintf("keys_p%04d%02d%02dt%02d%02d",
+	return psprintf("%s%04d%02d%02dt%02d%02d", prefix,
 					tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min);
 }
 
@@ -318,11 +396,11 @@ IdemRangeCmp(const ListCell *a, const ListCell *b)
 	return ra->lo > rb->lo ? 1 : 0;
 }
 
-/* The dated partitions of idempotency.keys, by lower bound (in p->cxt). */
+/* The dated partitions of table t, by lower bound (in p->cxt). */
 static List *
-IdemListPartitions(MaintPass *p)
+IdemListPartitions(MaintPass *p, const MaintTable *t)
 {
-	List	   *children = find_inheritance_children(IdemKeystoreRelid(), NoLock);
+	List	   *children = find_inheritance_children(t->relid(), NoLock);
 	List	   *result = NIL;
 	ListCell   *lc;
 
@@ -376,10 +454,10 @@ IdemListPartitions(MaintPass *p)
  * already cover (they may have another width when the setting changed).
  */
 static List *
-IdemPlanPremake(MaintPass *p, List *existing)
+IdemPlanPremake(MaintPass *p, const MaintTable *t, List *existing)
 {
-	int64		width = (int64) idem_partition_interval * USECS_PER_SEC;
-	TimestampTz horizon = p->as_of + (int64) idem_max_ttl * USECS_PER_SEC + width;
+	int64		width = t->width();
+	TimestampTz horizon = p->as_of + t->ahead() + width;
 	TimestampTz slot;
 	List	   *plan = NIL;
 	MemoryContext old = MemoryContextSwitchTo(p->cxt);
@@ -443,6 +521,7 @@ IdemPartitionEstimate(Oid relid)
 
 typedef struct CreateArgs
 {
+	const MaintTable *table;
 	MaintRange *range;
 	char	   *name;
 	int64		moved;
@@ -459,23 +538,24 @@ static void
 IdemCreatePartition(MaintPass *p, void *arg)
 {
 	CreateArgs *a = arg;
+	const MaintTable *t = a->table;
 	char	   *qname = quote_qualified_identifier(IDEM_SCHEMA, a->name);
 	char	   *lo = IdemUtcLiteral(a->range->lo);
 	char	   *hi = IdemUtcLiteral(a->range->hi);
+	char	   *lock_parent_exclusive = psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
+												 t->name);
 	StringInfoData sql;
 
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
-					 "CREATE TABLE %s (LIKE idempotency.keys INCLUDING DEFAULTS"
+					 "CREATE TABLE %s (LIKE idempotency.%s INCLUDING DEFAULTS"
 					 " INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION,"
-					 " CONSTRAINT %s CHECK (expires_at >= %s AND expires_at < %s),"
-					 " UNIQUE (key, endpoint, tenant))",
-					 qname, quote_identifier(psprintf("%s_range", a->name)), lo, hi);
+					 " CONSTRAINT %s CHECK (expires_at >= %s AND expires_at < %s)%s)",
+					 qname, t->name, quote_identifier(psprintf("%s_range", a->name)),
+					 lo, hi, t->table_extra);
 	IdemExecDDL(sql.data);
 	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "CREATE INDEX %s ON %s (locked_until) WHERE state = 'in_progress'",
-					 quote_identifier(psprintf("%s_lease_idx", a->name)), qname);
+	appendStringInfo(&sql, t->index_sql, a->name, qname);
 	IdemExecDDL(sql.data);
 
 	/*
@@ -486,33 +566,39 @@ IdemCreatePartition(MaintPass *p, void *arg)
 	 * after it; moves are rare (maintenance fell behind).  Otherwise ATTACH's
 	 * own locks do, taken in the order it takes them.
 	 */
-	if (IdemKeystoreDefaultHasRows(a->range->lo, a->range->hi))
-		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+	if (t->default_has_rows(a->range->lo, a->range->hi))
+		IdemExecDDL(lock_parent_exclusive);
 	else
-		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE");
-	IdemExecDDL("LOCK TABLE ONLY idempotency.keys_default IN ACCESS EXCLUSIVE MODE");
+		IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN SHARE UPDATE EXCLUSIVE MODE",
+							 t->name));
+	IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
+						 t->dflt));
 
 	/* rows that arrived meanwhile */
-	if (IdemKeystoreDefaultHasRows(a->range->lo, a->range->hi))
-		IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
+	if (t->default_has_rows(a->range->lo, a->range->hi))
+		IdemExecDDL(lock_parent_exclusive);
 
-	a->moved = IdemKeystoreMoveDefaultRows(a->range->lo, a->range->hi, qname);
+	a->moved = t->move_default_rows(a->range->lo, a->range->hi, qname);
 
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
-					 "ALTER TABLE idempotency.keys ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
-					 qname, lo, hi);
+					 "ALTER TABLE idempotency.%s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
+					 t->name, qname, lo, hi);
 	IdemExecDDL(sql.data);
 }
 
 static void
-IdemPremake(MaintPass *p)
+IdemPremake(MaintPass *p, const MaintTable *t)
 {
 	List	   *plan;
 	ListCell   *lc;
 
 	IdemStepBegin(p);
-	plan = IdemPlanPremake(p, IdemListPartitions(p));
+	/* no tombstone is kept anywhere: none of their partitions either */
+	if (t == &tombstones_table && IdemTombstoneMaxTtl() <= 0)
+		plan = NIL;
+	else
+		plan = IdemPlanPremake(p, t, IdemListPartitions(p, t));
 	IdemStepEnd(p);
 
 	foreach(lc, plan)
@@ -521,13 +607,14 @@ IdemPremake(MaintPass *p)
 		MemoryContext old;
 
 		IdemStepBegin(p);
+		a.table = t;
 		a.range = lfirst(lc);
 		old = MemoryContextSwitchTo(p->cxt);
-		a.name = IdemPartitionName(a.range->lo);
+		a.name = IdemPartitionName(t->prefix, a.range->lo);
 		MemoryContextSwitchTo(old);
 		a.moved = 0;
 		if (p->preview)
-			IdemEmit(p, "create", a.name, IdemKeystoreCountDefault(&a.range->lo, a.range->hi));
+			IdemEmit(p, "create", a.name, t->count_default(&a.range->lo, a.range->hi));
 		else if (IdemRunWithLockTimeout(p, false, a.name, IdemCreatePartition, &a))
 			IdemEmit(p, "create", a.name, a.moved);
 		IdemStepEnd(p);
@@ -536,25 +623,31 @@ IdemPremake(MaintPass *p)
 
 typedef struct DropArgs
 {
+	const MaintTable *table;
 	List	   *ranges;			/* MaintRange of the partitions to drop */
 	List	   *names;			/* their names, then their row estimates */
 	List	   *estimates;
+	List	   *tombstoned;		/* tombstones written of each */
 } DropArgs;
 
 /*
  * Drop partitions whose range has ended.  Dropping a partition takes ACCESS
  * EXCLUSIVE on the parent: it is taken once, with the short lock_timeout,
- * for all of them, in the last step of the pass.
+ * for all of them, in the last step of the pass.  The tombstones of a
+ * partition of keys are written first, before that lock, in the same
+ * subtransaction, so that they are written once: claims keep running while
+ * they are written (the partition's rows are all expired, and a claim that
+ * has no live row reads them or their tombstones), and when the lock is
+ * not granted, they go with the partition's drop.
  */
 static void
 IdemDropPartitions(MaintPass *p, void *arg)
 {
 	DropArgs   *a = arg;
+	const MaintTable *t = a->table;
 	ListCell   *lc;
 	StringInfoData sql;
 	MemoryContext old;
-
-	IdemExecDDL("LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE");
 
 	initStringInfo(&sql);
 	appendStringInfoString(&sql, "DROP TABLE ");
@@ -564,9 +657,12 @@ IdemDropPartitions(MaintPass *p, void *arg)
 		char	   *relname = get_rel_name(r->relid);
 		char	   *nspname = get_namespace_name(get_rel_namespace(r->relid));
 		int64		estimate = IdemPartitionEstimate(r->relid);
+		int64		tombstoned = -1;
 
 		if (relname == NULL || nspname == NULL)
 			continue;			/* dropped meanwhile */
+		if (t->tombstones != NULL && IdemTombstoneTableExists())
+			tombstoned = t->tombstones(r->relid, p->as_of, false);
 		if (a->names != NIL)
 			appendStringInfoString(&sql, ", ");
 		appendStringInfoString(&sql, quote_qualified_identifier(nspname, relname));
@@ -575,21 +671,27 @@ IdemDropPartitions(MaintPass *p, void *arg)
 		a->names = lappend(a->names, pstrdup(relname));
 		a->estimates = lappend(a->estimates, palloc(sizeof(int64)));
 		*(int64 *) llast(a->estimates) = estimate;
+		a->tombstoned = lappend(a->tombstoned, palloc(sizeof(int64)));
+		*(int64 *) llast(a->tombstoned) = tombstoned;
 		MemoryContextSwitchTo(old);
 	}
+
+	IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
+						 t->name));
+
 	/* one statement: one dependency walk for all of them */
 	if (a->names != NIL)
 		IdemExecDDL(sql.data);
 }
 
 static void
-IdemRetention(MaintPass *p)
+IdemRetention(MaintPass *p, const MaintTable *t)
 {
-	DropArgs	a = {NIL, NIL, NIL};
+	DropArgs	a = {t, NIL, NIL, NIL, NIL};
 	ListCell   *lc;
 
 	IdemStepBegin(p);
-	foreach(lc, IdemListPartitions(p))
+	foreach(lc, IdemListPartitions(p, t))
 	{
 		MaintRange *r = lfirst(lc);
 
@@ -599,36 +701,80 @@ IdemRetention(MaintPass *p)
 		{
 			char	   *relname = get_rel_name(r->relid);
 
-			if (relname != NULL)
-				IdemEmit(p, "drop", relname, IdemPartitionEstimate(r->relid));
+			if (relname == NULL)
+				continue;
+			if (t->tombstones != NULL && IdemTombstoneTableExists())
+			{
+				int64		n = t->tombstones(r->relid, p->as_of, true);
+
+				if (n > 0)
+					IdemEmit(p, "tombstone", relname, n);
+			}
+			IdemEmit(p, "drop", relname, IdemPartitionEstimate(r->relid));
 		}
 		else
 			a.ranges = lappend(a.ranges, r);
 	}
 	if (a.ranges != NIL &&
-		IdemRunWithLockTimeout(p, true, "keys", IdemDropPartitions, &a))
+		IdemRunWithLockTimeout(p, true, t->name, IdemDropPartitions, &a))
 	{
 		ListCell   *lc2;
+		ListCell   *lc3;
 
-		forboth(lc, a.names, lc2, a.estimates)
+		forthree(lc, a.names, lc2, a.estimates, lc3, a.tombstoned)
+		{
+			if (*(int64 *) lfirst(lc3) > 0)
+				IdemEmit(p, "tombstone", lfirst(lc), *(int64 *) lfirst(lc3));
 			IdemEmit(p, "drop", lfirst(lc), *(int64 *) lfirst(lc2));
+		}
 	}
 	IdemStepEnd(p);
 }
 
-/* Expired rows leave the default partition (it should hold few rows). */
+/*
+ * Expired rows leave the default partition (it should hold few rows),
+ * leaving their tombstones.
+ */
 static void
 IdemPurgeDefault(MaintPass *p)
+{
+	int64		n;
+	int64		tombstoned = 0;
+
+	IdemStepBegin(p);
+	if (!IdemTombstoneTableExists())
+		n = p->preview ? IdemKeystoreCountDefault(NULL, p->as_of) :
+			IdemKeystorePurgeDefault(p->as_of);
+	else if (p->preview)
+	{
+		n = IdemKeystoreCountDefault(NULL, p->as_of);
+		if (n > 0)
+			tombstoned = IdemKeystoreTombstones(get_relname_relid("keys_default",
+																  get_namespace_oid(IDEM_SCHEMA, false)),
+												p->as_of, true);
+	}
+	else
+		n = IdemKeystorePurgeDefaultToTombstones(p->as_of, &tombstoned);
+	if (tombstoned > 0)
+		IdemEmit(p, "tombstone", "keys_default", tombstoned);
+	if (n > 0)
+		IdemEmit(p, "purge", "keys_default", n);
+	IdemStepEnd(p);
+}
+
+/* Expired tombstones leave the default partition of tombstones. */
+static void
+IdemPurgeTombstonesDefault(MaintPass *p)
 {
 	int64		n;
 
 	IdemStepBegin(p);
 	if (p->preview)
-		n = IdemKeystoreCountDefault(NULL, p->as_of);
+		n = IdemTombstoneCountDefault(NULL, p->as_of);
 	else
-		n = IdemKeystorePurgeDefault(p->as_of);
+		n = IdemTombstonePurgeDefault(p->as_of);
 	if (n > 0)
-		IdemEmit(p, "purge", "keys_default", n);
+		IdemEmit(p, "purge", "tombstones_default", n);
 	IdemStepEnd(p);
 }
 
@@ -1019,9 +1165,16 @@ static void
 IdemRunSteps(MaintPass *p)
 {
 	IdemStaleLeases(p);
+	/* tombstones land in dated partitions, made first */
+	IdemPremake(p, &tombstones_table);
 	IdemPurgeDefault(p);
-	IdemPremake(p);
-	IdemRetention(p);
+	IdemPremake(p, &keys_table);
+	IdemRetention(p, &keys_table);
+	if (IdemTombstoneTableExists())
+	{
+		IdemRetention(p, &tombstones_table);
+		IdemPurgeTombstonesDefault(p);
+	}
 }
 
 /*

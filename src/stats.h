@@ -24,6 +24,8 @@ typedef enum IdemCounter
 	IDEM_COUNT_LEASES_EXPIRED,	/* stale lease seen by maintenance */
 	IDEM_COUNT_RESOLVED,		/* idem_resolve, or a resolver's answer */
 	IDEM_COUNT_DIAGNOSED,		/* a mismatch that named what differs */
+	IDEM_COUNT_TOMBSTONE_HITS,	/* a claim without a live row met an expired
+								 * key of its scope (row or tombstone) */
 	IDEM_COUNT_NUM
 } IdemCounter;
 

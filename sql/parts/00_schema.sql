@@ -30,7 +30,17 @@ CREATE TABLE idempotency.endpoints (
     -- (sql/parts/10_endpoints.sql) to the role that sets the resolver
     resolver_role       regrole,
     -- false: claims keep no request digest (sql/parts/72_diagnostics.sql)
-    diagnostics         boolean NOT NULL DEFAULT true
+    diagnostics         boolean NOT NULL DEFAULT true,
+    -- tombstones of expired keys (sql/parts/74_tombstones.sql): how long
+    -- they are kept after a key expires (NULL: idempotency.tombstone_ttl;
+    -- 0: none), and what a claim of an expired key with the same
+    -- fingerprint gets ('execute' again, or 'conflict': 409 key_expired)
+    tombstone_ttl       interval
+                        CONSTRAINT endpoints_tombstone_ttl_range
+                        CHECK (tombstone_ttl >= interval '0' AND tombstone_ttl <= interval '10 years'),
+    on_expired_reuse    text NOT NULL DEFAULT 'execute'
+                        CONSTRAINT endpoints_on_expired_reuse_check
+                        CHECK (on_expired_reuse IN ('execute', 'conflict'))
 );
 SELECT pg_catalog.pg_extension_config_dump('idempotency.endpoints', '');
 

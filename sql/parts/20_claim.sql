@@ -6,9 +6,9 @@
 -- which would cost every call a switch of user and settings.
 
 CREATE TYPE idempotency.claim_result AS (
-    action           text,          -- execute | replay | in_progress | mismatch | pending
+    action           text,          -- execute | replay | in_progress | mismatch | pending | expired
     http_status      integer,       -- what to answer, unless action = execute
-    error_code       text,          -- request_in_progress | idempotency_key_reuse | outcome_pending
+    error_code       text,          -- request_in_progress | idempotency_key_reuse | outcome_pending | key_expired
     retry_after      integer,       -- seconds, for the Retry-After header of a 409
     response_status  integer,       -- replay: the stored status
     response_headers jsonb,         -- replay: stored headers plus Idempotent-Replayed and Idempotency-Key

@@ -7,7 +7,10 @@
 -- One maintenance pass as if the clock read as_of; one row per action:
 --   lease_unknown / lease_completed / lease_failed / resolver_error
 --       (object: endpoint; rows: keys),
---   purge (keys_default; expired rows deleted from the default partition),
+--   purge (keys_default; expired rows deleted from the default partition;
+--       tombstones_default: expired tombstones deleted from it),
+--   tombstone (keys_default or a partition of keys being dropped;
+--       tombstones written of its expired rows, see 74_tombstones.sql),
 --   create (partition; rows moved into it from the default partition),
 --   drop (partition; rows as estimated by pg_class.reltuples, NULL if never
 --       counted),

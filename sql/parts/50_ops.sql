@@ -60,6 +60,7 @@ CREATE FUNCTION idempotency.idem_stats(
     OUT leases_expired bigint,
     OUT resolved bigint,
     OUT diagnosed bigint,
+    OUT tombstone_hits bigint,
     OUT reset_at timestamptz)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'idem_stats'
@@ -79,7 +80,7 @@ COMMENT ON FUNCTION idempotency.idem_stats_reset() IS
 CREATE VIEW idempotency.stats AS
 SELECT endpoint, untracked, claims, executes, replays, in_progress,
        mismatches, pending, finishes, releases, fails, invalid_keys,
-       leases_expired, resolved, diagnosed, reset_at
+       leases_expired, resolved, diagnosed, tombstone_hits, reset_at
 FROM idempotency.idem_stats()
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;
 
@@ -117,6 +118,7 @@ SELECT coalesce(l.endpoint, c.endpoint) AS endpoint,
        round((c.in_progress + c.pending)::numeric / nullif(c.claims, 0), 4)
            AS conflict_ratio,
        round(c.mismatches::numeric / nullif(c.claims, 0), 4) AS mismatch_ratio,
+       c.tombstone_hits,
        c.reset_at AS counters_since
 FROM live l
 FULL JOIN counters c ON c.endpoint = l.endpoint

@@ -215,6 +215,7 @@ CREATE FUNCTION idempotency.idem_stats(
     OUT leases_expired bigint,
     OUT resolved bigint,
     OUT diagnosed bigint,
+    OUT tombstone_hits bigint,
     OUT reset_at timestamptz)
 RETURNS SETOF record
 LANGUAGE plproxy AS $$
@@ -239,7 +240,7 @@ RETURNS TABLE (shard text, endpoint text, live_keys bigint, in_progress bigint,
                oldest_in_progress_age interval, unknown bigint, failed bigint,
                stored_bytes bigint, claims bigint, replay_ratio numeric,
                conflict_ratio numeric, mismatch_ratio numeric,
-               counters_since timestamptz)
+               tombstone_hits bigint, counters_since timestamptz)
 LANGUAGE plproxy AS $$
     CLUSTER 'idempotency';
     RUN ON ALL;
@@ -259,7 +260,7 @@ SELECT endpoint, untracked,
        sum(fails)::bigint AS fails, sum(invalid_keys)::bigint AS invalid_keys,
        sum(leases_expired)::bigint AS leases_expired,
        sum(resolved)::bigint AS resolved, sum(diagnosed)::bigint AS diagnosed,
-       min(reset_at) AS reset_at
+       sum(tombstone_hits)::bigint AS tombstone_hits, min(reset_at) AS reset_at
 FROM idempotency.idem_stats()
 GROUP BY endpoint, untracked
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;

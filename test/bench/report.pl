@@ -54,6 +54,7 @@ my %WHAT = (
 	plpgsql_replay => 'PL/pgSQL reference claim of a completed key (sha256 of the body, then the stored response)',
 	ext_replay => 'extension idem_claim of a completed key, returning the stored response',
 	ext_execute_merged => 'extension claim with the fingerprint sent (as the floor\'s constant); business insert with idem_finish in its RETURNING clause: as many statements as the floor',
+	ext_execute_no_tombstones => 'as ext_execute, on an endpoint that keeps no tombstones of expired keys (tombstone_ttl 0): no tombstone probe',
 	ext_replay_given_fp => 'as ext_replay, with the fingerprint sent as a parameter instead of computed in the statement',
 	diag_none => 'execute path (claim, business insert, finish) without a request digest: the baseline of the diagnostics rows',
 	diag_on => 'the same with digest => idem_request_digest(tenant, endpoint, key, body::jsonb, method, path): computed, checked and kept with the key',
@@ -67,6 +68,7 @@ my @RATIOS = (
 	[ 'Execute: extension / PL/pgSQL reference, 1 client', '1 client', 'ext_execute', '1 client', 'plpgsql_execute', 0.85 ],
 	[ 'Execute on the floor\'s footing (4 statements, fingerprint sent) / floor, 1 client', '1 client', 'ext_execute_merged', '1 client', 'floor_execute', 1.10 ],
 	[ 'Replay: extension / plain lookup, 1 client', '1 client', 'ext_replay', '1 client', 'plain_replay', 1.10 ],
+	[ 'Execute with tombstones / without, 1 client', '1 client', 'ext_execute', '1 client', 'ext_execute_no_tombstones', undef ],
 	[ 'Replay, fingerprint sent by the application / plain lookup, 1 client', '1 client', 'ext_replay_given_fp', '1 client', 'plain_replay', 1.10 ],
 	[ 'Floor + one round trip / floor, 1 client', '1 client', 'floor_roundtrip', '1 client', 'floor_execute', undef ],
 	[ 'Execute: PL/pgSQL reference / floor, 1 client', '1 client', 'plpgsql_execute', '1 client', 'floor_execute', undef ],
@@ -119,7 +121,7 @@ sub render
 	  "- pgbench: `-M prepared`, per-transaction logs (`-l`), scripts of one table row mixed in one run (`-f script\@1` each)";
 	push @out, "- idempotency.keys in database bench (execute, replay, contention): $meta{parts_main} dated partitions and the default partition"
 	  if defined $meta{parts_main};
-	for my $k (qw(fingerprint partitions scale_load scale_keys_size core_missing fp_missing expiry_missing diagnostics diag_missing))
+	for my $k (qw(fingerprint partitions tombstones scale_load scale_keys_size core_missing fp_missing expiry_missing diagnostics diag_missing))
 	{
 		push @out, "- $k: $meta{$k}" if defined $meta{$k};
 	}
@@ -182,15 +184,16 @@ sub render
 		  'transactions of one client, so connection start-up is left out).  Stable on a noisy machine,',
 		  'but blind to waits: WAL flushes, round trips and cache misses are not in them.', '',
 		  'Columns after the total: inclusive counts of functions within it (lookup: IdemKeystoreRead;',
+		  'tombstones: IdemTombstoneFind, the probe of the tombstones of expired keys;',
 		  'insert: IdemKeystoreInsert; CHECK: ExecConstraints; jsonb_in: parsing the JSON parameters, in every',
 		  'script that takes one).', '',
-		  '| database/script | instructions | idem_claim | of which lookup | idem_finish | of which insert | of which CHECK | canonical fingerprint | jsonb_in |',
-		  '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |';
+		  '| database/script | instructions | idem_claim | of which lookup | of which tombstones | idem_finish | of which insert | of which CHECK | canonical fingerprint | jsonb_in |',
+		  '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |';
 		for my $k (@ins)
 		{
 			my $f = $insfn{$k} // {};
-			push @out, sprintf('| %s | %s | %s | %s | %s | %s | %s | %s | %s |', $k, map { defined $_ ? fmt_int($_) : '' }
-				$ins{$k}, $f->{idem_claim}, $f->{IdemKeystoreRead}, $f->{idem_finish}, $f->{IdemKeystoreInsert},
+			push @out, sprintf('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |', $k, map { defined $_ ? fmt_int($_) : '' }
+				$ins{$k}, $f->{idem_claim}, $f->{IdemKeystoreRead}, $f->{IdemTombstoneFind}, $f->{idem_finish}, $f->{IdemKeystoreInsert},
 				($k =~ /ext_execute/ ? $f->{ExecConstraints} : undef),
 				$f->{idem_canonical_json_sha256} // $f->{idem_canonical_json_text_sha256}, $f->{jsonb_in});
 		}
@@ -198,6 +201,7 @@ sub render
 		for my $r ([ 'Execute: extension / floor', 'bench/ext_execute', 'bench/floor_execute' ],
 			[ 'Execute: extension / PL/pgSQL reference', 'bench/ext_execute', 'bench/plpgsql_execute' ],
 			[ 'Execute on the floor\'s footing / floor', 'bench/ext_execute_merged', 'bench/floor_execute' ],
+			[ 'Execute with tombstones / without', 'bench/ext_execute', 'bench/ext_execute_no_tombstones' ],
 			[ 'Replay: extension / plain lookup', 'bench/ext_replay', 'bench/plain_replay' ],
 			[ 'Replay, fingerprint sent / plain lookup', 'bench/ext_replay_given_fp', 'bench/plain_replay' ],
 			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ],

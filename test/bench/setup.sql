@@ -45,3 +45,15 @@ CREATE UNLOGGED TABLE bench_actions (
     action  text NOT NULL,
     key     text NOT NULL
 );
+
+-- An endpoint that keeps no tombstones of expired keys, for
+-- ext_execute_no_tombstones.sql (builds without tombstones have no such
+-- column: the endpoint then behaves as any other).
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'idempotency.endpoints'::regclass
+               AND attname = 'tombstone_ttl') THEN
+        INSERT INTO idempotency.endpoints (endpoint, tombstone_ttl)
+        VALUES ('POST /payments-nt', '0');
+    END IF;
+END $$;

@@ -238,7 +238,9 @@ SET idempotency.max_ttl = '10d';
 SELECT action FROM claim('acme', 'POST /payments', 'long', 'x', ttl => '8 days', lease => '1 s');
 RESET idempotency.max_ttl;
 
--- an expired key is invisible at once and a claim starts afresh
+-- an expired key is invisible at once and a claim starts afresh (without
+-- tombstones; with them, see the test tombstones)
+SET idempotency.tombstone_ttl = 0;
 BEGIN;
 SELECT action FROM claim('acme', 'POST /payments', 'short', 'x', ttl => '1 s');
 SELECT idempotency.idem_finish('acme', 'POST /payments', 'short', 201, '"first"');
@@ -252,6 +254,7 @@ SELECT idempotency.idem_finish('acme', 'POST /payments', 'short', 201, '"second"
 COMMIT;
 SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /payments', 'short', fp('other request'));
 SELECT count(*) AS rows_of_short FROM idempotency.keys WHERE key = 'short';
+RESET idempotency.tombstone_ttl;
 
 --
 -- Finishing what was never claimed, or someone else's key.

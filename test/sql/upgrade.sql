@@ -30,21 +30,21 @@ LANGUAGE sql AS $$
     FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
     LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0
     LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
-    WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname !~ '^keys_p'
+    WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname !~ '^(keys|tombstones)_p[0-9]'
       AND c.relkind IN ('r', 'p', 'v', 'c')
     UNION ALL
     SELECT 'constraint', conrelid::regclass::text || '.' || conname, pg_get_constraintdef(oid)
-    FROM pg_constraint WHERE connamespace = 'idempotency'::regnamespace AND conrelid::regclass::text !~ 'keys_p'
+    FROM pg_constraint WHERE connamespace = 'idempotency'::regnamespace AND conrelid::regclass::text !~ '(keys|tombstones)_p[0-9]'
     UNION ALL
     SELECT 'index', indexrelid::regclass::text, pg_get_indexdef(indexrelid)
     FROM pg_index WHERE indrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace
-                                     AND relname !~ '^keys_p')
+                                     AND relname !~ '^(keys|tombstones)_p[0-9]')
     UNION ALL
     SELECT 'view', c.relname, pg_get_viewdef(c.oid)
     FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind = 'v'
     UNION ALL
     SELECT 'privileges', c.relname, c.relacl::text
-    FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname !~ '^keys_p'
+    FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname !~ '^(keys|tombstones)_p[0-9]'
     UNION ALL
     SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(oid)
     FROM pg_trigger WHERE NOT tgisinternal

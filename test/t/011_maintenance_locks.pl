@@ -39,8 +39,11 @@ is( $node->safe_psql('postgres',
 $s1->query_safe('BEGIN');
 $s1->query_safe('LOCK TABLE ONLY idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE');
 my $offset = -s $node->logfile;
+# (the partitions of idempotency.tombstones, which that lock does not
+# concern, are left out)
 my $res = $node->safe_psql('postgres', q{
 	SELECT kind, count(*) FROM idempotency.idem_maintenance(now() + interval '30 days', preview => false)
+	WHERE object IS NULL OR object NOT LIKE 'tombstones%'
 	GROUP BY kind ORDER BY kind});
 like($res, qr/^skipped\|\d+$/m, 'steps that cannot get their lock are skipped');
 unlike($res, qr/^create\|/m, 'and nothing is created meanwhile');

@@ -14,6 +14,7 @@ const OUTCOMES = {
   in_progress: [409, 'idempotency_error', 'true', 409, 'A request with this Idempotency-Key is being processed'],
   mismatch: [400, 'idempotency_error', 'false', 422, 'This Idempotency-Key was used with a different request'],
   pending: [409, 'idempotency_error', 'false', 409, 'The outcome of the request with this Idempotency-Key is being resolved'],
+  expired: [409, 'idempotency_error', 'false', 409, 'This Idempotency-Key has expired; send the request with a new key to repeat it'],
   unavailable: [503, 'api_error', 'true', 503, 'The request could not be completed; retry it with the same Idempotency-Key'],
 };
 
@@ -54,6 +55,6 @@ function answer(profile, outcome, { message, code, retryAfter, mismatch } = {}) 
 }
 
 // A claim's action other than execute and replay, as an outcome.
-const ACTION_OUTCOME = { in_progress: 'in_progress', mismatch: 'mismatch', pending: 'pending' };
+const ACTION_OUTCOME = { in_progress: 'in_progress', mismatch: 'mismatch', pending: 'pending', expired: 'expired' };
 
 module.exports = { answer, mismatchMessage, ACTION_OUTCOME, OUTCOMES };

@@ -15,11 +15,14 @@ OUTCOMES = {
                  "This Idempotency-Key was used with a different request"),
     "pending": (409, "idempotency_error", "false", 409,
                 "The outcome of the request with this Idempotency-Key is being resolved"),
+    "expired": (409, "idempotency_error", "false", 409,
+                "This Idempotency-Key has expired; send the request with a new key to repeat it"),
     "unavailable": (503, "api_error", "true", 503,
                     "The request could not be completed; retry it with the same Idempotency-Key"),
 }
 
-ACTION_OUTCOME = {"in_progress": "in_progress", "mismatch": "mismatch", "pending": "pending"}
+ACTION_OUTCOME = {"in_progress": "in_progress", "mismatch": "mismatch", "pending": "pending",
+                  "expired": "expired"}
 
 
 def mismatch_message(m):

@@ -1,0 +1,456 @@
+/*-------------------------------------------------------------------------
+ *
+ * tombstone.c
+ *	  Tombstones of expired keys: idempotency.tombstones, the one table of
+ *	  this file.  A tombstone keeps of an expired key only a keyed hash of
+ *	  its scope and its fingerprint, so that a claim of the key with another
+ *	  payload still answers 422 after the key's row is gone.
+ *
+ *	  Tombstones are written off the request path, by maintenance, from the
+ *	  rows of a partition of idempotency.keys about to be dropped and from
+ *	  the expired rows purged from its default partition (the key store
+ *	  runs those statements, see keystore.c; the SQL that makes a tombstone
+ *	  is here).  They are partitioned by their own expiry and leave by whole
+ *	  partitions too (maintenance.c).  A claim that finds no live row probes
+ *	  the scope_hash index of every tombstone partition whose range has not
+ *	  ended and that holds a block.
+ *
+ *	  scope_hash is the first IDEM_TOMBSTONE_HASH_LEN bytes of a SHA-256
+ *	  over a label, idempotency.encryption_key when it is set, and the
+ *	  tenant, endpoint and key, each framed by its length.  With a key set,
+ *	  a reader of the table cannot test guesses of low-entropy keys (an
+ *	  order number) without it; without one, they can, as they could with
+ *	  idem_key_hash.  A change of the key makes the tombstones written
+ *	  before unreachable (they expire as usual).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_index.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "executor/tuptable.h"
+#include "fmgr.h"
+#include "partitioning/partbounds.h"
+#include "partitioning/partdesc.h"
+#include "storage/bufmgr.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/partcache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "compat.h"
+#include "guc.h"
+#include "idempotency.h"
+#include "keygen.h"
+#include "keystore.h"
+#include "tombstone.h"
+
+#define TOMBSTONE_LABEL "idempotency tombstone"
+
+static Oid	tombstones_relid = InvalidOid;
+static bool tombstone_callback_registered = false;
+
+/*
+ * What a probe needs of a tombstone partition, cached per backend and
+ * forgotten at any relcache invalidation of the partition.
+ */
+typedef struct TombstoneProbe
+{
+	Oid			partoid;		/* hash key */
+	Oid			indexoid;		/* its index on scope_hash */
+	AttrNumber	a_fp;
+	AttrNumber	a_expired;
+	AttrNumber	a_expires;
+} TombstoneProbe;
+
+static HTAB *tombstone_probes = NULL;
+
+static void
+IdemTombstoneInvalidate(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == tombstones_relid)
+		tombstones_relid = InvalidOid;
+	if (tombstone_probes == NULL)
+		return;
+	if (OidIsValid(relid))
+		(void) hash_search(tombstone_probes, &relid, HASH_REMOVE, NULL);
+	else
+	{
+		hash_destroy(tombstone_probes);
+		tombstone_probes = NULL;
+	}
+}
+
+/* idempotency.tombstones, or InvalidOid in a schema older than 0.3.0 */
+static Oid
+IdemTombstoneRelidIfAny(void)
+{
+	if (!tombstone_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(IdemTombstoneInvalidate, (Datum) 0);
+		tombstone_callback_registered = true;
+	}
+	if (!OidIsValid(tombstones_relid))
+		tombstones_relid = get_relname_relid("tombstones",
+											 get_namespace_oid("idempotency", false));
+	return tombstones_relid;
+}
+
+bool
+IdemTombstoneTableExists(void)
+{
+	return OidIsValid(IdemTombstoneRelidIfAny());
+}
+
+Oid
+IdemTombstoneRelid(void)
+{
+	{
+		Oid			relid = IdemTombstoneRelidIfAny();
+
+		if (!OidIsValid(relid))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_TABLE),
+					 errmsg("table idempotency.tombstones does not exist"),
+					 errhint("Update the extension: ALTER EXTENSION idempotency UPDATE.")));
+		return relid;
+	}
+}
+
+bool
+IdemTombstonesOn(const IdemEndpointPolicy *policy)
+{
+	if (policy->has_tombstone_ttl ? !policy->tombstones_on : idem_tombstone_ttl <= 0)
+		return false;
+	return IdemTombstoneTableExists();
+}
+
+static void
+IdemTombstoneHash(const text *tenant, const text *endpoint, const text *key,
+				  uint8 out[IDEM_TOMBSTONE_HASH_LEN])
+{
+	const char *parts[4];
+	int			lens[4];
+	uint8		digest[PG_SHA256_DIGEST_LENGTH];
+
+	parts[0] = idem_encryption_key ? idem_encryption_key : "";
+	lens[0] = strlen(parts[0]);
+	parts[1] = VARDATA_ANY(tenant);
+	lens[1] = VARSIZE_ANY_EXHDR(tenant);
+	parts[2] = VARDATA_ANY(endpoint);
+	lens[2] = VARSIZE_ANY_EXHDR(endpoint);
+	parts[3] = VARDATA_ANY(key);
+	lens[3] = VARSIZE_ANY_EXHDR(key);
+	IdemFramedSha256(TOMBSTONE_LABEL, 4, parts, lens, digest);
+	memcpy(out, digest, IDEM_TOMBSTONE_HASH_LEN);
+}
+
+static bytea *
+IdemTombstoneHashDatum(const text *tenant, const text *endpoint, const text *key)
+{
+	bytea	   *h = palloc(VARHDRSZ + IDEM_TOMBSTONE_HASH_LEN);
+
+	SET_VARSIZE(h, VARHDRSZ + IDEM_TOMBSTONE_HASH_LEN);
+	IdemTombstoneHash(tenant, endpoint, key, (uint8 *) VARDATA(h));
+	return h;
+}
+
+PG_FUNCTION_INFO_V1(idem_tombstone_hash);
+
+/*
+ * idem_tombstone_hash(tenant text, endpoint text, key text) RETURNS bytea
+ */
+Datum
+idem_tombstone_hash(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BYTEA_P(IdemTombstoneHashDatum(PG_GETARG_TEXT_PP(0),
+											 PG_GETARG_TEXT_PP(1),
+											 PG_GETARG_TEXT_PP(2)));
+}
+
+/* The index on scope_hash of a tombstone partition; InvalidOid if none. */
+static Oid
+IdemTombstoneIndex(Relation part, AttrNumber hash_attnum)
+{
+	List	   *indexes = RelationGetIndexList(part);
+	ListCell   *lc;
+	Oid			result = InvalidOid;
+
+	foreach(lc, indexes)
+	{
+		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
+		Form_pg_index form = idx->rd_index;
+
+		if (form->indisvalid && form->indisready &&
+			form->indkey.values[0] == hash_attnum &&
+			idx->rd_rel->relam == BTREE_AM_OID &&
+			RelationGetIndexPredicate(idx) == NIL)
+			result = RelationGetRelid(idx);
+		index_close(idx, AccessShareLock);
+		if (OidIsValid(result))
+			break;
+	}
+	list_free(indexes);
+	if (!OidIsValid(result))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("partition \"%s\" of idempotency.tombstones has no index on scope_hash",
+						RelationGetRelationName(part)),
+				 errhint("Every partition needs that index; partitions made by idem_maintenance() have it.")));
+	return result;
+}
+
+/* The probe of a tombstone partition the caller has opened and locked. */
+static TombstoneProbe *
+IdemTombstoneGetProbe(Relation part)
+{
+	Oid			partoid = RelationGetRelid(part);
+	TombstoneProbe *probe = NULL;
+	TombstoneProbe built;
+	bool		found;
+
+	if (tombstone_probes != NULL)
+		probe = hash_search(tombstone_probes, &partoid, HASH_FIND, NULL);
+	if (probe != NULL)
+		return probe;
+
+	/* opening indexes may process invalidations: build first, then enter */
+	built.partoid = partoid;
+	built.a_fp = get_attnum(partoid, "fingerprint");
+	built.a_expired = get_attnum(partoid, "expired_at");
+	built.a_expires = get_attnum(partoid, "expires_at");
+	built.indexoid = IdemTombstoneIndex(part, get_attnum(partoid, "scope_hash"));
+	if (tombstone_probes == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(Oid);
+		ctl.entrysize = sizeof(TombstoneProbe);
+		ctl.hcxt = CacheMemoryContext;
+		tombstone_probes = hash_create("idempotency tombstone probes", 16, &ctl,
+									   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	probe = hash_search(tombstone_probes, &partoid, HASH_ENTER, &found);
+	*probe = built;
+	return probe;
+}
+
+bool
+IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
+				  bytea **fingerprint, TimestampTz *expired_at,
+				  MemoryContext cxt)
+{
+	bytea	   *hash = IdemTombstoneHashDatum(scope->tenant, scope->endpoint, scope->key);
+	Relation	parent;
+	PartitionDesc pd;
+	PartitionBoundInfo bounds;
+	Snapshot	snapshot;
+	bool		unlocked = IsolationIsSerializable();
+	bool		found = false;
+
+	parent = table_open(IdemTombstoneRelid(), AccessShareLock);
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	pd = RelationGetPartitionDesc(parent, true);
+	bounds = pd->boundinfo;
+
+	for (int p = 0; p < pd->nparts; p++)
+	{
+		bool		ended = false;
+		Relation	part;
+		Relation	idx;
+		TombstoneProbe probe;
+		ScanKeyData skey;
+		IndexScanDesc scan;
+		TupleTableSlot *slot;
+
+		/* a partition whose range ended holds only expired tombstones */
+		for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
+		{
+			if (bounds->indexes[j] == p &&
+				bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
+				DatumGetTimestampTz(bounds->datums[j][0]) <= now)
+				ended = true;
+		}
+		if (ended)
+			continue;
+
+		/* as for the keys: a partition without a block holds no row */
+		part = table_open(pd->oids[p], AccessShareLock);
+		if (part->rd_rel->relkind != RELKIND_RELATION ||
+			RelationGetNumberOfBlocks(part) == 0)
+		{
+			table_close(part, NoLock);
+			continue;
+		}
+		/* copied: opening the index may process invalidations */
+		probe = *IdemTombstoneGetProbe(part);
+		idx = index_open(probe.indexoid, AccessShareLock);
+
+		/* no predicate locks: see IdemProbeIndex in keystore.c */
+		ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
+							   InvalidOid, F_BYTEAEQ, PointerGetDatum(hash));
+		slot = table_slot_create(part, NULL);
+		scan = IdemIndexBeginscan(part, idx, unlocked ? SnapshotAny : snapshot, 1, 0);
+		index_rescan(scan, &skey, 1, NULL, 0);
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+			TimestampTz expires;
+			TimestampTz expired;
+
+			if (unlocked && !table_tuple_satisfies_snapshot(part, slot, snapshot))
+				continue;
+			expires = DatumGetTimestampTz(slot_getattr(slot, probe.a_expires, &isnull));
+			if (isnull || expires <= now)
+				continue;
+			expired = DatumGetTimestampTz(slot_getattr(slot, probe.a_expired, &isnull));
+			if (isnull || (found && expired <= *expired_at))
+				continue;
+			found = true;
+			*expired_at = expired;
+			{
+				MemoryContext old = MemoryContextSwitchTo(cxt);
+
+				*fingerprint = DatumGetByteaPCopy(slot_getattr(slot, probe.a_fp, &isnull));
+				MemoryContextSwitchTo(old);
+			}
+		}
+		index_endscan(scan);
+		ExecDropSingleTupleTableSlot(slot);
+		index_close(idx, NoLock);
+		table_close(part, NoLock);
+	}
+	UnregisterSnapshot(snapshot);
+	table_close(parent, NoLock);
+	pfree(hash);
+	return found;
+}
+
+char *
+IdemTombstoneSourceSql(const char *source)
+{
+	return psprintf(" FROM %s s"
+					" LEFT JOIN idempotency.endpoints e ON e.endpoint = s.endpoint::text COLLATE \"C\""
+					" CROSS JOIN LATERAL (SELECT coalesce(e.tombstone_ttl,"
+					" pg_catalog.make_interval(secs => %d)) AS ttl) t"
+					" WHERE t.ttl > interval '0' AND s.expires_at + t.ttl > $1",
+					source, idem_tombstone_ttl);
+}
+
+/* One statement of maintenance's through SPI, as keystore.c runs them. */
+static uint64
+IdemTombstoneExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
+				  bool read_only, int expected)
+{
+	uint64		processed;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(sql, nargs, argtypes, args, NULL, read_only, 0);
+	if (rc != expected)
+		elog(ERROR, "statement on idempotency.tombstones failed: %s: %s",
+			 SPI_result_code_string(rc), sql);
+	processed = SPI_processed;
+	SPI_finish();
+	return processed;
+}
+
+/* Seconds of the longest tombstone_ttl: the setting's or an endpoint's. */
+int64
+IdemTombstoneMaxTtl(void)
+{
+	int64		result = idem_tombstone_ttl;
+	bool		isnull;
+	Datum		d;
+
+	if (!IdemTombstoneTableExists())
+		return 0;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute("SELECT pg_catalog.ceil(pg_catalog.date_part('epoch',"
+					" pg_catalog.max(tombstone_ttl)))::bigint FROM idempotency.endpoints",
+					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "reading idempotency.endpoints failed");
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+		result = Max(result, DatumGetInt64(d));
+	SPI_finish();
+	return result;
+}
+
+int64
+IdemTombstoneCountDefault(const TimestampTz *lo, TimestampTz hi)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(hi), TimestampTzGetDatum(lo ? *lo : 0)};
+	bool		isnull;
+	int64		count;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(lo ?
+							   "SELECT count(*) FROM ONLY idempotency.tombstones_default"
+							   " WHERE expires_at >= $2 AND expires_at < $1" :
+							   "SELECT count(*) FROM ONLY idempotency.tombstones_default"
+							   " WHERE expires_at <= $1",
+							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "counting rows of idempotency.tombstones_default failed: %s",
+			 SPI_result_code_string(rc));
+	count = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return count;
+}
+
+int64
+IdemTombstonePurgeDefault(TimestampTz as_of)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(as_of)};
+
+	return (int64) IdemTombstoneExec("DELETE FROM ONLY idempotency.tombstones_default"
+									 " WHERE expires_at <= $1",
+									 1, argtypes, args, false, SPI_OK_DELETE);
+}
+
+bool
+IdemTombstoneDefaultHasRows(TimestampTz lo, TimestampTz hi)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
+
+	return IdemTombstoneExec("SELECT 1 FROM ONLY idempotency.tombstones_default"
+							 " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
+							 2, argtypes, args, false, SPI_OK_SELECT) > 0;
+}
+
+int64
+IdemTombstoneMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
+
+	return (int64) IdemTombstoneExec(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.tombstones_default"
+											  " WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
+											  " INSERT INTO %s SELECT * FROM moved",
+											  qname),
+									 2, argtypes, args, false, SPI_OK_INSERT);
+}
