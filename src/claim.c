@@ -215,8 +215,8 @@ IdemFindPending(const IdemScope *scope, PendingClaim ***link)
  */
 static void
 IdemAddPending(const IdemScope *scope, const bytea *fingerprint,
-			   const bytea *request_digest, TimestampTz created_at, TimestampTz expires_at,
-			   const LOCKTAG *tag, bool leased)
+			   const bytea *request_digest, TimestampTz created_at,
+			   TimestampTz expires_at, const LOCKTAG *tag, bool leased)
 {
 	MemoryContext old;
 	PendingClaim *pc;
@@ -633,25 +633,14 @@ idem_claim(PG_FUNCTION_ARGS)
 	bytea	   *keep_digest = NULL;
 	bool		tombstones;
 	bool		expired_conflict;
+	bool		diagnostics;
 
 	IdemGetScope(fcinfo, &scope, true);
 	fingerprint = PG_ARGISNULL(3) ? NULL : PG_GETARG_BYTEA_PP(3);
 	IdemCheckFingerprint(fingerprint);
 
 	policy = IdemGetEndpointPolicy(scope.endpoint_str);
-
-	/*
-	 * mismatch diagnostics: the request's digest, checked, and kept with the
-	 * key when it fits idempotency.diagnostics_max_bytes (a 0.2.0 schema
-	 * declares no such argument)
-	 */
-	if (PG_NARGS() > 7 && !PG_ARGISNULL(7) && policy->diagnostics)
-	{
-		digest = PG_GETARG_BYTEA_PP(7);
-		IdemDiagnosticsCheck(&scope, digest);
-		if (VARSIZE_ANY_EXHDR(digest) <= (Size) idem_diagnostics_max_bytes)
-			keep_digest = digest;
-	}
+	diagnostics = policy->diagnostics;
 	now = GetCurrentTimestamp();
 	/* copied, like the lifetimes below */
 	tombstones = IdemTombstonesOn(policy);
@@ -682,6 +671,20 @@ idem_claim(PG_FUNCTION_ARGS)
 	else
 		wait_ms = idem_claim_wait;
 	deadline = now + wait_ms * 1000;
+
+	/*
+	 * mismatch diagnostics: the request's digest, checked, and kept with the
+	 * key when it fits idempotency.diagnostics_max_bytes (a 0.2.0 schema
+	 * declares no such argument).  After the policy's last use: reading the
+	 * secret may empty the policy cache.
+	 */
+	if (PG_NARGS() > 7 && !PG_ARGISNULL(7) && diagnostics)
+	{
+		digest = PG_GETARG_BYTEA_PP(7);
+		IdemDiagnosticsCheck(&scope, digest);
+		if (VARSIZE_ANY_EXHDR(digest) <= (Size) idem_diagnostics_max_bytes)
+			keep_digest = digest;
+	}
 
 	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_CLAIMS);
 	memset(&r, 0, sizeof(r));
@@ -865,7 +868,8 @@ idem_claim(PG_FUNCTION_ARGS)
 			token &= PG_INT64_MAX;
 		} while (token == 0);
 
-		IdemAddPending(&scope, fingerprint, keep_digest, now, expires_at, &tag, true);
+		IdemAddPending(&scope, fingerprint, keep_digest, now, expires_at, &tag,
+					   true);
 		newrow.created_at = now;
 		newrow.fingerprint = fingerprint;
 		newrow.request_digest = keep_digest;
@@ -878,7 +882,8 @@ idem_claim(PG_FUNCTION_ARGS)
 		r.lease_token = token;
 	}
 	else
-		IdemAddPending(&scope, fingerprint, keep_digest, now, expires_at, &tag, false);
+		IdemAddPending(&scope, fingerprint, keep_digest, now, expires_at, &tag,
+					   false);
 
 	IdemStatsCount(scope.endpoint_str, IDEM_COUNT_EXECUTES);
 	IdemReport(&scope, fingerprint, NULL, "in_progress", false, -1, now);
