@@ -691,6 +691,12 @@ IdemRetention(MaintPass *p, const MaintTable *t)
 	ListCell   *lc;
 
 	IdemStepBegin(p);
+	/* a schema older than 0.3.0 has no tombstones */
+	if (t == &tombstones_table && !IdemTombstoneTableExists())
+	{
+		IdemStepEnd(p);
+		return;
+	}
 	foreach(lc, IdemListPartitions(p, t))
 	{
 		MaintRange *r = lfirst(lc);
@@ -769,7 +775,9 @@ IdemPurgeTombstonesDefault(MaintPass *p)
 	int64		n;
 
 	IdemStepBegin(p);
-	if (p->preview)
+	if (!IdemTombstoneTableExists())
+		n = 0;					/* a schema older than 0.3.0 */
+	else if (p->preview)
 		n = IdemTombstoneCountDefault(NULL, p->as_of);
 	else
 		n = IdemTombstonePurgeDefault(p->as_of);
@@ -1170,11 +1178,8 @@ IdemRunSteps(MaintPass *p)
 	IdemPurgeDefault(p);
 	IdemPremake(p, &keys_table);
 	IdemRetention(p, &keys_table);
-	if (IdemTombstoneTableExists())
-	{
-		IdemRetention(p, &tombstones_table);
-		IdemPurgeTombstonesDefault(p);
-	}
+	IdemRetention(p, &tombstones_table);
+	IdemPurgeTombstonesDefault(p);
 }
 
 /*

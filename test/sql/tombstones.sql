@@ -173,9 +173,18 @@ SELECT endpoint, tombstone_hits FROM idempotency.health ORDER BY endpoint;
 SELECT pg_temp.done('pay', 'k4', 'a', '1 s');
 SELECT tableoid::regclass AS partition FROM idempotency.keys WHERE key = 'k4';
 SELECT pg_sleep(1.2);
+-- a live row of the default partition (beyond every dated partition) is
+-- neither purged nor counted as a tombstone, in a preview or a pass
+INSERT INTO idempotency.keys_default (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+VALUES ('acme', 'pay', 'k-live', sha256('a'), 'completed', now(), now() + interval '1 year');
+SELECT kind, object, rows
+FROM idempotency.idem_maintenance(now() + interval '2 days', preview => true)
+WHERE kind IN ('tombstone', 'purge') ORDER BY kind, object;
 SELECT kind, object, rows
 FROM idempotency.idem_maintenance(now() + interval '2 days', preview => false)
 WHERE kind IN ('tombstone', 'purge') ORDER BY kind, object;
+SELECT count(*) AS live_row_kept FROM idempotency.keys WHERE key = 'k-live';
+DELETE FROM idempotency.keys WHERE key = 'k-live';
 SELECT * FROM pg_temp.claim('pay', 'k4', 'b');
 
 -- Tombstones leave with their partitions: 60 days ahead, those of pay
