@@ -40,11 +40,13 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "storage/proc.h"
 #include "partitioning/partbounds.h"
 #include "partitioning/partdesc.h"
 #include "storage/bufmgr.h"
@@ -62,6 +64,7 @@
 
 #include "compat.h"
 #include "idempotency.h"
+#include "keys.h"
 #include "keystore.h"
 
 static const char *const state_names[] = {
@@ -116,6 +119,35 @@ static TupleDesc keys_desc = NULL;
 /* moves on each time the parent's description is forgotten */
 static uint64 keys_generation = 1;
 
+/*
+ * Citus mode (README "Scaling out", "Citus"): whether idempotency.keys is a
+ * Citus distributed table, learnt once per description of the parent; and
+ * per tenant, the shard that holds its rows, as resolved on this node.
+ */
+typedef enum IdemKeysMode
+{
+	KEYS_MODE_UNKNOWN,
+	KEYS_MODE_LOCAL,			/* an ordinary partitioned table */
+	KEYS_MODE_CITUS				/* a Citus distributed table */
+} IdemKeysMode;
+
+static IdemKeysMode keys_mode = KEYS_MODE_UNKNOWN;
+
+typedef struct CitusShardEntry
+{
+	char		tenant[IDEM_SCOPE_MAX_LEN + 1]; /* hash key */
+	int64		shardid;
+	Oid			shard_relid;	/* the shard's relation here, or InvalidOid */
+	bool		local;			/* a placement of the shard is on this node */
+	LocalTransactionId locked_lxid; /* the shard lock is held by this */
+	SubTransactionId locked_subxid; /* (sub)transaction */
+} CitusShardEntry;
+
+#define IDEM_CITUS_CACHE_MAX 4096
+
+static HTAB *citus_cache = NULL;
+static uint64 citus_generation = 0; /* moves at every forgetting */
+
 static void
 IdemFreeProbeMaps(PartitionProbe *probe)
 {
@@ -123,6 +155,17 @@ IdemFreeProbeMaps(PartitionProbe *probe)
 		free_attrmap(probe->map);
 	if (probe->insert_map)
 		free_attrmap(probe->insert_map);
+}
+
+static void
+IdemCitusCacheForget(void)
+{
+	citus_generation++;
+	if (citus_cache != NULL)
+	{
+		hash_destroy(citus_cache);
+		citus_cache = NULL;
+	}
 }
 
 static void
@@ -140,8 +183,15 @@ IdemProbeCacheInvalidate(Datum arg, Oid relid)
 			IdemFreeProbeMaps(probe);
 			(void) hash_search(probe_cache, &relid, HASH_REMOVE, NULL);
 		}
+		else if (citus_cache != NULL)
+		{
+			/* perhaps a shard, or one of Citus's catalogs */
+			IdemCitusCacheForget();
+		}
 		return;
 	}
+	IdemCitusCacheForget();
+	keys_mode = KEYS_MODE_UNKNOWN;
 	/* everything, or the parent itself */
 	if (probe_cache != NULL)
 	{
@@ -218,10 +268,49 @@ IdemKeysRelid(void)
  * idempotency.keys.  Every read and write of a scope's rows (probes,
  * inserts, the statements below) opens or names the relation this returns.
  */
+static Oid IdemCitusShard(const text *tenant);
+
 static Oid
 IdemKeystoreRelation(const IdemScope *scope)
 {
-	return IdemKeysRelid();
+	Oid			relid = IdemKeysRelid();
+
+	if (unlikely(keys_mode != KEYS_MODE_LOCAL))
+	{
+		if (keys_mode == KEYS_MODE_UNKNOWN)
+		{
+			IdemKeysMode mode = KEYS_MODE_LOCAL;
+			Oid			dist = get_relname_relid("pg_dist_partition",
+												 PG_CATALOG_NAMESPACE);
+
+			/* Citus's catalog, where Citus is installed: read it by SQL */
+			if (OidIsValid(dist))
+			{
+				Oid			argtypes[1] = {OIDOID};
+				Datum		args[1] = {ObjectIdGetDatum(relid)};
+				int			rc;
+
+				if (SPI_connect() != SPI_OK_CONNECT)
+					elog(ERROR, "SPI_connect failed");
+				rc = SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
+										   " WHERE logicalrelid = $1",
+										   1, argtypes, args, NULL, true, 1);
+				if (rc != SPI_OK_SELECT)
+					elog(ERROR, "reading pg_dist_partition failed: %s",
+						 SPI_result_code_string(rc));
+				if (SPI_processed > 0)
+					mode = KEYS_MODE_CITUS;
+				SPI_finish();
+			}
+			/* a description forgotten meanwhile learns it again */
+			if (relid == keys_relid)
+				keys_mode = mode;
+			if (mode == KEYS_MODE_LOCAL)
+				return relid;
+		}
+		return IdemCitusShard(scope->tenant);
+	}
+	return relid;
 }
 
 /* the owner of idempotency.keys: the role the extension's own SQL runs as */
@@ -230,6 +319,157 @@ IdemKeystoreOwner(void)
 {
 	(void) IdemKeysRelid();
 	return keys_owner;
+}
+
+/*
+ * Citus mode: the shard of idempotency.keys that holds tenant's rows, as
+ * Citus places it (get_shard_id_for_distribution_column, shard_name), and
+ * whether a placement of it is on this node; read through SPI, so that
+ * nothing here links to Citus.  Cached per backend, and forgotten at any
+ * relcache invalidation but a partition's: Citus invalidates the
+ * distributed table's relcache whenever its shards or placements change.
+ */
+static CitusShardEntry *
+IdemCitusResolve(const text *tenant)
+{
+	CitusShardEntry *entry;
+	char	   *name = text_to_cstring(tenant);
+	IdemOwnerSection section;
+	Oid			argtypes[2] = {OIDOID, TEXTOID};
+	Datum		args[2];
+	int64		shardid;
+	Oid			shard_relid;
+	bool		local;
+	bool		isnull;
+	bool		found;
+	int			rc;
+
+	if (strlen(name) > IDEM_SCOPE_MAX_LEN)
+		elog(ERROR, "tenant longer than %d bytes", IDEM_SCOPE_MAX_LEN);
+	if (citus_cache != NULL &&
+		(entry = hash_search(citus_cache, name, HASH_FIND, NULL)) != NULL)
+		return entry;
+
+	args[0] = ObjectIdGetDatum(IdemKeysRelid());
+	args[1] = PointerGetDatum(tenant);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+	rc = SPI_execute_with_args("SELECT s.id,"
+							   " pg_catalog.to_regclass(pg_catalog.shard_name($1, s.id))::oid,"
+							   " EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
+							   "   JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
+							   "   WHERE p.shardid = s.id)"
+							   " FROM (SELECT pg_catalog.get_shard_id_for_distribution_column($1, $2) AS id) s",
+							   2, argtypes, args, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "resolving the shard of idempotency.keys failed: %s",
+			 SPI_result_code_string(rc));
+	shardid = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 1, &isnull));
+	shard_relid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 2, &isnull));
+	if (isnull)
+		shard_relid = InvalidOid;
+	local = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 3, &isnull));
+	IdemEndOwnerSection(&section);
+	SPI_finish();
+
+	/* bounded: emptied when full */
+	if (citus_cache != NULL && hash_get_num_entries(citus_cache) >= IDEM_CITUS_CACHE_MAX)
+		IdemCitusCacheForget();
+	if (citus_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = IDEM_SCOPE_MAX_LEN + 1;
+		ctl.entrysize = sizeof(CitusShardEntry);
+		ctl.hcxt = CacheMemoryContext;
+		citus_cache = hash_create("idempotency tenant shards", 64, &ctl,
+								  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+	entry = hash_search(citus_cache, name, HASH_ENTER, &found);
+	entry->shardid = shardid;
+	entry->shard_relid = shard_relid;
+	entry->local = local && OidIsValid(shard_relid);
+	entry->locked_lxid = InvalidLocalTransactionId;
+	entry->locked_subxid = InvalidSubTransactionId;
+	pfree(name);
+	return entry;
+}
+
+/*
+ * Citus mode: the relation holding tenant's rows on this node, the local
+ * shard of idempotency.keys (itself partitioned like the table), with
+ * Citus's lock on the metadata of the shard's colocation group taken in
+ * ShareLock, as Citus's executor takes it for a write: a shard move or
+ * split (block_writes) takes it in ExclusiveLock, so it waits for this
+ * transaction, and this transaction waits for the move, then resolves the
+ * shard again.  A tenant whose shard is not on this node is refused: the
+ * shell table of the coordinator or of another worker holds no rows.
+ */
+static Oid
+IdemCitusShard(const text *tenant)
+{
+	CitusShardEntry *entry;
+	int64		shardid;
+	Oid			shard_relid;
+	bool		local;
+
+	for (;;)
+	{
+		uint64		generation;
+		LocalTransactionId lxid = IDEM_MY_LXID;
+		SubTransactionId subxid = GetCurrentSubTransactionId();
+
+		entry = IdemCitusResolve(tenant);
+		shardid = entry->shardid;
+		shard_relid = entry->shard_relid;
+		local = entry->local;
+		if (entry->locked_lxid == lxid && entry->locked_subxid == subxid)
+			break;
+		generation = citus_generation;
+		if (local)
+		{
+			IdemOwnerSection section;
+			Oid			argtypes[1] = {INT8OID};
+			Datum		args[1] = {Int64GetDatum(shardid)};
+			int			rc;
+
+			if (SPI_connect() != SPI_OK_CONNECT)
+				elog(ERROR, "SPI_connect failed");
+			IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+			rc = SPI_execute_with_args(psprintf("SELECT pg_catalog.lock_shard_metadata(%d, ARRAY[$1])",
+												ShareLock),
+									   1, argtypes, args, NULL, false, 1);
+			if (rc != SPI_OK_SELECT)
+				elog(ERROR, "locking the shard of idempotency.keys failed: %s",
+						 SPI_result_code_string(rc));
+			IdemEndOwnerSection(&section);
+			SPI_finish();
+		}
+		/* a move that ended while this waited has changed the placements */
+		AcceptInvalidationMessages();
+		if (generation == citus_generation)
+		{
+			if (local)
+			{
+				entry->locked_lxid = lxid;
+				entry->locked_subxid = subxid;
+			}
+			break;
+		}
+	}
+	if (!local)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_SHARD_NOT_LOCAL),
+				 errmsg("the keys of tenant \"%s\" are not on this node",
+						text_to_cstring(tenant)),
+				 errdetail("idempotency.keys is a Citus distributed table, and the shard %lld that holds the tenant's keys has no placement on this node.",
+						   (long long) shardid),
+				 errhint("Call the function on the coordinator as a statement of its own (SELECT * FROM idempotency.idem_claim(...)), so that Citus delegates it to the tenant's node; see README \"Citus\".")));
+	return shard_relid;
 }
 
 static AttrNumber
@@ -625,6 +865,9 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 			  ProbeState *st)
 {
 	Relation	parent;
+	Relation	layout;
+	Oid			relid;
+	bool		is_shard;
 	PartitionDesc pd;
 	PartitionBoundInfo bounds;
 	TupleTableSlot *parent_slot = NULL;
@@ -635,7 +878,11 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	int			n;
 	bool		stop = false;
 
-	parent = table_open(IdemKeystoreRelation(scope), AccessShareLock);
+	relid = IdemKeystoreRelation(scope);
+	is_shard = relid != keys_relid;
+	parent = table_open(relid, AccessShareLock);
+	/* rows are taken in the layout of idempotency.keys, which a shard need not share */
+	layout = is_shard ? table_open(IdemKeystoreRelid(), AccessShareLock) : parent;
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	pd = RelationGetPartitionDesc(parent, true);
 	bounds = pd->boundinfo;
@@ -690,7 +937,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 		/* opening the index may have processed invalidations: look again */
 		if (generation != probe_cache_generation)
 			probe = IdemGetProbe(oids[i], part);
-		stop = IdemProbeIndex(parent, part, idx, probe, snapshot,
+		stop = IdemProbeIndex(layout, part, idx, probe, snapshot,
 							  scope->tenant, scope->endpoint, scope->key,
 							  &parent_slot, st);
 		index_close(idx, NoLock);
@@ -700,6 +947,8 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 		ExecDropSingleTupleTableSlot(parent_slot);
 	UnregisterSnapshot(snapshot);
 	pfree(oids);
+	if (is_shard)
+		table_close(layout, NoLock);
 	table_close(parent, NoLock);
 }
 
@@ -750,9 +999,11 @@ IdemOpenIndices(ResultRelInfo *rri, Oid lease_indexoid, bool leased)
  * an INSERT would.
  */
 static void
-IdemInsertKeyRow(Oid relid, Datum *values, bool *nulls, bool leased)
+IdemInsertKeyRow(Oid relid, bool is_shard, Datum *values, bool *nulls,
+				 bool leased)
 {
 	Relation	parent;
+	Relation	layout;
 	Relation	part;
 	PartitionDesc pd;
 	AttrNumber	expires_attnum;
@@ -765,6 +1016,8 @@ IdemInsertKeyRow(Oid relid, Datum *values, bool *nulls, bool leased)
 	AttrMap    *map;
 
 	parent = table_open(relid, RowExclusiveLock);
+	/* values come in the layout of idempotency.keys, which a shard need not share */
+	layout = is_shard ? table_open(IdemKeystoreRelid(), AccessShareLock) : parent;
 	pd = RelationGetPartitionDesc(parent, true);
 	expires_attnum = IdemKeysAttnum("expires_at");
 	Assert(!nulls[expires_attnum - 1]);
@@ -784,7 +1037,7 @@ IdemInsertKeyRow(Oid relid, Datum *values, bool *nulls, bool leased)
 	/* by value: opening the indexes may process invalidations */
 	IdemOpenIndices(rri, IdemGetProbe(partoid, part)->lease_indexoid, leased);
 
-	parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent), &TTSOpsVirtual);
+	parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(layout), &TTSOpsVirtual);
 	ExecClearTuple(parent_slot);
 	memcpy(parent_slot->tts_values, values, sizeof(Datum) * parent_slot->tts_tupleDescriptor->natts);
 	memcpy(parent_slot->tts_isnull, nulls, sizeof(bool) * parent_slot->tts_tupleDescriptor->natts);
@@ -806,6 +1059,8 @@ IdemInsertKeyRow(Oid relid, Datum *values, bool *nulls, bool leased)
 	ExecCloseIndices(rri);
 	FreeExecutorState(estate);
 	table_close(part, NoLock);
+	if (is_shard)
+		table_close(layout, NoLock);
 	table_close(parent, NoLock);
 
 	/* later reads of this transaction see the row */
@@ -867,7 +1122,7 @@ IdemKeystoreInsert(const IdemScope *scope, const IdemNewKeyRow *newrow)
 		values[insert_attnums[i] - 1] = v[i];
 		nulls[insert_attnums[i] - 1] = cn[i] == 'n';
 	}
-	IdemInsertKeyRow(relid, values, nulls,
+	IdemInsertKeyRow(relid, relid != keys_relid, values, nulls,
 					 newrow->state == IDEM_STATE_IN_PROGRESS);
 }
 
