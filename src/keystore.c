@@ -1495,6 +1495,81 @@ IdemKeystoreExtendLease(const IdemScope *scope, const IdemKeyRow *row,
 	STALE_LEASES_QUAL " AND tenant = $2 AND endpoint = $3 AND key = $4"
 
 /*
+ * Whether idempotency.keys is a Citus distributed table and, if so, whether
+ * this node is the coordinator (which partitions it: Citus carries the
+ * partitions' DDL to the shards) or a worker.
+ */
+IdemKeysNode
+IdemKeystoreNode(void)
+{
+	bool		coordinator = false;
+	bool		isnull;
+
+	(void) IdemKeysRelid();
+	if (keys_mode == KEYS_MODE_UNKNOWN)
+	{
+		/* learn it as a claim would, without naming a tenant */
+		if (!OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)))
+			return IDEM_KEYS_LOCAL;
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute("SELECT 1 FROM pg_catalog.pg_dist_partition"
+						" WHERE logicalrelid = 'idempotency.keys'::pg_catalog.regclass",
+						true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "reading pg_dist_partition failed");
+		keys_mode = SPI_processed > 0 ? KEYS_MODE_CITUS : KEYS_MODE_LOCAL;
+		SPI_finish();
+	}
+	if (keys_mode != KEYS_MODE_CITUS)
+		return IDEM_KEYS_LOCAL;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute("SELECT pg_catalog.citus_is_coordinator()", true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "citus_is_coordinator() failed");
+	coordinator = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return coordinator ? IDEM_KEYS_CITUS_COORDINATOR : IDEM_KEYS_CITUS_WORKER;
+}
+
+/*
+ * The tables maintenance reads and changes rows of, by qualified name: the
+ * table (or, with dflt, its default partition), or in the Citus mode their
+ * shards placed on this node (none on a coordinator without shards).
+ */
+static List *
+IdemMaintRelations(bool dflt)
+{
+	const char *table = dflt ? "idempotency.keys_default" : "idempotency.keys";
+	MemoryContext cxt = CurrentMemoryContext;
+	List	   *result = NIL;
+
+	if (IdemKeystoreNode() == IDEM_KEYS_LOCAL)
+		return list_make1(pstrdup(table));
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute(psprintf("SELECT pg_catalog.shard_name('%s', p.shardid)"
+							 " FROM pg_catalog.pg_dist_placement p"
+							 " JOIN pg_catalog.pg_dist_local_group USING (groupid)"
+							 " JOIN pg_catalog.pg_dist_shard s USING (shardid)"
+							 " WHERE s.logicalrelid = '%s'::pg_catalog.regclass"
+							 " ORDER BY p.shardid", table, table),
+					true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "listing the local shards of %s failed", table);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		MemoryContext old = MemoryContextSwitchTo(cxt);
+
+		result = lappend(result, pstrdup(name));
+		MemoryContextSwitchTo(old);
+	}
+	SPI_finish();
+	return result;
+}
+
+/*
  * Run one statement of maintenance's through SPI, connected for it alone;
  * raises unless SPI answers expected, and returns the rows processed.
  */
@@ -1522,47 +1597,61 @@ IdemKeystoreStaleLeases(TimestampTz as_of, IdemStaleLease **leases)
 	MemoryContext cxt = CurrentMemoryContext;
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
-	IdemStaleLease *result;
-	uint64		nrows;
-	int			rc;
+	List	   *relations = IdemMaintRelations(false);
+	IdemStaleLease *result = palloc0(sizeof(IdemStaleLease));
+	uint64		total = 0;
+	ListCell   *lc;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-
-	/*
-	 * Lock the stale rows; one whose holder is busy with it right now
-	 * (finishing, heartbeating) is left for the next pass.
-	 */
-	rc = SPI_execute_with_args("SELECT tenant, endpoint, key, fingerprint, created_at"
-							   " FROM idempotency.keys"
-							   STALE_LEASES_QUAL
-							   " ORDER BY endpoint, tenant, key"
-							   " FOR UPDATE SKIP LOCKED",
-							   1, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
-
-	nrows = SPI_processed;
-	MemoryContextSwitchTo(cxt);
-	result = palloc0(sizeof(IdemStaleLease) * (nrows + 1));
-	for (uint64 i = 0; i < nrows; i++)
+	foreach(lc, relations)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		Datum		d;
+		char	   *relation = lfirst(lc);
+		uint64		nrows;
+		int			rc;
 
-		result[i].tenant = SPI_getvalue(tup, desc, 1);
-		result[i].endpoint = SPI_getvalue(tup, desc, 2);
-		result[i].key = SPI_getvalue(tup, desc, 3);
-		d = SPI_getbinval(tup, desc, 4, &isnull);
-		result[i].fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
-		d = SPI_getbinval(tup, desc, 5, &isnull);
-		result[i].created_at = isnull ? 0 : DatumGetTimestampTz(d);
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+
+		/*
+		 * Lock the stale rows; one whose holder is busy with it right now
+		 * (finishing, heartbeating) is left for the next pass.  In the Citus
+		 * mode, one local shard at a time: Citus refuses FOR UPDATE on the
+		 * distributed table.
+		 */
+		rc = SPI_execute_with_args(psprintf("SELECT tenant, endpoint, key, fingerprint, created_at"
+											" FROM %s"
+											STALE_LEASES_QUAL
+											" ORDER BY endpoint, tenant, key"
+											" FOR UPDATE SKIP LOCKED", relation),
+								   1, argtypes, args, NULL, false, 0);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
+
+		nrows = SPI_processed;
+		MemoryContextSwitchTo(cxt);
+		result = repalloc(result, sizeof(IdemStaleLease) * (total + nrows + 1));
+		memset(result + total, 0, sizeof(IdemStaleLease) * (nrows + 1));
+		for (uint64 i = 0; i < nrows; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			IdemStaleLease *l = &result[total + i];
+			bool		isnull;
+			Datum		d;
+
+			l->tenant = SPI_getvalue(tup, desc, 1);
+			l->endpoint = SPI_getvalue(tup, desc, 2);
+			l->key = SPI_getvalue(tup, desc, 3);
+			d = SPI_getbinval(tup, desc, 4, &isnull);
+			l->fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
+			d = SPI_getbinval(tup, desc, 5, &isnull);
+			l->created_at = isnull ? 0 : DatumGetTimestampTz(d);
+			l->relation = relation;
+		}
+		total += nrows;
+		SPI_finish();
 	}
-	SPI_finish();
 	*leases = result;
-	return (int) nrows;
+	return (int) total;
 }
 
 int
@@ -1577,6 +1666,7 @@ IdemKeystoreCountStaleLeases(TimestampTz as_of, char ***endpoints,
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+	/* in the Citus mode, through the distributed table: no lock is taken */
 	rc = SPI_execute_with_args("SELECT endpoint, count(*) FROM idempotency.keys"
 							   STALE_LEASES_QUAL
 							   " GROUP BY endpoint ORDER BY endpoint",
@@ -1644,7 +1734,8 @@ IdemKeystoreSettleLease(const IdemStaleLease *lease, TimestampTz as_of,
 			elog(ERROR, "a stale lease cannot become %s", IdemStateName(to));
 	}
 
-	return IdemMaintExec(psprintf("UPDATE idempotency.keys SET %s" STALE_ROW_QUAL,
+	return IdemMaintExec(psprintf("UPDATE %s SET %s" STALE_ROW_QUAL,
+								  lease->relation ? lease->relation : "idempotency.keys",
 								  set_clause),
 						 nargs, types, values, nulls, false, SPI_OK_UPDATE) > 0;
 }
@@ -1681,9 +1772,15 @@ IdemKeystorePurgeDefault(TimestampTz as_of)
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
 
-	return (int64) IdemMaintExec("DELETE FROM ONLY idempotency.keys_default"
-								 " WHERE expires_at <= $1",
-								 1, argtypes, args, NULL, false, SPI_OK_DELETE);
+	int64		n = 0;
+	ListCell   *lc;
+
+	/* in the Citus mode, each local shard of the default partition */
+	foreach(lc, IdemMaintRelations(true))
+		n += (int64) IdemMaintExec(psprintf("DELETE FROM ONLY %s WHERE expires_at <= $1",
+											(char *) lfirst(lc)),
+								   1, argtypes, args, NULL, false, SPI_OK_DELETE);
+	return n;
 }
 
 /* Whether the default partition holds rows whose expires_at is in [lo, hi). */

@@ -1015,11 +1015,23 @@ IdemPassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
 	p->arg = arg;
 }
 
+/*
+ * The steps.  In the Citus mode (README "Citus") stale leases and the
+ * default partition's purge run on every node, on its own shards; only the
+ * coordinator makes and drops partitions, which Citus carries to the shards.
+ */
 static void
 IdemRunSteps(MaintPass *p)
 {
+	IdemKeysNode node;
+
+	IdemStepBegin(p);
+	node = IdemKeystoreNode();
+	IdemStepEnd(p);
 	IdemStaleLeases(p);
 	IdemPurgeDefault(p);
+	if (node == IDEM_KEYS_CITUS_WORKER)
+		return;
 	IdemPremake(p);
 	IdemRetention(p);
 }
