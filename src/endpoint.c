@@ -197,11 +197,11 @@ Datum
 idem_endpoints_changed(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-
-	Oid			relid = RelationGetRelid(trigdata->tg_relation);
+	Oid			relid;
 	Oid			named;
 
 	IdemRequireTriggerCall(fcinfo, "idem_endpoints_changed");
+	relid = RelationGetRelid(trigdata->tg_relation);
 	CacheInvalidateRelcacheByRelid(relid);
 
 	/*

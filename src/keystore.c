@@ -28,6 +28,12 @@
  *	  heartbeat, resolve, maintenance's settling of stale leases) run as
  *	  SQL through SPI, as the owner of the table.
  *
+ *	  In the Citus mode (README "Citus"), idempotency.keys is a distributed
+ *	  table: the relation of a scope's rows is then the tenant's shard on
+ *	  this node (itself partitioned like the table), found through SQL so
+ *	  that nothing links to Citus, locked against shard moves as Citus's
+ *	  executor locks it, and refused (IK421) when it is not on this node.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -46,11 +52,11 @@
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
-#include "storage/proc.h"
 #include "partitioning/partbounds.h"
 #include "partitioning/partdesc.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
