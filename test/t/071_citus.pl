@@ -202,7 +202,18 @@ SELECT idempotency.idem_finish('acme', 'POST /payments', 'lease1', 200, '{"lease
 SELECT state FROM idempotency.idem_lookup('acme', 'POST /payments', 'lease1');
 }) =~ s/^[^\n]+\n//r, "\ncompleted", 'heartbeat, finish and lookup of a lease, delegated');
 
-# a lease claim racing a shard move (block_writes): the move waits for the
+# a backend of the tenant's worker that has resolved the tenant's shard
+# before the move (the form Citus does not delegate runs on this node)
+my $htimer = IPC::Run::timer(60);
+my ($ho, $he, $hin) = ('', '', '');
+my $hsess = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $home->connstr('postgres') ],
+	'<', \$hin, '>', \$ho, '2>', \$he, $htimer);
+$hin .= "\\set VERBOSITY verbose\nSELECT (idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)).action;\n";
+$hsess->pump until $ho =~ /\n/ || $he ne '' || $htimer->is_expired;
+is($ho . $he, "replay\n", 'a backend of the tenant\'s worker replays the key locally');
+
+
 # claim's transaction on the worker, and carries its key
 my $shard = $coord->safe_psql('postgres',
 	q{SELECT get_shard_id_for_distribution_column('idempotency.keys', 'acme')});
@@ -241,6 +252,12 @@ SELECT state FROM idempotency.idem_lookup('acme', 'POST /payments', 'moving');})
 SELECT (idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)).action});
 like($err, qr/IK421/,
 	'the old worker, where the old shard waits for its deferred drop, refuses the tenant');
+$hin .= "SELECT (idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)).action;\n";
+$hsess->pump until $he =~ /IK421/ || $ho =~ /\n.*\n/ || $htimer->is_expired;
+$hin .= "\\q\n";
+$hsess->finish;
+like($ho . $he, qr/^replay\n[^\n]*IK421: the keys of tenant "acme" are not on this node/s,
+	'the same backend, which had cached the shard, refuses the tenant after the move');
 $coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
 
 # maintenance: the coordinator makes and drops partitions cluster-wide; a
