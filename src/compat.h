@@ -84,4 +84,11 @@
 	index_beginscan((heap), (index), (snapshot), (nkeys), (norderbys))
 #endif
 
+/* the local transaction id of this backend's transaction */
+#if PG_VERSION_NUM >= 170000
+#define IDEM_MY_LXID (MyProc->vxid.lxid)
+#else
+#define IDEM_MY_LXID (MyProc->lxid)
+#endif
+
 #endif							/* IDEM_COMPAT_H */

@@ -5,7 +5,9 @@
  *
  *	  A statement trigger on the table sends a relcache invalidation for it,
  *	  so every backend drops its cache when a policy changes (at commit);
- *	  invalidations of other relations leave the cache alone.
+ *	  invalidations of other relations leave the cache alone.  In the Citus
+ *	  mode the trigger fires on the reference table's shard of each node,
+ *	  and invalidates idempotency.endpoints of that node as well.
  *
  *	  Endpoint names come from the callers, and most have no row (they use
  *	  the settings), so the cache is bounded: when it holds
@@ -212,8 +214,20 @@ Datum
 idem_endpoints_changed(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Oid			relid;
+	Oid			named;
 
 	IdemRequireTriggerCall(fcinfo, "idem_endpoints_changed");
-	CacheInvalidateRelcacheByRelid(RelationGetRelid(trigdata->tg_relation));
+	relid = RelationGetRelid(trigdata->tg_relation);
+	CacheInvalidateRelcacheByRelid(relid);
+
+	/*
+	 * In the Citus mode the table is a reference table, and the trigger
+	 * fires on its shard of each node, not on idempotency.endpoints, which
+	 * the cache reads and listens for: tell that one too.
+	 */
+	named = get_relname_relid("endpoints", get_namespace_oid("idempotency", false));
+	if (OidIsValid(named) && named != relid)
+		CacheInvalidateRelcacheByRelid(named);
 	return PointerGetDatum(NULL);
 }

@@ -28,6 +28,12 @@
  *	  heartbeat, resolve, maintenance's settling of stale leases) run as
  *	  SQL through SPI, as the owner of the table.
  *
+ *	  In the Citus mode (README "Citus"), idempotency.keys is a distributed
+ *	  table: the relation of a scope's rows is then the tenant's shard on
+ *	  this node (itself partitioned like the table), found through SQL so
+ *	  that nothing links to Citus, locked against shard moves as Citus's
+ *	  executor locks it, and refused (IK421) when it is not on this node.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -40,6 +46,7 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
@@ -49,6 +56,7 @@
 #include "partitioning/partdesc.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
@@ -62,6 +70,7 @@
 
 #include "compat.h"
 #include "idempotency.h"
+#include "keys.h"
 #include "keystore.h"
 #include "tombstone.h"
 
@@ -117,6 +126,35 @@ static TupleDesc keys_desc = NULL;
 /* moves on each time the parent's description is forgotten */
 static uint64 keys_generation = 1;
 
+/*
+ * Citus mode (README "Scaling out", "Citus"): whether idempotency.keys is a
+ * Citus distributed table, learnt once per description of the parent; and
+ * per tenant, the shard that holds its rows, as resolved on this node.
+ */
+typedef enum IdemKeysMode
+{
+	KEYS_MODE_UNKNOWN,
+	KEYS_MODE_LOCAL,			/* an ordinary partitioned table */
+	KEYS_MODE_CITUS				/* a Citus distributed table */
+} IdemKeysMode;
+
+static IdemKeysMode keys_mode = KEYS_MODE_UNKNOWN;
+
+typedef struct CitusShardEntry
+{
+	char		tenant[IDEM_SCOPE_MAX_LEN + 1]; /* hash key */
+	int64		shardid;
+	Oid			shard_relid;	/* the shard's relation here, or InvalidOid */
+	bool		local;			/* a placement of the shard is on this node */
+	LocalTransactionId locked_lxid; /* the shard lock is held by this */
+	SubTransactionId locked_subxid; /* (sub)transaction */
+} CitusShardEntry;
+
+#define IDEM_CITUS_CACHE_MAX 4096
+
+static HTAB *citus_cache = NULL;
+static uint64 citus_generation = 0; /* moves at every forgetting */
+
 static void
 IdemFreeProbeMaps(PartitionProbe *probe)
 {
@@ -124,6 +162,17 @@ IdemFreeProbeMaps(PartitionProbe *probe)
 		free_attrmap(probe->map);
 	if (probe->insert_map)
 		free_attrmap(probe->insert_map);
+}
+
+static void
+IdemCitusCacheForget(void)
+{
+	citus_generation++;
+	if (citus_cache != NULL)
+	{
+		hash_destroy(citus_cache);
+		citus_cache = NULL;
+	}
 }
 
 static void
@@ -141,8 +190,15 @@ IdemProbeCacheInvalidate(Datum arg, Oid relid)
 			IdemFreeProbeMaps(probe);
 			(void) hash_search(probe_cache, &relid, HASH_REMOVE, NULL);
 		}
+		else if (citus_cache != NULL)
+		{
+			/* perhaps a shard, or one of Citus's catalogs */
+			IdemCitusCacheForget();
+		}
 		return;
 	}
+	IdemCitusCacheForget();
+	keys_mode = KEYS_MODE_UNKNOWN;
 	/* everything, or the parent itself */
 	if (probe_cache != NULL)
 	{
@@ -219,10 +275,49 @@ IdemKeysRelid(void)
  * idempotency.keys.  Every read and write of a scope's rows (probes,
  * inserts, the statements below) opens or names the relation this returns.
  */
+static Oid IdemCitusShard(const text *tenant);
+
 static Oid
 IdemKeystoreRelation(const IdemScope *scope)
 {
-	return IdemKeysRelid();
+	Oid			relid = IdemKeysRelid();
+
+	if (unlikely(keys_mode != KEYS_MODE_LOCAL))
+	{
+		if (keys_mode == KEYS_MODE_UNKNOWN)
+		{
+			IdemKeysMode mode = KEYS_MODE_LOCAL;
+			Oid			dist = get_relname_relid("pg_dist_partition",
+												 PG_CATALOG_NAMESPACE);
+
+			/* Citus's catalog, where Citus is installed: read it by SQL */
+			if (OidIsValid(dist))
+			{
+				Oid			argtypes[1] = {OIDOID};
+				Datum		args[1] = {ObjectIdGetDatum(relid)};
+				int			rc;
+
+				if (SPI_connect() != SPI_OK_CONNECT)
+					elog(ERROR, "SPI_connect failed");
+				rc = SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
+										   " WHERE logicalrelid = $1",
+										   1, argtypes, args, NULL, true, 1);
+				if (rc != SPI_OK_SELECT)
+					elog(ERROR, "reading pg_dist_partition failed: %s",
+						 SPI_result_code_string(rc));
+				if (SPI_processed > 0)
+					mode = KEYS_MODE_CITUS;
+				SPI_finish();
+			}
+			/* a description forgotten meanwhile learns it again */
+			if (relid == keys_relid)
+				keys_mode = mode;
+			if (mode == KEYS_MODE_LOCAL)
+				return relid;
+		}
+		return IdemCitusShard(scope->tenant);
+	}
+	return relid;
 }
 
 /* the owner of idempotency.keys: the role the extension's own SQL runs as */
@@ -231,6 +326,157 @@ IdemKeystoreOwner(void)
 {
 	(void) IdemKeysRelid();
 	return keys_owner;
+}
+
+/*
+ * Citus mode: the shard of idempotency.keys that holds tenant's rows, as
+ * Citus places it (get_shard_id_for_distribution_column, shard_name), and
+ * whether a placement of it is on this node; read through SPI, so that
+ * nothing here links to Citus.  Cached per backend, and forgotten at any
+ * relcache invalidation but a partition's: Citus invalidates the
+ * distributed table's relcache whenever its shards or placements change.
+ */
+static CitusShardEntry *
+IdemCitusResolve(const text *tenant)
+{
+	CitusShardEntry *entry;
+	char	   *name = text_to_cstring(tenant);
+	IdemOwnerSection section;
+	Oid			argtypes[2] = {OIDOID, TEXTOID};
+	Datum		args[2];
+	int64		shardid;
+	Oid			shard_relid;
+	bool		local;
+	bool		isnull;
+	bool		found;
+	int			rc;
+
+	if (strlen(name) > IDEM_SCOPE_MAX_LEN)
+		elog(ERROR, "tenant longer than %d bytes", IDEM_SCOPE_MAX_LEN);
+	if (citus_cache != NULL &&
+		(entry = hash_search(citus_cache, name, HASH_FIND, NULL)) != NULL)
+		return entry;
+
+	args[0] = ObjectIdGetDatum(IdemKeysRelid());
+	args[1] = PointerGetDatum(tenant);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+	rc = SPI_execute_with_args("SELECT s.id,"
+							   " pg_catalog.to_regclass(pg_catalog.shard_name($1, s.id))::oid,"
+							   " EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
+							   "   JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
+							   "   WHERE p.shardid = s.id)"
+							   " FROM (SELECT pg_catalog.get_shard_id_for_distribution_column($1, $2) AS id) s",
+							   2, argtypes, args, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "resolving the shard of idempotency.keys failed: %s",
+			 SPI_result_code_string(rc));
+	shardid = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 1, &isnull));
+	shard_relid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+												 SPI_tuptable->tupdesc, 2, &isnull));
+	if (isnull)
+		shard_relid = InvalidOid;
+	local = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 3, &isnull));
+	IdemEndOwnerSection(&section);
+	SPI_finish();
+
+	/* bounded: emptied when full */
+	if (citus_cache != NULL && hash_get_num_entries(citus_cache) >= IDEM_CITUS_CACHE_MAX)
+		IdemCitusCacheForget();
+	if (citus_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = IDEM_SCOPE_MAX_LEN + 1;
+		ctl.entrysize = sizeof(CitusShardEntry);
+		ctl.hcxt = CacheMemoryContext;
+		citus_cache = hash_create("idempotency tenant shards", 64, &ctl,
+								  HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+	entry = hash_search(citus_cache, name, HASH_ENTER, &found);
+	entry->shardid = shardid;
+	entry->shard_relid = shard_relid;
+	entry->local = local && OidIsValid(shard_relid);
+	entry->locked_lxid = InvalidLocalTransactionId;
+	entry->locked_subxid = InvalidSubTransactionId;
+	pfree(name);
+	return entry;
+}
+
+/*
+ * Citus mode: the relation holding tenant's rows on this node, the local
+ * shard of idempotency.keys (itself partitioned like the table), with
+ * Citus's lock on the metadata of the shard's colocation group taken in
+ * ShareLock, as Citus's executor takes it for a write: a shard move or
+ * split (block_writes) takes it in ExclusiveLock, so it waits for this
+ * transaction, and this transaction waits for the move, then resolves the
+ * shard again.  A tenant whose shard is not on this node is refused: the
+ * shell table of the coordinator or of another worker holds no rows.
+ */
+static Oid
+IdemCitusShard(const text *tenant)
+{
+	CitusShardEntry *entry;
+	int64		shardid;
+	Oid			shard_relid;
+	bool		local;
+
+	for (;;)
+	{
+		uint64		generation;
+		LocalTransactionId lxid = IDEM_MY_LXID;
+		SubTransactionId subxid = GetCurrentSubTransactionId();
+
+		entry = IdemCitusResolve(tenant);
+		shardid = entry->shardid;
+		shard_relid = entry->shard_relid;
+		local = entry->local;
+		if (entry->locked_lxid == lxid && entry->locked_subxid == subxid)
+			break;
+		generation = citus_generation;
+		if (local)
+		{
+			IdemOwnerSection section;
+			Oid			argtypes[1] = {INT8OID};
+			Datum		args[1] = {Int64GetDatum(shardid)};
+			int			rc;
+
+			if (SPI_connect() != SPI_OK_CONNECT)
+				elog(ERROR, "SPI_connect failed");
+			IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+			rc = SPI_execute_with_args(psprintf("SELECT pg_catalog.lock_shard_metadata(%d, ARRAY[$1])",
+												ShareLock),
+									   1, argtypes, args, NULL, false, 1);
+			if (rc != SPI_OK_SELECT)
+				elog(ERROR, "locking the shard of idempotency.keys failed: %s",
+						 SPI_result_code_string(rc));
+			IdemEndOwnerSection(&section);
+			SPI_finish();
+		}
+		/* a move that ended while this waited has changed the placements */
+		AcceptInvalidationMessages();
+		if (generation == citus_generation)
+		{
+			if (local)
+			{
+				entry->locked_lxid = lxid;
+				entry->locked_subxid = subxid;
+			}
+			break;
+		}
+	}
+	if (!local)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_SHARD_NOT_LOCAL),
+				 errmsg("the keys of tenant \"%s\" are not on this node",
+						text_to_cstring(tenant)),
+				 errdetail("idempotency.keys is a Citus distributed table, and the shard %lld that holds the tenant's keys has no placement on this node.",
+						   (long long) shardid),
+				 errhint("Call the function on the coordinator as a statement of its own (SELECT * FROM idempotency.idem_claim(...)), so that Citus delegates it to the tenant's node; see README \"Citus\".")));
+	return shard_relid;
 }
 
 static AttrNumber
@@ -671,6 +917,9 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 			  ProbeState *st)
 {
 	Relation	parent;
+	Relation	layout;
+	Oid			relid;
+	bool		is_shard;
 	PartitionDesc pd;
 	PartitionBoundInfo bounds;
 	TupleTableSlot *parent_slot = NULL;
@@ -681,7 +930,11 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	int			n;
 	bool		stop = false;
 
-	parent = table_open(IdemKeystoreRelation(scope), AccessShareLock);
+	relid = IdemKeystoreRelation(scope);
+	is_shard = relid != keys_relid;
+	parent = table_open(relid, AccessShareLock);
+	/* rows are taken in the layout of idempotency.keys, which a shard need not share */
+	layout = is_shard ? table_open(IdemKeystoreRelid(), AccessShareLock) : parent;
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	pd = RelationGetPartitionDesc(parent, true);
 	bounds = pd->boundinfo;
@@ -736,7 +989,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 		/* opening the index may have processed invalidations: look again */
 		if (generation != probe_cache_generation)
 			probe = IdemGetProbe(oids[i], part);
-		stop = IdemProbeIndex(parent, part, idx, probe, snapshot,
+		stop = IdemProbeIndex(layout, part, idx, probe, snapshot,
 							  scope->tenant, scope->endpoint, scope->key,
 							  &parent_slot, st);
 		index_close(idx, NoLock);
@@ -746,6 +999,8 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 		ExecDropSingleTupleTableSlot(parent_slot);
 	UnregisterSnapshot(snapshot);
 	pfree(oids);
+	if (is_shard)
+		table_close(layout, NoLock);
 	table_close(parent, NoLock);
 }
 
@@ -796,9 +1051,11 @@ IdemOpenIndices(ResultRelInfo *rri, Oid lease_indexoid, bool leased)
  * an INSERT would.
  */
 static void
-IdemInsertKeyRow(Oid relid, Datum *values, bool *nulls, bool leased)
+IdemInsertKeyRow(Oid relid, bool is_shard, Datum *values, bool *nulls,
+				 bool leased)
 {
 	Relation	parent;
+	Relation	layout;
 	Relation	part;
 	PartitionDesc pd;
 	AttrNumber	expires_attnum;
@@ -811,6 +1068,8 @@ IdemInsertKeyRow(Oid relid, Datum *values, bool *nulls, bool leased)
 	AttrMap    *map;
 
 	parent = table_open(relid, RowExclusiveLock);
+	/* values come in the layout of idempotency.keys, which a shard need not share */
+	layout = is_shard ? table_open(IdemKeystoreRelid(), AccessShareLock) : parent;
 	pd = RelationGetPartitionDesc(parent, true);
 	expires_attnum = IdemKeysAttnum("expires_at");
 	Assert(!nulls[expires_attnum - 1]);
@@ -830,7 +1089,7 @@ IdemInsertKeyRow(Oid relid, Datum *values, bool *nulls, bool leased)
 	/* by value: opening the indexes may process invalidations */
 	IdemOpenIndices(rri, IdemGetProbe(partoid, part)->lease_indexoid, leased);
 
-	parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(parent), &TTSOpsVirtual);
+	parent_slot = MakeSingleTupleTableSlot(RelationGetDescr(layout), &TTSOpsVirtual);
 	ExecClearTuple(parent_slot);
 	memcpy(parent_slot->tts_values, values, sizeof(Datum) * parent_slot->tts_tupleDescriptor->natts);
 	memcpy(parent_slot->tts_isnull, nulls, sizeof(bool) * parent_slot->tts_tupleDescriptor->natts);
@@ -852,6 +1111,8 @@ IdemInsertKeyRow(Oid relid, Datum *values, bool *nulls, bool leased)
 	ExecCloseIndices(rri);
 	FreeExecutorState(estate);
 	table_close(part, NoLock);
+	if (is_shard)
+		table_close(layout, NoLock);
 	table_close(parent, NoLock);
 
 	/* later reads of this transaction see the row */
@@ -918,7 +1179,7 @@ IdemKeystoreInsert(const IdemScope *scope, const IdemNewKeyRow *newrow)
 		values[IdemDigestAttnum() - 1] = PointerGetDatum(newrow->request_digest);
 		nulls[IdemDigestAttnum() - 1] = false;
 	}
-	IdemInsertKeyRow(relid, values, nulls,
+	IdemInsertKeyRow(relid, relid != keys_relid, values, nulls,
 					 newrow->state == IDEM_STATE_IN_PROGRESS);
 }
 
@@ -1309,6 +1570,90 @@ IdemKeystoreExtendLease(const IdemScope *scope, const IdemKeyRow *row,
 	STALE_LEASES_QUAL " AND tenant = $2 AND endpoint = $3 AND key = $4"
 
 /*
+ * Whether idempotency.keys is a Citus distributed table (the Citus mode);
+ * learned once per backend and table.
+ */
+bool
+IdemKeystoreDistributed(void)
+{
+	(void) IdemKeysRelid();
+	if (keys_mode == KEYS_MODE_UNKNOWN)
+	{
+		/* learn it as a claim would, without naming a tenant */
+		if (!OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)))
+			return false;
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		if (SPI_execute("SELECT 1 FROM pg_catalog.pg_dist_partition"
+						" WHERE logicalrelid = 'idempotency.keys'::pg_catalog.regclass",
+						true, 1) != SPI_OK_SELECT)
+			elog(ERROR, "reading pg_dist_partition failed");
+		keys_mode = SPI_processed > 0 ? KEYS_MODE_CITUS : KEYS_MODE_LOCAL;
+		SPI_finish();
+	}
+	return keys_mode == KEYS_MODE_CITUS;
+}
+
+/*
+ * In the Citus mode, whether this node is the coordinator (which partitions
+ * the table: Citus carries the partitions' DDL to the shards) or a worker.
+ */
+IdemKeysNode
+IdemKeystoreNode(void)
+{
+	bool		coordinator = false;
+	bool		isnull;
+
+	if (!IdemKeystoreDistributed())
+		return IDEM_KEYS_LOCAL;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute("SELECT pg_catalog.citus_is_coordinator()", true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "citus_is_coordinator() failed");
+	coordinator = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return coordinator ? IDEM_KEYS_CITUS_COORDINATOR : IDEM_KEYS_CITUS_WORKER;
+}
+
+/*
+ * The tables maintenance reads and changes rows of, by qualified name: the
+ * table (or, with dflt, its default partition), or in the Citus mode their
+ * shards placed on this node (none on a coordinator without shards).
+ */
+static List *
+IdemMaintRelations(bool dflt)
+{
+	const char *table = dflt ? "idempotency.keys_default" : "idempotency.keys";
+	MemoryContext cxt = CurrentMemoryContext;
+	List	   *result = NIL;
+
+	if (IdemKeystoreNode() == IDEM_KEYS_LOCAL)
+		return list_make1(pstrdup(table));
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute(psprintf("SELECT pg_catalog.shard_name('%s', p.shardid)"
+							 " FROM pg_catalog.pg_dist_placement p"
+							 " JOIN pg_catalog.pg_dist_local_group USING (groupid)"
+							 " JOIN pg_catalog.pg_dist_shard s USING (shardid)"
+							 " WHERE s.logicalrelid = '%s'::pg_catalog.regclass"
+							 " ORDER BY p.shardid", table, table),
+					true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "listing the local shards of %s failed", table);
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		MemoryContext old = MemoryContextSwitchTo(cxt);
+
+		result = lappend(result, pstrdup(name));
+		MemoryContextSwitchTo(old);
+	}
+	SPI_finish();
+	return result;
+}
+
+/*
  * Run one statement of maintenance's through SPI, connected for it alone;
  * raises unless SPI answers expected, and returns the rows processed.
  */
@@ -1336,47 +1681,61 @@ IdemKeystoreStaleLeases(TimestampTz as_of, IdemStaleLease **leases)
 	MemoryContext cxt = CurrentMemoryContext;
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
-	IdemStaleLease *result;
-	uint64		nrows;
-	int			rc;
+	List	   *relations = IdemMaintRelations(false);
+	IdemStaleLease *result = palloc0(sizeof(IdemStaleLease));
+	uint64		total = 0;
+	ListCell   *lc;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-
-	/*
-	 * Lock the stale rows; one whose holder is busy with it right now
-	 * (finishing, heartbeating) is left for the next pass.
-	 */
-	rc = SPI_execute_with_args("SELECT tenant, endpoint, key, fingerprint, created_at"
-							   " FROM idempotency.keys"
-							   STALE_LEASES_QUAL
-							   " ORDER BY endpoint, tenant, key"
-							   " FOR UPDATE SKIP LOCKED",
-							   1, argtypes, args, NULL, false, 0);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
-
-	nrows = SPI_processed;
-	MemoryContextSwitchTo(cxt);
-	result = palloc0(sizeof(IdemStaleLease) * (nrows + 1));
-	for (uint64 i = 0; i < nrows; i++)
+	foreach(lc, relations)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		Datum		d;
+		char	   *relation = lfirst(lc);
+		uint64		nrows;
+		int			rc;
 
-		result[i].tenant = SPI_getvalue(tup, desc, 1);
-		result[i].endpoint = SPI_getvalue(tup, desc, 2);
-		result[i].key = SPI_getvalue(tup, desc, 3);
-		d = SPI_getbinval(tup, desc, 4, &isnull);
-		result[i].fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
-		d = SPI_getbinval(tup, desc, 5, &isnull);
-		result[i].created_at = isnull ? 0 : DatumGetTimestampTz(d);
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+
+		/*
+		 * Lock the stale rows; one whose holder is busy with it right now
+		 * (finishing, heartbeating) is left for the next pass.  In the Citus
+		 * mode, one local shard at a time: Citus refuses FOR UPDATE on the
+		 * distributed table.
+		 */
+		rc = SPI_execute_with_args(psprintf("SELECT tenant, endpoint, key, fingerprint, created_at"
+											" FROM %s"
+											STALE_LEASES_QUAL
+											" ORDER BY endpoint, tenant, key"
+											" FOR UPDATE SKIP LOCKED", relation),
+								   1, argtypes, args, NULL, false, 0);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "looking for stale leases failed: %s", SPI_result_code_string(rc));
+
+		nrows = SPI_processed;
+		MemoryContextSwitchTo(cxt);
+		result = repalloc(result, sizeof(IdemStaleLease) * (total + nrows + 1));
+		memset(result + total, 0, sizeof(IdemStaleLease) * (nrows + 1));
+		for (uint64 i = 0; i < nrows; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			IdemStaleLease *l = &result[total + i];
+			bool		isnull;
+			Datum		d;
+
+			l->tenant = SPI_getvalue(tup, desc, 1);
+			l->endpoint = SPI_getvalue(tup, desc, 2);
+			l->key = SPI_getvalue(tup, desc, 3);
+			d = SPI_getbinval(tup, desc, 4, &isnull);
+			l->fingerprint = isnull ? NULL : DatumGetByteaPCopy(d);
+			d = SPI_getbinval(tup, desc, 5, &isnull);
+			l->created_at = isnull ? 0 : DatumGetTimestampTz(d);
+			l->relation = relation;
+		}
+		total += nrows;
+		SPI_finish();
 	}
-	SPI_finish();
 	*leases = result;
-	return (int) nrows;
+	return (int) total;
 }
 
 int
@@ -1391,6 +1750,7 @@ IdemKeystoreCountStaleLeases(TimestampTz as_of, char ***endpoints,
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+	/* in the Citus mode, through the distributed table: no lock is taken */
 	rc = SPI_execute_with_args("SELECT endpoint, count(*) FROM idempotency.keys"
 							   STALE_LEASES_QUAL
 							   " GROUP BY endpoint ORDER BY endpoint",
@@ -1458,7 +1818,8 @@ IdemKeystoreSettleLease(const IdemStaleLease *lease, TimestampTz as_of,
 			elog(ERROR, "a stale lease cannot become %s", IdemStateName(to));
 	}
 
-	return IdemMaintExec(psprintf("UPDATE idempotency.keys SET %s" STALE_ROW_QUAL,
+	return IdemMaintExec(psprintf("UPDATE %s SET %s" STALE_ROW_QUAL,
+								  lease->relation ? lease->relation : "idempotency.keys",
 								  set_clause),
 						 nargs, types, values, nulls, false, SPI_OK_UPDATE) > 0;
 }
@@ -1495,9 +1856,15 @@ IdemKeystorePurgeDefault(TimestampTz as_of)
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
 
-	return (int64) IdemMaintExec("DELETE FROM ONLY idempotency.keys_default"
-								 " WHERE expires_at <= $1",
-								 1, argtypes, args, NULL, false, SPI_OK_DELETE);
+	int64		n = 0;
+	ListCell   *lc;
+
+	/* in the Citus mode, each local shard of the default partition */
+	foreach(lc, IdemMaintRelations(true))
+		n += (int64) IdemMaintExec(psprintf("DELETE FROM ONLY %s WHERE expires_at <= $1",
+											(char *) lfirst(lc)),
+								   1, argtypes, args, NULL, false, SPI_OK_DELETE);
+	return n;
 }
 
 /* Whether the default partition holds rows whose expires_at is in [lo, hi). */

@@ -120,7 +120,22 @@ typedef struct IdemStaleLease
 	char	   *key;
 	bytea	   *fingerprint;
 	TimestampTz created_at;
+	char	   *relation;		/* qualified name of the table holding it */
 } IdemStaleLease;
+
+/*
+ * Where this node stands with idempotency.keys: an ordinary table of its
+ * own, or a Citus distributed table seen from the coordinator or a worker.
+ */
+typedef enum IdemKeysNode
+{
+	IDEM_KEYS_LOCAL,
+	IDEM_KEYS_CITUS_COORDINATOR,
+	IDEM_KEYS_CITUS_WORKER
+} IdemKeysNode;
+
+extern bool IdemKeystoreDistributed(void);
+extern IdemKeysNode IdemKeystoreNode(void);
 
 /*
  * Lock the stale leases as of as_of, skipping those locked by their holder

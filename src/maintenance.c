@@ -661,7 +661,7 @@ IdemDropPartitions(MaintPass *p, void *arg)
 
 		if (relname == NULL || nspname == NULL)
 			continue;			/* dropped meanwhile */
-		if (t->tombstones != NULL && IdemTombstoneTableExists())
+		if (t->tombstones != NULL && IdemTombstonesActive())
 			tombstoned = t->tombstones(r->relid, p->as_of, false);
 		if (a->names != NIL)
 			appendStringInfoString(&sql, ", ");
@@ -692,7 +692,7 @@ IdemRetention(MaintPass *p, const MaintTable *t)
 
 	IdemStepBegin(p);
 	/* a schema older than 0.3.0 has no tombstones */
-	if (t == &tombstones_table && !IdemTombstoneTableExists())
+	if (t == &tombstones_table && !IdemTombstonesActive())
 	{
 		IdemStepEnd(p);
 		return;
@@ -709,7 +709,7 @@ IdemRetention(MaintPass *p, const MaintTable *t)
 
 			if (relname == NULL)
 				continue;
-			if (t->tombstones != NULL && IdemTombstoneTableExists())
+			if (t->tombstones != NULL && IdemTombstonesActive())
 			{
 				int64		n = t->tombstones(r->relid, p->as_of, true);
 
@@ -748,7 +748,7 @@ IdemPurgeDefault(MaintPass *p)
 	int64		tombstoned = 0;
 
 	IdemStepBegin(p);
-	if (!IdemTombstoneTableExists())
+	if (!IdemTombstonesActive())
 		n = p->preview ? IdemKeystoreCountDefault(NULL, p->as_of) :
 			IdemKeystorePurgeDefault(p->as_of);
 	else if (p->preview)
@@ -775,7 +775,7 @@ IdemPurgeTombstonesDefault(MaintPass *p)
 	int64		n;
 
 	IdemStepBegin(p);
-	if (!IdemTombstoneTableExists())
+	if (!IdemTombstonesActive())
 		n = 0;					/* a schema older than 0.3.0 */
 	else if (p->preview)
 		n = IdemTombstoneCountDefault(NULL, p->as_of);
@@ -1169,13 +1169,26 @@ IdemPassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
 	p->arg = arg;
 }
 
+/*
+ * The steps.  In the Citus mode (README "Citus") stale leases and the
+ * default partition's purge run on every node, on its own shards; only the
+ * coordinator makes and drops partitions, which Citus carries to the shards.
+ */
 static void
 IdemRunSteps(MaintPass *p)
 {
+	IdemKeysNode node;
+
+	IdemStepBegin(p);
+	node = IdemKeystoreNode();
+	IdemStepEnd(p);
 	IdemStaleLeases(p);
 	/* tombstones land in dated partitions, made first */
 	IdemPremake(p, &tombstones_table);
 	IdemPurgeDefault(p);
+	/* a Citus worker: the coordinator makes and drops the partitions */
+	if (node == IDEM_KEYS_CITUS_WORKER)
+		return;
 	IdemPremake(p, &keys_table);
 	IdemRetention(p, &keys_table);
 	IdemRetention(p, &tombstones_table);

@@ -131,12 +131,23 @@ IdemTombstoneRelid(void)
 	}
 }
 
+/*
+ * Whether tombstones are kept at all: the table exists (0.3.0 on), and
+ * idempotency.keys is not distributed by Citus (tombstones are not
+ * distributed: in the Citus mode none is written or read).
+ */
+bool
+IdemTombstonesActive(void)
+{
+	return IdemTombstoneTableExists() && !IdemKeystoreDistributed();
+}
+
 bool
 IdemTombstonesOn(const IdemEndpointPolicy *policy)
 {
 	if (policy->has_tombstone_ttl ? !policy->tombstones_on : idem_tombstone_ttl <= 0)
 		return false;
-	return IdemTombstoneTableExists();
+	return IdemTombstonesActive();
 }
 
 static void
@@ -378,7 +389,7 @@ IdemTombstoneMaxTtl(void)
 	bool		isnull;
 	Datum		d;
 
-	if (!IdemTombstoneTableExists())
+	if (!IdemTombstonesActive())
 		return 0;
 
 	if (SPI_connect() != SPI_OK_CONNECT)

@@ -22,6 +22,7 @@
  * Whether claims of the endpoint honour tombstones (never in a schema
  * older than 0.3.0, which has no table of them).
  */
+extern bool IdemTombstonesActive(void);
 extern bool IdemTombstonesOn(const IdemEndpointPolicy *policy);
 
 /*

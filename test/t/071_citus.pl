@@ -1,7 +1,11 @@
-# The groundwork of the Citus mode (README "Scaling out"): a coordinator and
-# two workers with shared_preload_libraries = 'citus,idempotency' start,
-# take both extensions, and a claim on the coordinator works, on the
-# coordinator's own local table of keys (no Citus mode yet).
+# The Citus mode (README "Scaling out", "Citus"): a coordinator and two
+# workers with shared_preload_libraries = 'citus,idempotency';
+# idempotency.citus_distribute('payments') distributes the keys by tenant,
+# then claims are delegated to the tenant's worker, racing duplicates execute
+# once, a claim for a tenant whose shard is elsewhere is refused (IK421), a
+# shard move carries the keys (and waits for a lease claim in progress),
+# maintenance partitions the whole cluster from the coordinator, and an
+# endpoint policy change reaches a worker backend that had cached it.
 #
 # Citus is built once into a cache by scripts/citus.sh and copied into the
 # private PostgreSQL copy by make test; the test skips where that could not
@@ -11,6 +15,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
 
 plan skip_all => "Citus is not available: $ENV{IDEM_SKIP_CITUS}"
   if $ENV{IDEM_SKIP_CITUS};
@@ -32,6 +37,8 @@ idempotency.maintenance_interval = 3600
 citus.node_conninfo = 'sslmode=prefer'
 max_connections = 40
 });
+	# how a node reaches itself (a shard move copies through it)
+	$node->append_conf('postgresql.conf', "citus.local_hostname = '" . $node->host . "'");
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION citus');
 }
@@ -49,40 +56,265 @@ $coord->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
 is($coord->safe_psql('postgres',
 	q{SELECT extname FROM pg_extension WHERE extname IN ('citus', 'idempotency') ORDER BY 1}),
 	"citus\nidempotency", 'both extensions in the coordinator');
+is($_->safe_psql('postgres', q{SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'}),
+	'1', 'Citus carried CREATE EXTENSION to the worker ' . $_->name)
+  for @workers;
 
-# a claim on the coordinator: atomic, then its replay; lease mode
+# every node's maintenance made its own partitions before Citus mode
+$_->safe_psql('postgres', 'SELECT count(*) FROM idempotency.idem_maintenance()')
+  for $coord, @workers;
+
 my $fp = q{sha256(convert_to('request', 'UTF8'))};
+
+# a distribution column of another collation cannot be colocated with keys
+$coord->safe_psql('postgres', q{
+CREATE TABLE payments (tenant text, k text, amount int);
+SELECT create_distributed_table('payments', 'tenant');
+});
+my ($ret, $out, $err) = $coord->psql('postgres',
+	q{\set VERBOSITY verbose
+SELECT idempotency.citus_distribute('payments')});
+like($err, qr/42804: the distribution column "tenant" of public.payments is text COLLATE "default", not text COLLATE "C".*HINT:.*ALTER TABLE public.payments ALTER COLUMN tenant TYPE text COLLATE "C"/s,
+	'a tenant column that is not text COLLATE "C" is refused, saying what to change');
+$coord->safe_psql('postgres', q{
+SELECT undistribute_table('payments');
+ALTER TABLE payments ALTER COLUMN tenant TYPE text COLLATE "C";
+SELECT create_distributed_table('payments', 'tenant');
+SELECT idempotency.citus_distribute('payments');
+});
+is($coord->safe_psql('postgres', q{
+SELECT string_agg(logicalrelid::text || ' ' || partmethod::text || ' ' ||
+                  (colocationid = (SELECT colocationid FROM pg_dist_partition
+                                   WHERE logicalrelid = 'payments'::regclass))::text, ', '
+                  ORDER BY logicalrelid::text)
+FROM pg_dist_partition
+WHERE logicalrelid IN ('idempotency.keys'::regclass, 'idempotency.endpoints'::regclass)}),
+	'idempotency.endpoints n false, idempotency.keys h true',
+	'keys are distributed colocated with payments, endpoints are a reference table');
+is($coord->safe_psql('postgres', q{
+SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
+WHERE o.classid = 'pg_proc'::regclass AND o.force_delegation
+  AND o.distribution_argument_index = 0 AND p.pronamespace = 'idempotency'::regnamespace}),
+	$coord->safe_psql('postgres', q{
+SELECT count(*) FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace
+  AND proname IN ('idem_claim', 'idem_finish', 'idem_finish_bytes', 'idem_finish_ref', 'idem_fail',
+                  'idem_release', 'idem_heartbeat', 'idem_lookup', 'idem_resolve')}),
+	'the per-key functions are distributed by tenant with force_delegation');
+is($coord->safe_psql('postgres', 'SELECT idempotency.citus_distribute(\'payments\')'), '',
+	'citus_distribute a second time changes nothing');
+
+# where a tenant's keys are: the worker that holds its shard
+sub node_of
+{
+	my ($tenant) = @_;
+	my $port = $coord->safe_psql('postgres', qq{
+SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+WHERE p.shardid = get_shard_id_for_distribution_column('idempotency.keys', '$tenant')});
+	my ($w) = grep { $_->port == $port } @workers;
+	return $w;
+}
+my $home = node_of('acme');
+my ($away) = grep { $_ != $home } @workers;
+
+# the application's unchanged transaction, delegated to the tenant's worker
 is($coord->safe_psql('postgres', qq{
 BEGIN;
 SELECT action FROM idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp);
+INSERT INTO payments VALUES ('acme', 'k1', 100);
 SELECT idempotency.idem_finish('acme', 'POST /payments', 'k1', 201, '{"id": 1}');
 COMMIT;
 SELECT action || ' ' || response_status || ' ' || response_json::text
   FROM idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp);
-SELECT action || ' ' || (lease_token IS NOT NULL)
-  FROM idempotency.idem_claim('acme', 'POST /payments', 'k2', $fp, lease => '1 minute');
 }),
-	"execute\n\nreplay 201 {\"id\": 1}\nexecute true",
-	'a claim on the coordinator executes, then replays; lease mode too');
+	"execute\n\nreplay 201 {\"id\": 1}",
+	'BEGIN; claim; INSERT; finish; COMMIT from the coordinator executes on the worker, then replays');
+is($home->safe_psql('postgres', q{SELECT state FROM idempotency.keys WHERE tenant = 'acme' AND key = 'k1'}),
+	'completed', 'the key is in the tenant\'s shard');
 
-# the keys are the coordinator's local table: Citus does not distribute it
+# forms Citus does not delegate run on the coordinator, which refuses them
+($ret, $out, $err) = $coord->psql('postgres', qq{\\set VERBOSITY verbose
+SELECT (idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)).action});
+like($err, qr/IK421: the keys of tenant "acme" are not on this node.*HINT:.*as a statement of its own/s,
+	'a claim that is not delegated is refused on the coordinator (IK421)');
+# (a worker delegates the plain call form as the coordinator does)
+($ret, $out, $err) = $away->psql('postgres', qq{\\set VERBOSITY verbose
+SELECT (idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)).action});
+like($err, qr/IK421: the keys of tenant "acme" are not on this node/,
+	'a claim on the worker without the tenant\'s shard is refused (IK421)');
+is($away->safe_psql('postgres', qq{
+SELECT action FROM idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)}),
+	'replay', 'the plain call form on that worker is delegated to the tenant\'s worker');
+is($home->safe_psql('postgres', qq{
+SELECT action FROM idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)}),
+	'replay', 'on the worker with the shard, the claim replays');
+
+# 16 clients race duplicates of 8 keys of 4 tenants from the coordinator
+my $dir = PostgreSQL::Test::Utils::tempdir;
+my $script = "$dir/race.sql";
+open(my $fh, '>', $script) or die $!;
+print $fh "\\set ON_ERROR_STOP 1\n";
+for my $t (1 .. 4)
+{
+	for my $k (1 .. 8)
+	{
+		print $fh qq{BEGIN;
+SELECT action = 'execute' AS exec FROM idempotency.idem_claim('race-$t', 'POST /payments', 'key-$k', $fp) \\gset
+\\if :exec
+INSERT INTO payments VALUES ('race-$t', 'key-$k', 1);
+SELECT idempotency.idem_finish('race-$t', 'POST /payments', 'key-$k', 201, '{}');
+\\endif
+COMMIT;
+};
+	}
+}
+close $fh;
+my @runs;
+for my $c (1 .. 16)
+{
+	my ($o, $e) = ('', '');
+	my $h = IPC::Run::start(
+		[ 'psql', '-X', '-q', '-A', '-t', '-d', $coord->connstr('postgres'), '-f', $script ],
+		'>', \$o, '2>', \$e);
+	push @runs, [ $h, \$o, \$e ];
+}
+my $failed = 0;
+for my $r (@runs)
+{
+	$r->[0]->finish;
+	$failed++ if $r->[0]->result != 0 || ${ $r->[2] } ne '';
+	diag(${ $r->[2] }) if ${ $r->[2] } ne '';
+}
+is($failed, 0, '16 clients ran their transactions without an error');
 is($coord->safe_psql('postgres', q{
-SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'idempotency.keys'::regclass}),
-	'0', 'idempotency.keys is a local table of the coordinator');
-is($coord->safe_psql('postgres',
-	q{SELECT count(*) FROM idempotency.keys WHERE tenant = 'acme'}),
-	'2', 'which holds the claims');
+SELECT count(*) || ' ' || count(DISTINCT (tenant, k)) FROM payments WHERE tenant LIKE 'race-%'}),
+	'32 32', 'each of the 32 raced keys executed exactly once');
+is($coord->safe_psql('postgres', q{
+SELECT count(*) FROM idempotency.keys WHERE tenant LIKE 'race-%' AND state = 'completed'}),
+	'32', 'and each is completed');
 
-# Citus propagated CREATE EXTENSION to the workers
-is($_->safe_psql('postgres', q{SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'}),
-	'1', 'the worker ' . $_->name . ' has the extension too')
-  for @workers;
+# lease mode through the delegated functions
+my $token = $coord->safe_psql('postgres', qq{
+SELECT lease_token FROM idempotency.idem_claim('acme', 'POST /payments', 'lease1', $fp, lease => '1 minute')});
+like($token, qr/^-?\d+$/, 'a lease claim from the coordinator returns a token');
+is($coord->safe_psql('postgres', qq{
+SELECT idempotency.idem_heartbeat('acme', 'POST /payments', 'lease1', $token, '1 minute');
+SELECT idempotency.idem_finish('acme', 'POST /payments', 'lease1', 200, '{"lease": 1}', lease_token => $token);
+SELECT state FROM idempotency.idem_lookup('acme', 'POST /payments', 'lease1');
+}) =~ s/^[^\n]+\n//r, "\ncompleted", 'heartbeat, finish and lookup of a lease, delegated');
 
-# and so is every node's: the same request claimed on a worker executes
-# again there (the double execution README "Scaling out" warns of)
-is($workers[0]->safe_psql('postgres', qq{
-SELECT action FROM idempotency.idem_claim('acme', 'POST /payments', 'k2', $fp, lease => '1 minute')}),
-	'execute', 'a worker does not see the coordinator\'s keys: the same key executes there too');
+# a backend of the tenant's worker that has resolved the tenant's shard
+# before the move (the form Citus does not delegate runs on this node)
+my $htimer = IPC::Run::timer(60);
+my ($ho, $he, $hin) = ('', '', '');
+my $hsess = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $home->connstr('postgres') ],
+	'<', \$hin, '>', \$ho, '2>', \$he, $htimer);
+$hin .= "\\set VERBOSITY verbose\nSELECT (idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)).action;\n";
+$hsess->pump until $ho =~ /\n/ || $he ne '' || $htimer->is_expired;
+is($ho . $he, "replay\n", 'a backend of the tenant\'s worker replays the key locally');
+
+
+# claim's transaction on the worker, and carries its key
+my $shard = $coord->safe_psql('postgres',
+	q{SELECT get_shard_id_for_distribution_column('idempotency.keys', 'acme')});
+my ($co, $ce) = ('', '');
+my $ctimer = IPC::Run::timer(60);
+my $claim = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $coord->connstr('postgres') ],
+	'<', \my $cin, '>', \$co, '2>', \$ce, $ctimer);
+$cin = qq{BEGIN;
+SELECT action FROM idempotency.idem_claim('acme', 'POST /payments', 'moving', $fp, lease => '1 minute');
+SELECT 'claimed';
+};
+$claim->pump until $co =~ /claimed/ || $ce ne '' || $ctimer->is_expired;
+my ($mo, $me) = ('', '');
+my $move = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $coord->connstr('postgres'), '-c',
+	  "SELECT citus_move_shard_placement($shard, '" . $home->host . "', " . $home->port . ", '"
+	  . $away->host . "', " . $away->port . ", shard_transfer_mode => 'block_writes')" ],
+	'>', \$mo, '2>', \$me);
+ok($home->poll_query_until('postgres',
+	q{SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ExclusiveLock'}),
+	'the move waits for the shard lock the lease claim holds on the worker');
+$cin .= "COMMIT;\n";
+$claim->finish;
+$move->finish;
+is($ce . $me, '', 'the claim committed and the move finished');
+is(node_of('acme')->port, $away->port, 'the tenant\'s shard is on the other worker now');
+is($coord->safe_psql('postgres', qq{
+SELECT action || ' ' || response_status || ' ' || response_json::text
+  FROM idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp);
+SELECT action FROM idempotency.idem_claim('acme', 'POST /payments', 'moving', $fp);
+SELECT state FROM idempotency.idem_lookup('acme', 'POST /payments', 'moving');}),
+	"replay 201 {\"id\": 1}\nin_progress\nin_progress",
+	'after the move a retry replays, and the lease claimed during the move is still held');
+($ret, $out, $err) = $home->psql('postgres', qq{\\set VERBOSITY verbose
+SELECT (idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)).action});
+like($err, qr/IK421/,
+	'the old worker, where the old shard waits for its deferred drop, refuses the tenant');
+$hin .= "SELECT (idempotency.idem_claim('acme', 'POST /payments', 'k1', $fp)).action;\n";
+$hsess->pump until $he =~ /IK421/ || $ho =~ /\n.*\n/ || $htimer->is_expired;
+$hin .= "\\q\n";
+$hsess->finish;
+like($ho . $he, qr/^replay\n[^\n]*IK421: the keys of tenant "acme" are not on this node/s,
+	'the same backend, which had cached the shard, refuses the tenant after the move');
+$coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
+
+# maintenance: the coordinator makes and drops partitions cluster-wide; a
+# worker's pass makes none
+is($away->safe_psql('postgres',
+	q{SELECT count(*) FROM idempotency.idem_maintenance() WHERE kind IN ('create', 'drop')}),
+	'0', 'a worker\'s maintenance neither makes nor drops partitions');
+my $made = $coord->safe_psql('postgres', q{
+SELECT string_agg(kind, ',' ORDER BY kind) FILTER (WHERE kind = 'create') IS NOT NULL,
+       string_agg(kind, ',' ORDER BY kind) FILTER (WHERE kind = 'drop') IS NOT NULL
+FROM idempotency.idem_maintenance(now() + interval '40 days', preview => false)});
+is($made, 't|t', 'the coordinator\'s pass 40 days on makes and drops partitions');
+is($coord->safe_psql('postgres', q{
+SELECT bool_and(result::int > 0)
+FROM run_command_on_workers($$SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+  WHERE c.relname ~ ('^keys_p' || to_char(now() + interval '41 days', 'YYYYMMDD'))$$)}),
+	't', 'the new partitions reach the shards of every worker');
+is($coord->safe_psql('postgres', q{
+SELECT bool_and(result::int = 0)
+FROM run_command_on_workers($$SELECT count(*) FROM pg_class
+  WHERE relname ~ ('^keys_p' || to_char(now(), 'YYYYMMDD'))$$)}),
+	't', 'the dropped ones leave every worker');
+
+# an endpoint policy change reaches a worker backend that had cached the old
+# one: a session on the tenant's worker claims (which caches the policy),
+# the coordinator changes the policy, the same session claims again
+my $timer = IPC::Run::timer(60);
+my ($eo, $ee, $win) = ('', '', '');
+my $wsess = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $away->connstr('postgres') ],
+	'<', \$win, '>', \$eo, '2>', \$ee, $timer);
+$coord->safe_psql('postgres',
+	q{INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('POST /policy', '2 hours')});
+my $ttl_query = sub {
+	my ($k) = @_;
+	return qq{SELECT round(extract(epoch FROM c.expires_at - now()) / 60) FROM idempotency.idem_claim('acme', 'POST /policy', '$k', $fp, lease => '1 minute') c;\n};
+};
+$win .= $ttl_query->('p1');
+$wsess->pump until $eo =~ /\n/ || $ee ne '' || $timer->is_expired;
+$coord->safe_psql('postgres',
+	q{UPDATE idempotency.endpoints SET ttl = '3 hours' WHERE endpoint = 'POST /policy'});
+$win .= $ttl_query->('p2');
+$wsess->pump until $eo =~ /\n.*\n/ || $ee ne '' || $timer->is_expired;
+$win .= "\\q\n";
+$wsess->finish;
+is($eo . $ee, "120\n180\n", 'the worker backend claimed with the old policy (2 hours), then with the new one (3 hours)');
+
+# stats and health across nodes, as README "Citus" shows them
+is($coord->safe_psql('postgres', q{
+SELECT sum(s.executes)
+FROM run_command_on_all_nodes($$SELECT coalesce(json_agg(s), '[]') FROM idempotency.stats s$$) r,
+     json_to_recordset(r.result::json) AS s(endpoint text, claims bigint, executes bigint, replays bigint)
+WHERE r.success AND s.endpoint = 'POST /payments'}),
+	'35', 'the executes of all nodes add up: k1, 32 raced keys, a lease and the lease claimed during the move');
+is($coord->safe_psql('postgres', q{
+SELECT live_keys FROM idempotency.health WHERE endpoint = 'POST /policy'}),
+	'2', 'health on the coordinator counts the keys of every shard');
 
 $_->stop for @workers, $coord;
 done_testing();
