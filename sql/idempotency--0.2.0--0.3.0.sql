@@ -625,6 +625,15 @@ BEGIN
         PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
     END IF;
 
+    -- the secret of mismatch diagnostics: the coordinator's on every node, so
+    -- that a digest made on one node is read on the node of the tenant
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                   WHERE logicalrelid = 'idempotency.diagnostics_secret'::regclass) THEN
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+        PERFORM pg_catalog.create_reference_table('idempotency.diagnostics_secret');
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
+    END IF;
+
     -- the per-key functions run on the node of the tenant's shard
     FOR f IN
         SELECT p.oid::regprocedure

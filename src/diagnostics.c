@@ -147,7 +147,7 @@ IdemDiagLoadSecret(void)
 		return;
 	if (!diag_callback_registered)
 	{
-		CacheRegisterRelcacheCallback(IdemDiagSecretInvalidate, (Datum) 0);
+		IdemRegisterRelcacheCallback(IdemDiagSecretInvalidate);
 		diag_callback_registered = true;
 	}
 	diag_secret_relid = get_relname_relid("diagnostics_secret",

@@ -169,7 +169,7 @@ IdemGetEndpointPolicy(const char *endpoint)
 		return &endpoint_last->policy;
 	if (!endpoint_callback_registered)
 	{
-		CacheRegisterRelcacheCallback(IdemEndpointCacheReset, (Datum) 0);
+		IdemRegisterRelcacheCallback(IdemEndpointCacheReset);
 		endpoint_callback_registered = true;
 	}
 	if (endpoint_cache != NULL &&

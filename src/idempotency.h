@@ -13,6 +13,7 @@
 #include "postgres.h"
 
 #include "fmgr.h"
+#include "utils/inval.h"
 
 /*
  * SQLSTATEs of the extension's own, in class "IK" (idempotency key).  The
@@ -33,6 +34,8 @@
 /* true when the library was loaded through shared_preload_libraries */
 extern bool IdemPreloaded;
 
+/* one relcache callback of the extension, calling each module's (util.c) */
+extern void IdemRegisterRelcacheCallback(RelcacheCallbackFunction fn);
 extern void IdemRequirePreload(const char *feature);
 
 /*

@@ -224,7 +224,7 @@ IdemRegisterInvalidation(void)
 {
 	if (!probe_callback_registered)
 	{
-		CacheRegisterRelcacheCallback(IdemProbeCacheInvalidate, (Datum) 0);
+		IdemRegisterRelcacheCallback(IdemProbeCacheInvalidate);
 		probe_callback_registered = true;
 	}
 }

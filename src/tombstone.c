@@ -101,7 +101,7 @@ IdemTombstoneRelidIfAny(void)
 {
 	if (!tombstone_callback_registered)
 	{
-		CacheRegisterRelcacheCallback(IdemTombstoneInvalidate, (Datum) 0);
+		IdemRegisterRelcacheCallback(IdemTombstoneInvalidate);
 		tombstone_callback_registered = true;
 	}
 	if (!OidIsValid(tombstones_relid))

@@ -4,7 +4,8 @@
  *	  Helpers every module of the extension shares: the preload and trigger
  *	  checks, subtransactions that catch an error, and the one way the
  *	  extension acts as another role (IdemSwitchUser, and the owner
- *	  sections built on it).  Declared in idempotency.h.
+ *	  sections built on it), and the extension's one relcache callback.
+ *	  Declared in idempotency.h.
  *
  *-------------------------------------------------------------------------
  */
@@ -15,6 +16,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
@@ -102,4 +104,32 @@ IdemEndOwnerSection(IdemOwnerSection *section)
 {
 	AtEOXact_GUC(true, section->guc_nestlevel);
 	IdemRestoreUser(&section->user);
+}
+
+/*
+ * Relcache invalidation for every module that caches something about a
+ * relation.  A backend has room for only a few relcache callbacks (ten in
+ * PostgreSQL 15 to 18), shared with every other library it loads (Citus
+ * takes several): the extension registers one, which calls the modules'.
+ */
+#define IDEM_MAX_RELCACHE_CALLBACKS 8
+
+static RelcacheCallbackFunction idem_relcache_callbacks[IDEM_MAX_RELCACHE_CALLBACKS];
+static int	idem_relcache_ncallbacks = 0;
+
+static void
+IdemRelcacheCallback(Datum arg, Oid relid)
+{
+	for (int i = 0; i < idem_relcache_ncallbacks; i++)
+		idem_relcache_callbacks[i] ((Datum) 0, relid);
+}
+
+void
+IdemRegisterRelcacheCallback(RelcacheCallbackFunction fn)
+{
+	if (idem_relcache_ncallbacks >= IDEM_MAX_RELCACHE_CALLBACKS)
+		elog(ERROR, "too many relcache callbacks of idempotency");
+	if (idem_relcache_ncallbacks == 0)
+		CacheRegisterRelcacheCallback(IdemRelcacheCallback, (Datum) 0);
+	idem_relcache_callbacks[idem_relcache_ncallbacks++] = fn;
 }

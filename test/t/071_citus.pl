@@ -305,13 +305,37 @@ $win .= "\\q\n";
 $wsess->finish;
 is($eo . $ee, "120\n180\n", 'the worker backend claimed with the old policy (2 hours), then with the new one (3 hours)');
 
+# mismatch diagnostics: a digest made on the coordinator is read on the
+# tenant's worker, since citus_distribute gives every node the coordinator's
+# secret (a worker's own secret would refuse it with IK400)
+is($coord->safe_psql('postgres', q{
+SELECT count(DISTINCT r.result) FROM run_command_on_all_nodes(
+    $$SELECT encode(sha256(secret), 'hex') FROM idempotency.diagnostics_secret$$) r WHERE r.success}),
+	'1', 'every node has the same diagnostics secret');
+my $digest = sub {
+	my ($body) = @_;
+	return qq{idempotency.idem_request_digest('acme', 'POST /payments', 'd1', '$body')};
+};
+is($coord->safe_psql('postgres', qq{
+BEGIN;
+SELECT action FROM idempotency.idem_claim('acme', 'POST /payments', 'd1',
+    sha256(convert_to('{"amount": 1}', 'UTF8')), digest => } . $digest->('{"amount": 1}') . qq{);
+SELECT idempotency.idem_finish('acme', 'POST /payments', 'd1', 201, '{"id": 9}');
+COMMIT;
+SELECT action || ' ' || (mismatch -> 'changed')::text
+  FROM idempotency.idem_claim('acme', 'POST /payments', 'd1',
+    sha256(convert_to('{"amount": 2}', 'UTF8')), digest => } . $digest->('{"amount": 2}') . qq{);
+}),
+	"execute\n\nmismatch [\"/amount\"]",
+	'a reused key with another amount names /amount, with digests made on the coordinator');
+
 # stats and health across nodes, as README "Citus" shows them
 is($coord->safe_psql('postgres', q{
 SELECT sum(s.executes)
 FROM run_command_on_all_nodes($$SELECT coalesce(json_agg(s), '[]') FROM idempotency.stats s$$) r,
      json_to_recordset(r.result::json) AS s(endpoint text, claims bigint, executes bigint, replays bigint)
 WHERE r.success AND s.endpoint = 'POST /payments'}),
-	'35', 'the executes of all nodes add up: k1, 32 raced keys, a lease and the lease claimed during the move');
+	'36', 'the executes of all nodes add up: k1, 32 raced keys, a lease, the lease claimed during the move and d1');
 is($coord->safe_psql('postgres', q{
 SELECT live_keys FROM idempotency.health WHERE endpoint = 'POST /policy'}),
 	'2', 'health on the coordinator counts the keys of every shard');
