@@ -890,8 +890,8 @@ IdemHex4(const char *p, const char *end, pg_wchar *cp)
  * its last byte.  \u0000 and lone surrogates are for jsonb's parser to
  * refuse.
  */
-static bool
-IdemUnescape(const char **pp, const char *end, StringInfo buf)
+bool
+IdemJsonUnescape(const char **pp, const char *end, StringInfo buf)
 {
 	const char *p = *pp + 1;
 	char		c;
@@ -999,7 +999,7 @@ IdemTextString(TextScan *ts, const char **s, int *len, bool *escaped)
 		if (buf == NULL)
 			buf = IdemScanBuffer(&ts->scratch);
 		appendBinaryStringInfo(buf, run, p - run);
-		if (!IdemUnescape(&p, end, buf))
+		if (!IdemJsonUnescape(&p, end, buf))
 			return false;
 		run = ++p;
 	}

@@ -64,6 +64,12 @@ extern bool IdemTryCanonicalizeJsonText(StringInfo out, text *json,
  * surrogates, invalid UTF-8, numbers beyond the bounds of the fast path,
  * deep nesting, very long text, a database not in UTF-8.
  */
+/*
+ * The JSON escape whose backslash is at *pp, unescaped onto buf; *pp is
+ * left on its last byte.  False for an escape JSON does not allow.
+ */
+extern bool IdemJsonUnescape(const char **pp, const char *end, StringInfo buf);
+
 extern Jsonb *IdemTryJsonTextToJsonb(const char *s, int len);
 
 /*

@@ -780,60 +780,31 @@ typedef struct DiagCompare
 static void
 IdemDiagAppendToken(StringInfo ptr, const DiagEntry *e, int index)
 {
+	StringInfoData name;
+
 	appendStringInfoChar(ptr, '/');
 	if (e->flags & DIAG_ELEMENT)
 	{
 		appendStringInfo(ptr, "%d", index);
 		return;
 	}
-	for (int i = 0; i < e->namelen; i++)
+	/* the name's canonical escapes undone, then escaped as RFC 6901 wants */
+	initStringInfo(&name);
+	for (const char *p = e->name, *end = e->name + e->namelen; p < end; p++)
 	{
-		char		c = e->name[i];
-
-		if (c == '\\' && i + 1 < e->namelen)
-		{
-			/* RFC 8785 escapes: \" \\ \b \f \n \r \t \u00XX */
-			char		x = e->name[++i];
-
-			switch (x)
-			{
-				case 'b':
-					c = '\b';
-					break;
-				case 'f':
-					c = '\f';
-					break;
-				case 'n':
-					c = '\n';
-					break;
-				case 'r':
-					c = '\r';
-					break;
-				case 't':
-					c = '\t';
-					break;
-				case 'u':
-					if (i + 4 < e->namelen)
-					{
-						char		hex[5];
-
-						memcpy(hex, e->name + i + 1, 4);
-						hex[4] = '\0';
-						c = (char) strtol(hex, NULL, 16);
-						i += 4;
-					}
-					break;
-				default:
-					c = x;
-			}
-		}
-		if (c == '~')
+		if (*p != '\\' || !IdemJsonUnescape(&p, end, &name))
+			appendStringInfoChar(&name, *p);
+	}
+	for (int i = 0; i < name.len; i++)
+	{
+		if (name.data[i] == '~')
 			appendBinaryStringInfo(ptr, "~0", 2);
-		else if (c == '/')
+		else if (name.data[i] == '/')
 			appendBinaryStringInfo(ptr, "~1", 2);
 		else
-			appendStringInfoChar(ptr, c);
+			appendStringInfoChar(ptr, name.data[i]);
 	}
+	pfree(name.data);
 }
 
 static void

@@ -12,6 +12,7 @@
 
 #include "postgres.h"
 
+#include "datatype/timestamp.h"
 #include "fmgr.h"
 #include "utils/inval.h"
 
@@ -34,6 +35,9 @@
 /* true when the library was loaded through shared_preload_libraries */
 extern bool IdemPreloaded;
 
+/* rows of a default partition expiring in a range (util.c) */
+extern int64 IdemCountExpiring(const char *qname, const TimestampTz *lo,
+							 TimestampTz hi);
 /* one relcache callback of the extension, calling each module's (util.c) */
 extern void IdemRegisterRelcacheCallback(RelcacheCallbackFunction fn);
 extern void IdemRequirePreload(const char *feature);

@@ -1827,27 +1827,7 @@ IdemKeystoreSettleLease(const IdemStaleLease *lease, TimestampTz as_of,
 int64
 IdemKeystoreCountDefault(const TimestampTz *lo, TimestampTz hi)
 {
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(hi), TimestampTzGetDatum(lo ? *lo : 0)};
-	bool		isnull;
-	int64		count;
-	int			rc;
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args(lo ?
-							   "SELECT count(*) FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at >= $2 AND expires_at < $1" :
-							   "SELECT count(*) FROM ONLY idempotency.keys_default"
-							   " WHERE expires_at <= $1",
-							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "counting rows of idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	count = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-										SPI_tuptable->tupdesc, 1, &isnull));
-	SPI_finish();
-	return count;
+	return IdemCountExpiring("idempotency.keys_default", lo, hi);
 }
 
 int64

@@ -12,6 +12,8 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "commands/trigger.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -19,6 +21,7 @@
 #include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/timestamp.h"
 
 #include "idempotency.h"
 
@@ -132,4 +135,35 @@ IdemRegisterRelcacheCallback(RelcacheCallbackFunction fn)
 	if (idem_relcache_ncallbacks == 0)
 		CacheRegisterRelcacheCallback(IdemRelcacheCallback, (Datum) 0);
 	idem_relcache_callbacks[idem_relcache_ncallbacks++] = fn;
+}
+
+/*
+ * Rows of the table qname (a default partition: counted ONLY) whose
+ * expires_at is in [*lo, hi), or, with lo NULL, at most hi.  Maintenance
+ * counts with it what it would move or purge.
+ */
+int64
+IdemCountExpiring(const char *qname, const TimestampTz *lo, TimestampTz hi)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(hi), TimestampTzGetDatum(lo ? *lo : 0)};
+	bool		isnull;
+	int64		count;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(psprintf(lo ?
+										"SELECT count(*) FROM ONLY %s"
+										" WHERE expires_at >= $2 AND expires_at < $1" :
+										"SELECT count(*) FROM ONLY %s"
+										" WHERE expires_at <= $1", qname),
+							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "counting rows of %s failed: %s",
+			 qname, SPI_result_code_string(rc));
+	count = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return count;
 }
