@@ -556,6 +556,7 @@ DECLARE
     want_coloc integer;
     r record;
     f regprocedure;
+    ref regclass;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'Citus is not installed in this database'
@@ -617,22 +618,17 @@ BEGIN
                                                     colocate_with => colocate_with::text);
     END IF;
 
-    -- endpoints: one policy on every node; its triggers go to the shards
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
-                   WHERE logicalrelid = 'idempotency.endpoints'::regclass) THEN
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
-        PERFORM pg_catalog.create_reference_table('idempotency.endpoints');
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
-    END IF;
-
-    -- the secret of mismatch diagnostics: the coordinator's on every node, so
-    -- that a digest made on one node is read on the node of the tenant
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
-                   WHERE logicalrelid = 'idempotency.diagnostics_secret'::regclass) THEN
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
-        PERFORM pg_catalog.create_reference_table('idempotency.diagnostics_secret');
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
-    END IF;
+    -- reference tables, the coordinator's rows on every node, their triggers
+    -- on the shards: endpoints, one policy everywhere; the secret of mismatch
+    -- diagnostics, so that a digest made on one node is read on the tenant's
+    FOREACH ref IN ARRAY ARRAY['idempotency.endpoints', 'idempotency.diagnostics_secret']::regclass[]
+    LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ref) THEN
+            PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+            PERFORM pg_catalog.create_reference_table(ref);
+            PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
+        END IF;
+    END LOOP;
 
     -- the per-key functions run on the node of the tenant's shard
     FOR f IN
