@@ -35,6 +35,9 @@
 /* true when the library was loaded through shared_preload_libraries */
 extern bool IdemPreloaded;
 
+/* one statement through SPI, checked (util.c) */
+extern uint64 IdemSpiExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
+						  const char *nulls, bool read_only, int expected);
 /* rows of a default partition expiring in a range (util.c) */
 extern int64 IdemCountExpiring(const char *qname, const TimestampTz *lo,
 							 TimestampTz hi);

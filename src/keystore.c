@@ -1653,28 +1653,6 @@ IdemMaintRelations(bool dflt)
 	return result;
 }
 
-/*
- * Run one statement of maintenance's through SPI, connected for it alone;
- * raises unless SPI answers expected, and returns the rows processed.
- */
-static uint64
-IdemMaintExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
-			  const char *nulls, bool read_only, int expected)
-{
-	uint64		processed;
-	int			rc;
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args(sql, nargs, argtypes, args, nulls, read_only, 0);
-	if (rc != expected)
-		elog(ERROR, "statement on idempotency.keys failed: %s: %s",
-			 SPI_result_code_string(rc), sql);
-	processed = SPI_processed;
-	SPI_finish();
-	return processed;
-}
-
 int
 IdemKeystoreStaleLeases(TimestampTz as_of, IdemStaleLease **leases)
 {
@@ -1818,10 +1796,10 @@ IdemKeystoreSettleLease(const IdemStaleLease *lease, TimestampTz as_of,
 			elog(ERROR, "a stale lease cannot become %s", IdemStateName(to));
 	}
 
-	return IdemMaintExec(psprintf("UPDATE %s SET %s" STALE_ROW_QUAL,
-								  lease->relation ? lease->relation : "idempotency.keys",
-								  set_clause),
-						 nargs, types, values, nulls, false, SPI_OK_UPDATE) > 0;
+	return IdemSpiExec(psprintf("UPDATE %s SET %s" STALE_ROW_QUAL,
+								lease->relation ? lease->relation : "idempotency.keys",
+								set_clause),
+					   nargs, types, values, nulls, false, SPI_OK_UPDATE) > 0;
 }
 
 int64
@@ -1841,9 +1819,9 @@ IdemKeystorePurgeDefault(TimestampTz as_of)
 
 	/* in the Citus mode, each local shard of the default partition */
 	foreach(lc, IdemMaintRelations(true))
-		n += (int64) IdemMaintExec(psprintf("DELETE FROM ONLY %s WHERE expires_at <= $1",
-											(char *) lfirst(lc)),
-								   1, argtypes, args, NULL, false, SPI_OK_DELETE);
+		n += (int64) IdemSpiExec(psprintf("DELETE FROM ONLY %s WHERE expires_at <= $1",
+										  (char *) lfirst(lc)),
+								 1, argtypes, args, NULL, false, SPI_OK_DELETE);
 	return n;
 }
 
@@ -1854,9 +1832,9 @@ IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi)
 	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
 
-	return IdemMaintExec("SELECT 1 FROM ONLY idempotency.keys_default"
-						 " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
-						 2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
+	return IdemSpiExec("SELECT 1 FROM ONLY idempotency.keys_default"
+					   " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
+					   2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
 }
 
 /*
@@ -1870,11 +1848,11 @@ IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
 	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
 
-	return (int64) IdemMaintExec(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
-										  " WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
-										  " INSERT INTO %s SELECT * FROM moved",
-										  qname),
-								 2, argtypes, args, NULL, false, SPI_OK_INSERT);
+	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
+										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
+										" INSERT INTO %s SELECT * FROM moved",
+										qname),
+							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
 }
 
 /*
@@ -1923,9 +1901,9 @@ IdemKeystoreTombstones(Oid relid, TimestampTz as_of, bool count_only)
 	int64		n;
 
 	if (!count_only)
-		return (int64) IdemMaintExec(psprintf(IDEM_TOMBSTONE_INSERT_SQL "%s",
-											  IdemTombstoneSourceSql(source)),
-									 1, argtypes, args, NULL, false, SPI_OK_INSERT);
+		return (int64) IdemSpiExec(psprintf(IDEM_TOMBSTONE_INSERT_SQL "%s",
+											IdemTombstoneSourceSql(source)),
+								   1, argtypes, args, NULL, false, SPI_OK_INSERT);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	if (SPI_execute_with_args(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),

@@ -362,25 +362,6 @@ IdemTombstoneSourceSql(const char *source)
 					source, idem_tombstone_ttl);
 }
 
-/* One statement of maintenance's through SPI, as keystore.c runs them. */
-static uint64
-IdemTombstoneExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
-				  bool read_only, int expected)
-{
-	uint64		processed;
-	int			rc;
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args(sql, nargs, argtypes, args, NULL, read_only, 0);
-	if (rc != expected)
-		elog(ERROR, "statement on idempotency.tombstones failed: %s: %s",
-			 SPI_result_code_string(rc), sql);
-	processed = SPI_processed;
-	SPI_finish();
-	return processed;
-}
-
 /* Seconds of the longest tombstone_ttl: the setting's or an endpoint's. */
 int64
 IdemTombstoneMaxTtl(void)
@@ -417,9 +398,9 @@ IdemTombstonePurgeDefault(TimestampTz as_of)
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
 
-	return (int64) IdemTombstoneExec("DELETE FROM ONLY idempotency.tombstones_default"
-									 " WHERE expires_at <= $1",
-									 1, argtypes, args, false, SPI_OK_DELETE);
+	return (int64) IdemSpiExec("DELETE FROM ONLY idempotency.tombstones_default"
+							   " WHERE expires_at <= $1",
+							   1, argtypes, args, NULL, false, SPI_OK_DELETE);
 }
 
 bool
@@ -428,9 +409,9 @@ IdemTombstoneDefaultHasRows(TimestampTz lo, TimestampTz hi)
 	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
 
-	return IdemTombstoneExec("SELECT 1 FROM ONLY idempotency.tombstones_default"
-							 " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
-							 2, argtypes, args, false, SPI_OK_SELECT) > 0;
+	return IdemSpiExec("SELECT 1 FROM ONLY idempotency.tombstones_default"
+					   " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
+					   2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
 }
 
 int64
@@ -439,9 +420,9 @@ IdemTombstoneMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
 	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
 
-	return (int64) IdemTombstoneExec(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.tombstones_default"
-											  " WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
-											  " INSERT INTO %s SELECT * FROM moved",
-											  qname),
-									 2, argtypes, args, false, SPI_OK_INSERT);
+	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.tombstones_default"
+										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
+										" INSERT INTO %s SELECT * FROM moved",
+										qname),
+							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
 }

@@ -167,3 +167,25 @@ IdemCountExpiring(const char *qname, const TimestampTz *lo, TimestampTz hi)
 	SPI_finish();
 	return count;
 }
+
+/*
+ * Run one statement through SPI, connected for it alone (maintenance's
+ * statements, the rarer changes of a row); raises unless SPI answers
+ * expected, and returns the rows processed.
+ */
+uint64
+IdemSpiExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
+			const char *nulls, bool read_only, int expected)
+{
+	uint64		processed;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(sql, nargs, argtypes, args, nulls, read_only, 0);
+	if (rc != expected)
+		elog(ERROR, "statement failed: %s: %s", SPI_result_code_string(rc), sql);
+	processed = SPI_processed;
+	SPI_finish();
+	return processed;
+}
