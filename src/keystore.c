@@ -1829,12 +1829,7 @@ IdemKeystorePurgeDefault(TimestampTz as_of)
 bool
 IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi)
 {
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
-
-	return IdemSpiExec("SELECT 1 FROM ONLY idempotency.keys_default"
-					   " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
-					   2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
+	return IdemExpiringExists("idempotency.keys_default", lo, hi);
 }
 
 /*
@@ -1845,14 +1840,7 @@ IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi)
 int64
 IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
 {
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
-
-	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.keys_default"
-										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
-										" INSERT INTO %s SELECT * FROM moved",
-										qname),
-							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
+	return IdemExpiringMove("idempotency.keys_default", lo, hi, qname);
 }
 
 /*

@@ -406,23 +406,11 @@ IdemTombstonePurgeDefault(TimestampTz as_of)
 bool
 IdemTombstoneDefaultHasRows(TimestampTz lo, TimestampTz hi)
 {
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
-
-	return IdemSpiExec("SELECT 1 FROM ONLY idempotency.tombstones_default"
-					   " WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
-					   2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
+	return IdemExpiringExists("idempotency.tombstones_default", lo, hi);
 }
 
 int64
 IdemTombstoneMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
 {
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
-
-	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY idempotency.tombstones_default"
-										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
-										" INSERT INTO %s SELECT * FROM moved",
-										qname),
-							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
+	return IdemExpiringMove("idempotency.tombstones_default", lo, hi, qname);
 }

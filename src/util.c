@@ -189,3 +189,35 @@ IdemSpiExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
 	SPI_finish();
 	return processed;
 }
+
+/* Whether the table qname (ONLY) holds rows whose expires_at is in [lo, hi). */
+bool
+IdemExpiringExists(const char *qname, TimestampTz lo, TimestampTz hi)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
+
+	return IdemSpiExec(psprintf("SELECT 1 FROM ONLY %s"
+								" WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
+								qname),
+					   2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
+}
+
+/*
+ * Move the rows of the table qname (ONLY: a default partition) whose
+ * expires_at is in [lo, hi) into the table target (a partition about to be
+ * attached); returns how many.
+ */
+int64
+IdemExpiringMove(const char *qname, TimestampTz lo, TimestampTz hi,
+				 const char *target)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
+
+	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY %s"
+										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
+										" INSERT INTO %s SELECT * FROM moved",
+										qname, target),
+							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
+}
