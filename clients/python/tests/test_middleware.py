@@ -74,8 +74,9 @@ class Middleware(unittest.IsolatedAsyncioTestCase):
         return [r[0] for r in await cur.fetchall()]
 
     def key(self):
-        self._n = getattr(self, "_n", 0) + 1
-        return f"py{os.getpid()}-{id(self) % 100000}-{self._n}-{asyncio.get_running_loop().time():.0f}"
+        # unique across tests: each test is a new instance, which may get the
+        # address of the one before it, and the database keeps their keys
+        return f"py-{uuid.uuid4().hex}"
 
     async def test_execute_then_replay(self):
         c, key = self.client(exclude=["/metadata/request_ts"]), self.key()
