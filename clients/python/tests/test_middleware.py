@@ -43,6 +43,7 @@ def build_app(pool, hooks, runs, admin, **options):
     app.post("/v1/charges")(handler)
     app.post("/v1/charges/{cid}/capture")(handler)
     app.post("/v1/policy")(handler)
+    app.post("/v1/expiring")(handler)
     return app
 
 
@@ -233,6 +234,23 @@ class Middleware(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(r.status_code, 200)
             self.assertEqual(self.runs[key], 2)
             self.assertEqual(await self.rows(key), [r.json()["id"]])
+
+    async def test_expired_key_per_policy(self):
+        # an expired key whose endpoint answers its reuse with a conflict: the
+        # same request gets 409 key_expired, another one is refused as reused
+        await self.admin.execute("INSERT INTO idempotency.endpoints (endpoint, on_expired_reuse) "
+                                 "VALUES ('POST /v1/expiring', 'conflict') "
+                                 "ON CONFLICT (endpoint) DO UPDATE SET on_expired_reuse = 'conflict'")
+        c, key = self.client(ttl="1 second"), self.key()
+        h = {"Idempotency-Key": key}
+        self.assertEqual((await c.post("/v1/expiring", json={"amount": 12}, headers=h)).status_code, 200)
+        await asyncio.sleep(1.2)
+        r = await c.post("/v1/expiring", json={"amount": 12}, headers=h)
+        self.assertEqual((r.status_code, r.json()["error"]["code"], r.headers["stripe-should-retry"]),
+                         (409, "key_expired", "false"))
+        r = await c.post("/v1/expiring", json={"amount": 13}, headers=h)
+        self.assertEqual((r.status_code, r.json()["error"]["code"]), (400, "idempotency_key_reuse"))
+        self.assertEqual(self.runs[key], 1)
 
     async def test_killed_backend_runs_again(self):
         c, key = self.client(), self.key()
