@@ -68,7 +68,9 @@ BEGIN
 END
 $$;
 
--- Every live key of the tenant, in (endpoint, key) order.
+-- Every live key of the tenant, in (endpoint, key) order, without
+-- request_digest (mismatch diagnostics, below), which the import compares
+-- without too.
 CREATE FUNCTION idempotency.idem_export_keys(tenant text)
 RETURNS SETOF jsonb
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -77,7 +79,10 @@ AS $$
 BEGIN
     PERFORM idempotency.idem_transfer_check_tenant(tenant);
     RETURN QUERY
-        SELECT pg_catalog.to_jsonb(k)
+        -- without request_digest: with idem_request_digest it would let the
+        -- holder test guesses of the request's values, and another
+        -- database's secret could not read it anyway
+        SELECT pg_catalog.to_jsonb(k) OPERATOR(pg_catalog.-) 'request_digest'
         FROM idempotency.keys k
         WHERE k.tenant = idem_export_keys.tenant
           AND k.expires_at > pg_catalog.now()
@@ -169,7 +174,8 @@ BEGIN
         WHERE k.key = r.key AND k.endpoint = r.endpoint AND k.tenant = r.tenant
           AND k.expires_at > pg_catalog.now();
         IF FOUND THEN
-            IF pg_catalog.to_jsonb(cur) = pg_catalog.to_jsonb(r) THEN
+            IF pg_catalog.to_jsonb(cur) OPERATOR(pg_catalog.-) 'request_digest'
+               = pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.-) 'request_digest' THEN
                 n_unchanged := n_unchanged + 1;
             ELSIF on_conflict = 'keep' THEN
                 n_kept := n_kept + 1;
@@ -346,140 +352,6 @@ FROM live l
 FULL JOIN counters c ON c.endpoint = l.endpoint
 ORDER BY 1;
 GRANT SELECT ON idempotency.stats, idempotency.health TO idempotency_admin;
-
--- export leaves request_digest out; import compares without it
-CREATE OR REPLACE FUNCTION idempotency.idem_export_keys(tenant text)
-RETURNS SETOF jsonb
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM idempotency.idem_transfer_check_tenant(tenant);
-    RETURN QUERY
-        -- without request_digest: with idem_request_digest it would let the
-        -- holder test guesses of the request's values, and another
-        -- database's secret could not read it anyway
-        SELECT pg_catalog.to_jsonb(k) OPERATOR(pg_catalog.-) 'request_digest'
-        FROM idempotency.keys k
-        WHERE k.tenant = idem_export_keys.tenant
-          AND k.expires_at > pg_catalog.now()
-        ORDER BY k.endpoint, k.key;
-END
-$$;
-COMMENT ON FUNCTION idempotency.idem_export_keys(text) IS
-    'Every live key of a tenant, one jsonb object per key, for idem_import_keys in another database';
-
--- Write keys exported by idem_export_keys (a jsonb array of them, or one
--- object).  A key whose live row here has the same content is left alone
--- (so that an import can run twice), one already expired is skipped, and a
--- live row with other content is never overwritten: an error (IK409), or
--- with on_conflict => 'keep' counted and left as it is.  One row per
--- outcome: inserted, unchanged, kept, expired.
---
--- Claims serialise on a lock of their scope that SQL cannot take; the
--- import locks idempotency.keys instead (ACCESS EXCLUSIVE, until the
--- transaction ends), which waits for every transaction that holds a claim
--- of this database and holds back new ones, and it reads what committed
--- before with a statement snapshot, which needs READ COMMITTED.
-CREATE OR REPLACE FUNCTION idempotency.idem_import_keys(keys jsonb, on_conflict text DEFAULT 'error')
-RETURNS TABLE (outcome text, rows bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    items jsonb := idem_import_keys.keys;
-    item jsonb;
-    pos bigint := 0;
-    r idempotency.keys;
-    cur idempotency.keys;
-    n_inserted bigint := 0;
-    n_unchanged bigint := 0;
-    n_kept bigint := 0;
-    n_expired bigint := 0;
-BEGIN
-    IF on_conflict IS NULL OR on_conflict NOT IN ('error', 'keep') THEN
-        RAISE EXCEPTION 'invalid value for on_conflict: "%"', on_conflict
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Valid values are "error" and "keep".';
-    END IF;
-    IF items IS NULL THEN
-        RAISE EXCEPTION 'keys to import must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF pg_catalog.jsonb_typeof(items) = 'object' THEN
-        items := pg_catalog.jsonb_build_array(items);
-    ELSIF pg_catalog.jsonb_typeof(items) <> 'array' THEN
-        RAISE EXCEPTION 'keys to import must be a JSON array or object'
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Pass what idem_export_keys returns: one object per key, or an array of them (jsonb_agg).';
-    END IF;
-    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'idem_import_keys must run at isolation level READ COMMITTED'
-            USING ERRCODE = 'active_sql_transaction',
-                  DETAIL = 'The import must see every key committed before it took its lock, which a transaction snapshot taken earlier would hide.';
-    END IF;
-
-    LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE;
-
-    FOR item IN SELECT e.value FROM pg_catalog.jsonb_array_elements(items) e
-    LOOP
-        pos := pos + 1;
-        IF pg_catalog.jsonb_typeof(item) <> 'object' THEN
-            RAISE EXCEPTION 'element % of the keys to import is not a JSON object', pos
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        r := pg_catalog.jsonb_populate_record(NULL::idempotency.keys, item);
-        PERFORM idempotency.idem_transfer_check_tenant(r.tenant);
-        IF r.endpoint IS NULL OR r.endpoint = ''
-           OR NOT coalesce(idempotency.idem_key_valid(r.key), false) THEN
-            RAISE EXCEPTION 'element % of the keys to import has no valid endpoint and key', pos
-                USING ERRCODE = 'IK400',
-                      DETAIL = 'Every key is scoped by tenant and endpoint; neither may be empty, and the key must be well-formed.';
-        END IF;
-        IF r.expires_at IS NULL OR r.created_at IS NULL THEN
-            RAISE EXCEPTION 'element % of the keys to import has no created_at or expires_at', pos
-                USING ERRCODE = 'IK400';
-        END IF;
-
-        IF r.expires_at <= pg_catalog.now() THEN
-            n_expired := n_expired + 1;
-            CONTINUE;
-        END IF;
-
-        SELECT * INTO cur
-        FROM idempotency.keys k
-        WHERE k.key = r.key AND k.endpoint = r.endpoint AND k.tenant = r.tenant
-          AND k.expires_at > pg_catalog.now();
-        IF FOUND THEN
-            IF pg_catalog.to_jsonb(cur) OPERATOR(pg_catalog.-) 'request_digest'
-               = pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.-) 'request_digest' THEN
-                n_unchanged := n_unchanged + 1;
-            ELSIF on_conflict = 'keep' THEN
-                n_kept := n_kept + 1;
-            ELSE
-                RAISE EXCEPTION 'element % of the keys to import differs from the live key of its scope', pos
-                    USING ERRCODE = 'IK409',
-                          DETAIL = pg_catalog.format('Key %s of tenant "%s" and endpoint "%s" is %s here; the import never overwrites a live key.',
-                                                     idempotency.idem_key_hash(r.tenant, r.endpoint, r.key),
-                                                     r.tenant, r.endpoint, cur.state),
-                          HINT = 'Compare the two with idem_lookup, or pass on_conflict => ''keep'' to keep the keys already here.';
-            END IF;
-            CONTINUE;
-        END IF;
-
-        -- an expired row of the scope would hold its partition's unique index
-        DELETE FROM idempotency.keys k
-        WHERE k.key = r.key AND k.endpoint = r.endpoint AND k.tenant = r.tenant;
-        INSERT INTO idempotency.keys SELECT r.*;
-        n_inserted := n_inserted + 1;
-    END LOOP;
-
-    RETURN QUERY VALUES ('inserted', n_inserted), ('unchanged', n_unchanged),
-                        ('kept', n_kept), ('expired', n_expired);
-END
-$$;
-COMMENT ON FUNCTION idempotency.idem_import_keys(jsonb, text) IS
-    'Write keys exported by idem_export_keys, keeping expires_at; never overwrites a live key with other content';
 
 CREATE TABLE idempotency.diagnostics_secret (
     one     boolean PRIMARY KEY DEFAULT true CHECK (one),
