@@ -246,7 +246,7 @@ my $relations = $node->safe_psql('doc_ref', q{
 for my $row (split /\n/, $relations)
 {
 	my ($name, $kind) = split /\t/, $row;
-	like($ref, qr/^\| `idempotency\.\Q$name\E` \| $kind \|/m, "doc/reference.md lists the $kind idempotency.$name");
+	ok(scalar($ref =~ qr/^\| `idempotency\.\Q$name\E` \| $kind \|/m), "doc/reference.md lists the $kind idempotency.$name");
 }
 
 # settings: every idempotency.* the server knows (encryption_key is hidden
@@ -262,7 +262,7 @@ for my $row (@settings)
 {
 	my ($name, $context) = split /\t/, $row;
 	$known{$name} = 1;
-	like($ref, qr/^\| `\Q$name\E` \| [^|]+ \| \Q$set_by{$context}\E \|/m,
+	ok(scalar($ref =~ qr/^\| `\Q$name\E` \| [^|]+ \| \Q$set_by{$context}\E \|/m),
 		"doc/reference.md lists the setting $name, set by $set_by{$context}");
 }
 my ($settings_section) = $ref =~ /^## Settings\n(.*?)^## /ms;
@@ -287,7 +287,7 @@ for my $src (glob('src/*.c'), glob('src/*.h'), glob('sql/parts/*.sql'))
 cmp_ok(scalar(keys %codes), '>=', 20, 'the sources raise errors');
 for my $code (sort keys %codes)
 {
-	like($ref, qr/^\| `\Q$code\E`|^\| `[0-9A-Z]{5}` `\Q$code\E`|^\| `\Q$code\E` `/m,
+	ok(scalar($ref =~ qr/^\| `\Q$code\E`|^\| `[0-9A-Z]{5}` `\Q$code\E`|^\| `\Q$code\E` `/m),
 		"doc/reference.md lists the SQLSTATE $code (raised in $codes{$code})");
 }
 
