@@ -24,7 +24,7 @@ use Test::More;
 my @files = ('README.md', 'CHANGELOG.md', 'CONTRIBUTING.md', sort glob('doc/*.md'));
 for my $f (@files)
 {
-	BAIL_OUT("$f not found (run from the top of the source tree)") unless -f $f;
+	die "$f not found (the test runs from the top of the source tree)\n" unless -f $f;
 }
 
 # Read one Markdown file into a list of steps: [kind, line, text], kind
