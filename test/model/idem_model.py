@@ -111,7 +111,8 @@ LEVELS = ['READ COMMITTED', 'REPEATABLE READ', 'SERIALIZABLE']
 
 TOKENS = ['right', 'right', 'wrong', 'none']
 # the calls of a session, claims and finishes more often than the others
-OPS = ['claim'] * 5 + ['finish'] * 3 + ['fail', 'release', 'heartbeat', 'resolve', 'lookup']
+OPS = ['request'] * 4 + ['claim'] * 4 + ['finish'] * 3 + ['fail', 'release', 'heartbeat',
+                                                          'resolve', 'lookup']
 OP_ARGS = {
     'claim': [('fp', st.integers(0, 1)), ('ttl', st.sampled_from(TTLS)),
               ('lease', st.sampled_from(LEASES))],
@@ -122,6 +123,9 @@ OP_ARGS = {
     'heartbeat': [('token', st.sampled_from(TOKENS)), ('extend', st.sampled_from(EXTENDS))],
     'resolve': [('status', st.sampled_from(STATUSES)), ('body', st.integers(0, 3))],
     'lookup': [],
+    'request': [('fp', st.integers(0, 1)), ('ttl', st.sampled_from(TTLS)),
+                ('lease', st.sampled_from(LEASES)), ('status', st.sampled_from(STATUSES)),
+                ('body', st.integers(0, 3))],
 }
 
 
@@ -823,8 +827,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         kw = {name: data.draw(strategy, label=name) for name, strategy in OP_ARGS[op]}
         getattr(self, 'do_' + op)(s, data, **kw)
 
-    def do_claim(self, s, data, fp, ttl, lease):
-        scope = self.pick_scope(data)
+    def do_claim(self, s, data, fp, ttl, lease, scope=None):
+        """Returns the claim's answer (action, lease_token), or None."""
+        scope = scope or self.pick_scope(data)
         t, e, k = scope
         r = self.run(s, 'claim %r fp=%d ttl=%s lease=%s' % (scope, fp, ttl and ttl[0], lease and lease[0]),
                      """SELECT action, http_status, error_code, retry_after, response_status,
@@ -880,17 +885,31 @@ class ProtocolMachine(RuleBasedStateMachine):
                                          % (scope, retry_after, a, b))
             elif retry_after is not None:
                 raise AssertionError('claim %r: retry_after %r' % (scope, retry_after))
+        return action, lease_token
 
-    def do_finish(self, s, data, token, status, body, headers):
-        scope = self.pick_scope(data)
+    def do_finish(self, s, data, token, status, body, headers, scope=None):
+        scope = scope or self.pick_scope(data)
         t, e, k = scope
-        tok = self.token_for(s, scope, token)
+        tok = self.token_for(s, scope, token) if isinstance(token, str) else token
         body_j = {'r': body}
         hdr = {'X-Model': str(body)} if headers else None
         self.run(s, 'finish %r token=%s' % (scope, token),
                  'SELECT idempotency.idem_finish(%s, %s, %s, %s, %s::jsonb, %s::jsonb, lease_token => %s)',
                  (t, e, k, status, json.dumps(body_j), hdr and json.dumps(hdr), tok),
                  lambda lo, hi: self.m.finish(s, scope, tok, status, body_j, hdr, lo, hi))
+
+    def do_request(self, s, data, fp, ttl, lease, status, body):
+        """A request as an application makes it: in a transaction of its
+        own unless the session is in one, claim; on execute, finish (with
+        the lease token in lease mode); commit."""
+        own = not self.m.sessions[s].in_txn
+        if own:
+            self.do_begin(data, s)
+        answer = self.do_claim(s, data, fp, ttl, lease)
+        if answer is not None and answer[0] == 'execute':
+            self.do_finish(s, data, answer[1], status, body, False, scope=self.recent[-1])
+        if own:
+            self.do_commit(data, s)
 
     def do_fail(self, s, data, token, outcome):
         scope = self.pick_scope(data)
@@ -954,18 +973,20 @@ class ProtocolMachine(RuleBasedStateMachine):
             raise AssertionError('lookup %r: the model expects %r, the server answered %r'
                                  % (scope, want, got))
 
-    def do_begin(self, data):
+    def do_begin(self, data, s=None):
         level = data.draw(st.sampled_from(LEVELS), label='level')
-        idle = [i for i, x in enumerate(self.m.sessions) if not x.in_txn]
-        s = data.draw(st.sampled_from(idle), label='session')
+        if s is None:
+            idle = [i for i, x in enumerate(self.m.sessions) if not x.in_txn]
+            s = data.draw(st.sampled_from(idle), label='session')
         self.last_session = s
         rows, err, lo, hi = call(self.h.sessions[s], 'BEGIN ISOLATION LEVEL ' + level)
         self.expect('begin', None, err)
         self.m.begin(s, level)
 
-    def do_commit(self, data):
-        busy = [i for i, x in enumerate(self.m.sessions) if x.in_txn]
-        s = data.draw(st.sampled_from(busy), label='session')
+    def do_commit(self, data, s=None):
+        if s is None:
+            busy = [i for i, x in enumerate(self.m.sessions) if x.in_txn]
+            s = data.draw(st.sampled_from(busy), label='session')
         rows, err, lo, hi = call(self.h.sessions[s], 'COMMIT')
         try:
             self.m.commit(s)
