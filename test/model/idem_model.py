@@ -222,32 +222,55 @@ class Tomb:
 
 
 class Pending:
-    __slots__ = ('fp', 'created_at', 'expires_at', 'done')
+    """An atomic claim of the transaction that holds its scope lock
+    (claim.c PendingClaim): nest, the subtransaction level whose lock it is;
+    done, 0 while unfinished, else the level that finished, failed or
+    released it."""
+    __slots__ = ('scope', 'fp', 'created_at', 'expires_at', 'nest', 'done')
 
-    def __init__(self, fp, created_at, expires_at):
-        self.fp, self.created_at, self.expires_at, self.done = fp, created_at, expires_at, False
+    def __init__(self, scope, fp, created_at, expires_at, nest):
+        self.scope, self.fp, self.created_at, self.expires_at = scope, fp, created_at, expires_at
+        self.nest, self.done = nest, 0
+
+    def copy(self):
+        p = Pending(self.scope, self.fp, self.created_at, self.expires_at, self.nest)
+        p.done = self.done
+        return p
 
 
 class Session:
     def __init__(self):
-        self.in_txn = False
-        self.aborted = False
-        self.level = None
-        self.overlay = {}       # scope -> list of Row: what this transaction wrote
-        self.pending = {}       # scope -> Pending (atomic claims)
-        self.row_locks = set()  # scopes whose committed live row this transaction locked
-        self.expired_locks = set()  # scopes whose committed expired rows it deleted
-        self.scope_locks = set()
+        self.end_txn()
 
     def end_txn(self):
         self.in_txn = False
         self.aborted = False
         self.level = None
-        self.overlay = {}
-        self.pending = {}
-        self.row_locks = set()
-        self.expired_locks = set()
-        self.scope_locks = set()
+        self.overlay = {}       # scope -> list of Row: what this transaction wrote
+        self.pending = []       # Pending (atomic claims), newest first
+        self.row_locks = set()  # scopes whose committed live row this transaction locked
+        self.expired_locks = set()  # scopes whose committed expired rows it deleted
+        self.scope_locks = set()    # scopes of its lease-mode claims
+        self.savepoints = []    # (name, state when it was made)
+
+    def nest(self):
+        return 1 + len(self.savepoints)
+
+    def state(self):
+        return (dict(self.overlay), [p.copy() for p in self.pending], set(self.row_locks),
+                set(self.expired_locks), set(self.scope_locks))
+
+    def restore(self, state):
+        overlay, pending, row_locks, expired_locks, scope_locks = state
+        self.overlay, self.row_locks = dict(overlay), set(row_locks)
+        self.pending = [p.copy() for p in pending]
+        self.expired_locks, self.scope_locks = set(expired_locks), set(scope_locks)
+
+    def find_pending(self, scope):
+        for p in self.pending:
+            if p.scope == scope and not p.done:
+                return p
+        return None
 
 
 class Err(Exception):
@@ -307,7 +330,7 @@ class Model:
         for i, sess in enumerate(self.sessions):
             # an atomic claim keeps its lock until the transaction ends,
             # finished or not, unless released
-            if scope in sess.scope_locks or scope in sess.pending:
+            if scope in sess.scope_locks or any(p.scope == scope for p in sess.pending):
                 return i
         return None
 
@@ -320,11 +343,12 @@ class Model:
         transaction, is undone (the block stays aborted until ROLLBACK)."""
         sess = self.sessions[s]
         if sess.in_txn:
-            sess.overlay = {}
-            sess.pending = {}
-            sess.row_locks = set()
-            sess.expired_locks = set()
-            sess.scope_locks = set()
+            # the (sub)transaction's locks go at once; a ROLLBACK TO the
+            # savepoint brings back what was before it
+            if sess.savepoints:
+                sess.restore(sess.savepoints[-1][1])
+            else:
+                sess.restore(({}, [], set(), set(), set()))
             sess.aborted = True
 
     def tomb_ttl(self, endpoint):
@@ -348,8 +372,7 @@ class Model:
             raise Err('22023')
         in_progress = dict(action='in_progress', http_status=409,
                            error_code='request_in_progress', retry_after=(1, 1))
-        p = sess.pending.get(scope)
-        if p is not None and not p.done:
+        if sess.find_pending(scope) is not None:
             return in_progress
         holder = self.scope_lock_holder(scope)
         if holder is not None and holder != s:
@@ -430,7 +453,7 @@ class Model:
 
     def _atomic_pending(self, s, scope, fp, rows, e, ttl):
         sess = self.sessions[s]
-        sess.pending[scope] = Pending(fp, e - ttl, e)
+        sess.pending.insert(0, Pending(scope, fp, e - ttl, e, sess.nest()))
         if rows is not self.visible(s, scope):
             self.write(s, scope, list(rows))
 
@@ -464,13 +487,13 @@ class Model:
     def finish(self, s, scope, token, status, body, headers, lo, hi):
         self.check_open(s)
         sess = self.sessions[s]
-        p = sess.pending.get(scope)
-        if p is not None and not p.done:
+        p = sess.find_pending(scope)
+        if p is not None:
             if token is not None:
                 raise Err('IK403')
             row = Row(fp=p.fp, state='completed', status=status, body=body, headers=headers,
                       created_at=p.created_at, expires_at=p.expires_at)
-            p.done = True
+            p.done = sess.nest()
             self.write(s, scope, list(self.visible(s, scope)) + [row])
             return
         r = self.row_path(s, scope, lo, hi, ('in_progress', 'unknown'), token)
@@ -481,12 +504,12 @@ class Model:
     def fail(self, s, scope, token, outcome, lo, hi):
         self.check_open(s)
         sess = self.sessions[s]
-        p = sess.pending.get(scope)
-        if p is not None and not p.done:
+        p = sess.find_pending(scope)
+        if p is not None:
             if token is not None:
                 raise Err('IK403')
             row = Row(fp=p.fp, state=outcome, created_at=p.created_at, expires_at=p.expires_at)
-            p.done = True
+            p.done = sess.nest()
             self.write(s, scope, list(self.visible(s, scope)) + [row])
             return
         r = self.row_path(s, scope, lo, hi, ('in_progress', 'unknown'), token)
@@ -497,12 +520,16 @@ class Model:
     def release(self, s, scope, token, lo, hi):
         self.check_open(s)
         sess = self.sessions[s]
-        p = sess.pending.get(scope)
-        if p is not None and not p.done:
+        p = sess.find_pending(scope)
+        if p is not None:
             if token is not None:
                 raise Err('IK403')
-            # the claim's own (sub)transaction: the lock goes at once
-            del sess.pending[scope]
+            if p.nest == sess.nest():
+                # the claim's own (sub)transaction: the lock goes at once
+                sess.pending.remove(p)
+            else:
+                # kept, and its lock, until the transaction ends
+                p.done = sess.nest()
             return
         r = self.row_path(s, scope, lo, hi, ('in_progress',), token)
         self.changed(s, scope, [x for x in self.visible(s, scope) if x is not r], lo, hi)
@@ -535,8 +562,8 @@ class Model:
     def lookup(self, s, scope, lo, hi):
         self.check_open(s)
         sess = self.sessions[s]
-        p = sess.pending.get(scope)
-        if p is not None and not p.done:
+        p = sess.find_pending(scope)
+        if p is not None:
             return dict(state='in_progress', fp=p.fp, lease_held=False, expires_at=p.expires_at,
                         locked_until=None, response_status=None)
         live = self.live(self.visible(s, scope), lo, hi)
@@ -558,7 +585,7 @@ class Model:
         if sess.aborted:
             sess.end_txn()
             return
-        if any(not p.done for p in sess.pending.values()):
+        if any(not p.done for p in sess.pending):
             sess.end_txn()
             raise Err('IK500')
         self.commit_overlay(sess)
@@ -566,6 +593,34 @@ class Model:
 
     def rollback(self, s):
         self.sessions[s].end_txn()
+
+    def savepoint(self, s, name):
+        sess = self.sessions[s]
+        if sess.aborted:
+            raise Err('25P02')
+        sess.savepoints.append((name, sess.state()))
+
+    def release_savepoint(self, s, name):
+        """RELEASE: its subtransaction commits into the one around it."""
+        sess = self.sessions[s]
+        if sess.aborted:
+            raise Err('25P02')
+        i = [n for n, _ in sess.savepoints].index(name)
+        del sess.savepoints[i:]
+        level = sess.nest()
+        for p in sess.pending:
+            p.nest = min(p.nest, level)
+            if p.done:
+                p.done = min(p.done, level)
+
+    def rollback_to(self, s, name):
+        """ROLLBACK TO: what the subtransaction did is undone; the savepoint
+        stays."""
+        sess = self.sessions[s]
+        i = [n for n, _ in sess.savepoints].index(name)
+        del sess.savepoints[i + 1:]
+        sess.restore(sess.savepoints[i][1])
+        sess.aborted = False
 
     # ---- maintenance -------------------------------------------------
 
@@ -799,8 +854,16 @@ class ProtocolMachine(RuleBasedStateMachine):
         kinds = ['call'] * 10
         if any(not x.in_txn for x in sessions):
             kinds += ['begin'] * 4
+        if any(x.in_txn and not x.aborted and len(x.savepoints) < 2 for x in sessions):
+            kinds += ['savepoint'] * 2
+        if any(x.savepoints and not x.aborted for x in sessions):
+            kinds += ['release_savepoint']
+        if any(x.savepoints for x in sessions):
+            kinds += ['rollback_to'] * 2
         if any(x.aborted for x in sessions):
-            kinds += ['rollback'] * 6
+            kinds += ['rollback'] * 4
+        if any(x.aborted and x.savepoints for x in sessions):
+            kinds += ['rollback_to'] * 4
         if any(x.in_txn for x in sessions):
             kinds += ['commit'] * 2 + ['rollback']
         else:
@@ -988,11 +1051,43 @@ class ProtocolMachine(RuleBasedStateMachine):
             busy = [i for i, x in enumerate(self.m.sessions) if x.in_txn]
             s = data.draw(st.sampled_from(busy), label='session')
         rows, err, lo, hi = call(self.h.sessions[s], 'COMMIT')
+        tally('commit', err or 'ok')
         try:
             self.m.commit(s)
             self.expect('commit', None, err)
         except Err as e:
             self.expect('commit', e.sqlstate, err)
+
+    def do_savepoint(self, data):
+        can = [i for i, x in enumerate(self.m.sessions)
+               if x.in_txn and not x.aborted and len(x.savepoints) < 2]
+        s = self.last_session = data.draw(st.sampled_from(can), label='session')
+        name = 'sp%d' % (len(self.m.sessions[s].savepoints) + 1)
+        rows, err, lo, hi = call(self.h.sessions[s], 'SAVEPOINT ' + name)
+        tally('savepoint', err or 'ok')
+        self.expect('savepoint', None, err)
+        self.m.savepoint(s, name)
+
+    def do_release_savepoint(self, data):
+        can = [i for i, x in enumerate(self.m.sessions) if x.savepoints and not x.aborted]
+        s = self.last_session = data.draw(st.sampled_from(can), label='session')
+        name = data.draw(st.sampled_from([n for n, _ in self.m.sessions[s].savepoints]),
+                         label='savepoint')
+        rows, err, lo, hi = call(self.h.sessions[s], 'RELEASE SAVEPOINT ' + name)
+        tally('release_savepoint', err or 'ok')
+        self.expect('release savepoint', None, err)
+        self.m.release_savepoint(s, name)
+
+    def do_rollback_to(self, data):
+        can = [i for i, x in enumerate(self.m.sessions) if x.savepoints and x.aborted] or \
+            [i for i, x in enumerate(self.m.sessions) if x.savepoints]
+        s = self.last_session = data.draw(st.sampled_from(can), label='session')
+        name = data.draw(st.sampled_from([n for n, _ in self.m.sessions[s].savepoints]),
+                         label='savepoint')
+        rows, err, lo, hi = call(self.h.sessions[s], 'ROLLBACK TO SAVEPOINT ' + name)
+        tally('rollback_to', err or 'ok')
+        self.expect('rollback to savepoint', None, err)
+        self.m.rollback_to(s, name)
 
     def do_rollback(self, data):
         # an aborted transaction first
