@@ -11,10 +11,12 @@ the model.
 
 The calls: idem_claim (atomic and lease mode, with the endpoint's or an
 explicit ttl and lease), idem_finish, idem_fail, idem_release,
-idem_heartbeat, idem_resolve, idem_lookup, BEGIN (the three isolation
-levels), COMMIT, ROLLBACK, and idem_maintenance as of now or of a later time
-(preview => false), from three sessions that are in autocommit mode or in a
-transaction of their own.
+idem_heartbeat, idem_resolve, idem_lookup, a request as an application
+makes it (claim, finish on execute, commit), BEGIN (the three isolation
+levels), SAVEPOINT, RELEASE SAVEPOINT, ROLLBACK TO SAVEPOINT, COMMIT,
+ROLLBACK, and idem_maintenance as of now or of a later time (preview =>
+false), from three sessions that are in autocommit mode or in a transaction
+of their own.
 
 How nothing waits:
 - every claim passes wait => 0: a duplicate of a claim another session's
@@ -39,8 +41,8 @@ ambiguous: the example is then discarded, never judged.
 
 Environment:
   IDEM_MODEL_SEED      replay the run of that seed (printed by every run)
-  IDEM_MODEL_EXAMPLES  sequences to run (default 60)
-  IDEM_MODEL_STEPS     most calls in a sequence (default 40)
+  IDEM_MODEL_EXAMPLES  sequences to run (default 50)
+  IDEM_MODEL_STEPS     most calls in a sequence (default 60)
   IDEM_MODEL_SHRINK    0: report the first failing sequence without
                        shrinking it
 Connection: PGHOST, PGPORT, PGDATABASE of a server with the library
@@ -100,9 +102,9 @@ FPS = [hashlib.sha256(b'request A').digest(), hashlib.sha256(b'request B').diges
 NSESSIONS = 3
 
 # (SQL literal, microseconds); None: the argument is left NULL
-TTLS = [None, None, None, ('1 microsecond', US), ('1 hour', HOUR), ('1 day', DAY),
+TTLS = [None, None, None, None, ('1 microsecond', US), ('1 hour', HOUR), ('1 day', DAY),
         ('2 days', 2 * DAY), ('2 days 1 hour', 2 * DAY + HOUR)]
-LEASES = [None, None, None, None, ('1 microsecond', US), ('30 minutes', 30 * MIN), ('2 hours', 2 * HOUR)]
+LEASES = [None, None, None, None, None, ('1 microsecond', US), ('30 minutes', 30 * MIN), ('2 hours', 2 * HOUR)]
 EXTENDS = [('1 microsecond', US), ('20 minutes', 20 * MIN), ('3 days', 3 * DAY),
            ('-1 second', -SEC)]
 AS_OF = [0, 45 * MIN, 3 * HOUR, DAY + 6 * HOUR, 2 * DAY + 12 * HOUR]
@@ -117,7 +119,8 @@ OP_ARGS = {
     'claim': [('fp', st.integers(0, 1)), ('ttl', st.sampled_from(TTLS)),
               ('lease', st.sampled_from(LEASES))],
     'finish': [('token', st.sampled_from(TOKENS)), ('status', st.sampled_from(STATUSES)),
-               ('body', st.integers(0, 3)), ('headers', st.booleans())],
+               ('body', st.integers(0, 3)), ('headers', st.booleans()),
+               ('kind', st.sampled_from(['json', 'json', 'bytes', 'ref']))],
     'fail': [('token', st.sampled_from(TOKENS)), ('outcome', st.sampled_from(['failed', 'unknown']))],
     'release': [('token', st.sampled_from(TOKENS))],
     'heartbeat': [('token', st.sampled_from(TOKENS)), ('extend', st.sampled_from(EXTENDS))],
@@ -795,7 +798,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def pick_scope(self, data):
         """Mostly one of the scopes the sequence used last, so that calls
         meet each other; sometimes any."""
-        if self.recent and data.draw(st.integers(0, 3), label='any scope') != 0:
+        which = data.draw(st.integers(0, 3), label='which scope') if self.recent else 0
+        if which >= 2:
+            scope = self.recent[-1]
+        elif which == 1:
             scope = data.draw(st.sampled_from(self.recent), label='scope')
         else:
             scope = (data.draw(st.sampled_from(TENANTS), label='tenant'),
@@ -897,7 +903,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         r = self.run(s, 'claim %r fp=%d ttl=%s lease=%s' % (scope, fp, ttl and ttl[0], lease and lease[0]),
                      """SELECT action, http_status, error_code, retry_after, response_status,
                                response_headers, response_json, lease_token, expires_at, replayed,
-                               response_body_ref, mismatch
+                               response_body_ref, mismatch, response_body
                         FROM idempotency.idem_claim(%s, %s, %s, %s, ttl => %s::interval,
                                                     lease => %s::interval, wait => '0')""",
                      (t, e, k, FPS[fp], ttl and ttl[0], lease and lease[0]),
@@ -907,15 +913,16 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         want, rows, lo, hi = r
         (action, http_status, error_code, retry_after, response_status, response_headers,
-         response_json, lease_token, expires_at, replayed, body_ref, mismatch) = rows[0]
+         response_json, lease_token, expires_at, replayed, body_ref, mismatch,
+         response_body) = rows[0]
         got = dict(action=action, http_status=http_status, error_code=error_code)
         exp = dict(action=want['action'], http_status=want.get('http_status'),
                    error_code=want.get('error_code'))
         if got != exp:
             raise AssertionError('claim %r: the model expects %r, the server answered %r'
                                  % (scope, exp, got))
-        if mismatch is not None or body_ref is not None:
-            raise AssertionError('claim %r: mismatch or body_ref set: %r %r' % (scope, mismatch, body_ref))
+        if mismatch is not None:
+            raise AssertionError('claim %r: mismatch set: %r' % (scope, mismatch))
         if action == 'execute':
             e_us = to_us(expires_at)
             created = e_us - want['ttl']
@@ -930,12 +937,20 @@ class ProtocolMachine(RuleBasedStateMachine):
             row = want['row']
             hdrs = dict(row.headers or {})
             hdrs.update({'Idempotent-Replayed': 'true', 'Idempotency-Key': k})
-            if (response_status != row.status or response_json != row.body
+            kind, value = row.body
+            body = (('json', response_json) if kind == 'json' and response_body is not None
+                    and body_ref is None else
+                    ('bytes', bytes(response_body)) if kind == 'bytes' and response_json is None
+                    and body_ref is None and response_body is not None else
+                    ('ref', body_ref) if kind == 'ref' and response_body is None
+                    and response_json is None else
+                    ('answered', response_body, response_json, body_ref))
+            if (response_status != row.status or body != row.body
                     or response_headers != hdrs or not replayed
                     or to_us(expires_at) != row.expires_at or lease_token is not None):
                 raise AssertionError('claim %r: replay of %r answered status %r body %r headers %r '
                                      'replayed %r expires_at %r'
-                                     % (scope, row, response_status, response_json,
+                                     % (scope, row, response_status, body,
                                         response_headers, replayed, expires_at))
         else:
             if replayed or response_status is not None or lease_token is not None \
@@ -950,16 +965,26 @@ class ProtocolMachine(RuleBasedStateMachine):
                 raise AssertionError('claim %r: retry_after %r' % (scope, retry_after))
         return action, lease_token
 
-    def do_finish(self, s, data, token, status, body, headers, scope=None):
+    def do_finish(self, s, data, token, status, body, headers, kind='json', scope=None):
+        """idem_finish (a JSON body), idem_finish_bytes or idem_finish_ref."""
         scope = scope or self.pick_scope(data)
         t, e, k = scope
         tok = self.token_for(s, scope, token) if isinstance(token, str) else token
-        body_j = {'r': body}
         hdr = {'X-Model': str(body)} if headers else None
-        self.run(s, 'finish %r token=%s' % (scope, token),
-                 'SELECT idempotency.idem_finish(%s, %s, %s, %s, %s::jsonb, %s::jsonb, lease_token => %s)',
-                 (t, e, k, status, json.dumps(body_j), hdr and json.dumps(hdr), tok),
-                 lambda lo, hi: self.m.finish(s, scope, tok, status, body_j, hdr, lo, hi))
+        if kind == 'json':
+            stored, fn, arg = ('json', {'r': body}), 'idem_finish', json.dumps({'r': body})
+            cast = 'jsonb'
+        elif kind == 'bytes':
+            stored, fn, cast = ('bytes', b'\x00body %d\xff' % body), 'idem_finish_bytes', 'bytea'
+            arg = stored[1]
+        else:
+            stored, fn, cast = ('ref', 's3://bucket/%d' % body), 'idem_finish_ref', 'text'
+            arg = stored[1]
+        self.run(s, 'finish %r %s token=%s' % (scope, fn, token),
+                 'SELECT idempotency.%s(%%s, %%s, %%s, %%s, %%s::%s, %%s::jsonb, lease_token => %%s)'
+                 % (fn, cast),
+                 (t, e, k, status, arg, hdr and json.dumps(hdr), tok),
+                 lambda lo, hi: self.m.finish(s, scope, tok, status, stored, hdr, lo, hi))
 
     def do_request(self, s, data, fp, ttl, lease, status, body):
         """A request as an application makes it: in a transaction of its
@@ -1011,10 +1036,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def do_resolve(self, s, data, status, body):
         scope = self.pick_scope(data)
         t, e, k = scope
-        body_j = {'resolved': body}
+        body_j = ('json', {'resolved': body})
         self.run(s, 'resolve %r' % (scope,),
                  'SELECT idempotency.idem_resolve(%s, %s, %s, %s, %s::jsonb)',
-                 (t, e, k, status, json.dumps(body_j)),
+                 (t, e, k, status, json.dumps(body_j[1])),
                  lambda lo, hi: self.m.resolve(s, scope, status, body_j, lo, hi))
 
     def do_lookup(self, s, data):
@@ -1132,13 +1157,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         got = sorted(self.h.admin.execute(
             """SELECT c.relname, tenant, endpoint, key, fingerprint, state, lease_token,
                       locked_until, response_status,
-                      CASE WHEN body_kind = 'json' THEN convert_from(response_body, 'UTF8')::jsonb END,
+                      CASE body_kind WHEN 'json' THEN convert_from(response_body, 'UTF8')::jsonb END,
+                      body_kind, CASE body_kind WHEN 'bytes' THEN response_body END, body_ref,
                       response_headers, created_at, expires_at
                FROM idempotency.keys k JOIN pg_class c ON c.oid = k.tableoid""").fetchall(),
-            key=lambda x: (x[1], x[2], x[3], x[12]))
-        got = [(rel, t, e, k, bytes(fp), state, tok, to_us(lu), status, body, hdrs,
-                to_us(created), to_us(exp))
-               for rel, t, e, k, fp, state, tok, lu, status, body, hdrs, created, exp in got]
+            key=lambda x: (x[1], x[2], x[3], x[15]))
+        got = [(rel, t, e, k, bytes(fp), state, tok, to_us(lu), status,
+                None if kind is None else (kind, body if kind == 'json' else bytes(raw)
+                                           if kind == 'bytes' else ref),
+                hdrs, to_us(created), to_us(exp))
+               for rel, t, e, k, fp, state, tok, lu, status, body, kind, raw, ref, hdrs, created, exp
+               in got]
         want = []
         for scope, rows in m.rows.items():
             for r in rows:
@@ -1181,8 +1210,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 def main():
     global HARNESS
     run_seed = int(os.environ.get('IDEM_MODEL_SEED') or random.SystemRandom().randrange(1, 2 ** 31))
-    examples = int(os.environ.get('IDEM_MODEL_EXAMPLES', '60'))
-    steps = int(os.environ.get('IDEM_MODEL_STEPS', '40'))
+    examples = int(os.environ.get('IDEM_MODEL_EXAMPLES', '50'))
+    steps = int(os.environ.get('IDEM_MODEL_STEPS', '60'))
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
     if os.environ.get('IDEM_MODEL_SHRINK', '1') != '0':
         phases.append(Phase.shrink)

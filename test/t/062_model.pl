@@ -4,7 +4,7 @@
 # a driver (Hypothesis stateful testing, Debian's python3-hypothesis and
 # python3-psycopg, which make test installs) that runs random sequences of
 # those calls from three sessions, in autocommit mode and in transactions
-# at the three isolation levels, against this cluster.  It checks every
+# at the three isolation levels with savepoints, against this cluster.  It checks every
 # answer, and after each maintenance pass and at the end of each sequence
 # the rows of idempotency.keys and idempotency.tombstones and their
 # partitions, against the model.  Nothing waits and nothing sleeps: claims
@@ -13,8 +13,8 @@
 # keys expire either at once (a ttl of one microsecond) or long after the
 # run, the times between being reached by passes as of a later time.
 #
-# A fixed budget: IDEM_MODEL_EXAMPLES sequences (default 60) of at most
-# IDEM_MODEL_STEPS calls (default 40).  Every run prints its seed; a
+# A fixed budget: IDEM_MODEL_EXAMPLES sequences (default 50) of at most
+# IDEM_MODEL_STEPS calls (default 60).  Every run prints its seed; a
 # failing run prints the shortest sequence Hypothesis found and the seed, and
 #   IDEM_MODEL_SEED=N TESTS=062_model make test
 # replays it (IDEM_MODEL_SHRINK=0 reports the first failing sequence as it
