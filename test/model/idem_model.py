@@ -107,7 +107,7 @@ TTLS = [None, None, None, None, ('1 microsecond', US), ('1 hour', HOUR), ('1 day
 LEASES = [None, None, None, None, None, ('1 microsecond', US), ('30 minutes', 30 * MIN), ('2 hours', 2 * HOUR)]
 EXTENDS = [('1 microsecond', US), ('20 minutes', 20 * MIN), ('3 days', 3 * DAY),
            ('-1 second', -SEC)]
-AS_OF = [0, 45 * MIN, 3 * HOUR, DAY + 6 * HOUR, 2 * DAY + 12 * HOUR]
+AS_OF = [-36 * HOUR, 0, 45 * MIN, 3 * HOUR, DAY + 6 * HOUR, 2 * DAY + 12 * HOUR]
 STATUSES = [200, 201, 404]
 LEVELS = ['READ COMMITTED', 'REPEATABLE READ', 'SERIALIZABLE']
 
