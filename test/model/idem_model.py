@@ -56,6 +56,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 
 import psycopg
@@ -112,9 +113,14 @@ STATUSES = [200, 201, 404]
 LEVELS = ['READ COMMITTED', 'REPEATABLE READ', 'SERIALIZABLE']
 
 TOKENS = ['right', 'right', 'wrong', 'none']
+CLAIM_SQL = """SELECT action, http_status, error_code, retry_after, response_status,
+                      response_headers, response_json, lease_token, expires_at, replayed,
+                      response_body_ref, mismatch, response_body
+               FROM idempotency.idem_claim(%s, %s, %s, %s, ttl => %s::interval,
+                                           lease => %s::interval, wait => %s::interval)"""
 # the calls of a session, claims and finishes more often than the others
-OPS = ['request'] * 4 + ['claim'] * 4 + ['finish'] * 3 + ['fail', 'release', 'heartbeat',
-                                                          'resolve', 'lookup']
+OPS = ['request'] * 4 + ['claim'] * 4 + ['finish'] * 3 + ['wait_claim'] * 2 + [
+    'fail', 'release', 'heartbeat', 'resolve', 'lookup']
 OP_ARGS = {
     'claim': [('fp', st.integers(0, 1)), ('ttl', st.sampled_from(TTLS)),
               ('lease', st.sampled_from(LEASES))],
@@ -126,6 +132,8 @@ OP_ARGS = {
     'heartbeat': [('token', st.sampled_from(TOKENS)), ('extend', st.sampled_from(EXTENDS))],
     'resolve': [('status', st.sampled_from(STATUSES)), ('body', st.integers(0, 3))],
     'lookup': [],
+    'wait_claim': [('fp', st.integers(0, 1)), ('ttl', st.sampled_from(TTLS)),
+                   ('lease', st.sampled_from(LEASES))],
     'request': [('fp', st.integers(0, 1)), ('ttl', st.sampled_from(TTLS)),
                 ('lease', st.sampled_from(LEASES)), ('status', st.sampled_from(STATUSES)),
                 ('body', st.integers(0, 3))],
@@ -736,14 +744,28 @@ class Harness:
             c.execute("SET TimeZone = 'UTC'")
             c.execute("SET lock_timeout = '30ms'")
             self.sessions.append(c)
+        self.busy = {}          # session -> thread of a claim that waits
         self.hashes = {}
         for scope in SCOPES:
             self.hashes[scope] = self.admin.execute(
                 'SELECT idempotency.idem_tombstone_hash(%s, %s, %s)', scope).fetchone()[0]
 
+    def drain(self):
+        """End every transaction, and wait for the claims that wait (an
+        example that failed may leave one)."""
+        for i, c in enumerate(self.sessions):
+            if i not in self.busy:
+                c.execute('ROLLBACK')
+        for i, th in list(self.busy.items()):
+            th.join(30)
+            if th.is_alive():
+                raise RuntimeError('a waiting claim of session %d never ended' % i)
+            del self.busy[i]
+            self.sessions[i].execute('ROLLBACK')
+
     def reset(self):
-        for c in self.sessions:
-            c.execute('ROLLBACK')
+        trace('---- new sequence')
+        self.drain()
         # DELETE rather than TRUNCATE, which costs a new file per partition
         self.admin.execute('DELETE FROM idempotency.keys')
         self.admin.execute('DELETE FROM idempotency.tombstones')
@@ -769,9 +791,18 @@ def tally(what, answer):
     TALLY[k] = TALLY.get(k, 0) + 1
 
 
+TRACE = os.environ.get('IDEM_MODEL_TRACE') == '1'
+
+
+def trace(*what):
+    if TRACE:
+        print('  ', *what, file=sys.stderr, flush=True)
+
+
 def call(conn, sql, args=()):
     """Run one statement; returns (rows, None) or (None, sqlstate), with the
     client's clock before and after."""
+    trace('session %s:' % conn.info.backend_pid, ' '.join(sql.split())[:60], args)
     lo = now_us()
     try:
         cur = conn.execute(sql, args)
@@ -779,8 +810,10 @@ def call(conn, sql, args=()):
         err = None
     except psycopg.Error as e:
         rows, err = None, e.sqlstate or 'XXXXX'
-        note('error %s: %s' % (err, str(e).splitlines()[0] if str(e) else ''))
+        if threading.current_thread() is threading.main_thread():
+            note('error %s: %s' % (err, str(e).splitlines()[0] if str(e) else ''))
     hi = now_us()
+    trace('  ->', err or (rows[:1] if rows else rows))
     return rows, err, lo, hi
 
 
@@ -792,6 +825,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.m = Model(keys_parts, tomb_parts)
         self.recent = []
         self.last_session = 0
+        self.waits = {}     # session -> its claim that waits
 
     # ---- helpers -----------------------------------------------------
 
@@ -828,13 +862,14 @@ class ProtocolMachine(RuleBasedStateMachine):
             raise AssertionError('%s: the model expects %s, the server answered %s'
                                  % (what, expected_err or 'success', err or 'success'))
 
-    def run(self, s, what, sql, args, model_fn):
-        """Run a call whose model raises Err or returns a value; on a server
-        error, check it; returns (model value, server rows, lo, hi) on
-        success, None on an (expected) error."""
+    def run(self, s, what, sql, args, model_fn, result=None):
+        """Run a call whose model raises Err or returns a value (or take
+        the result of one that ran already); on a server error, check it;
+        returns (model value, server rows, lo, hi) on success, None on an
+        (expected) error."""
         conn = self.h.sessions[s]
-        rows, err, lo, hi = call(conn, sql, args)
-        tally(what, err or (rows[0][0] if what.startswith('claim') else 'ok'))
+        rows, err, lo, hi = result or call(conn, sql, args)
+        tally(what, err or (rows[0][0] if what.startswith(('claim', 'waited_claim')) else 'ok'))
         try:
             value = model_fn(lo, hi)
         except Err as e:
@@ -857,8 +892,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         arguments), BEGIN, COMMIT or ROLLBACK of one, or a maintenance pass
         when no session is in a transaction."""
         sessions = self.m.sessions
+        lo = now_us()
         kinds = ['call'] * 10
-        if any(not x.in_txn for x in sessions):
+        if any(not x.in_txn and i not in self.waits for i, x in enumerate(sessions)):
             kinds += ['begin'] * 4
         if any(x.in_txn and not x.aborted and len(x.savepoints) < 2 for x in sessions):
             kinds += ['savepoint'] * 2
@@ -872,16 +908,19 @@ class ProtocolMachine(RuleBasedStateMachine):
             kinds += ['rollback_to'] * 4
         if any(x.in_txn for x in sessions):
             kinds += ['commit'] * 2 + ['rollback']
-        else:
+        elif not self.waits:
             kinds += ['maintenance']
         kind = data.draw(st.sampled_from(kinds), label='step')
         if kind != 'call':
             getattr(self, 'do_' + kind)(data)
         else:
             self.one_call(data)
+        self.settle_waits(lo)
         # each session's transaction state, as the connection knows it
         TS = psycopg.pq.TransactionStatus
         for i, x in enumerate(sessions):
+            if i in self.waits:
+                continue
             ts = self.h.sessions[i].info.transaction_status
             want = TS.INERROR if x.aborted else TS.INTRANS if x.in_txn else TS.IDLE
             if ts != want:
@@ -891,24 +930,26 @@ class ProtocolMachine(RuleBasedStateMachine):
         # mostly the session of the last call, so that a claim meets its finish
         if data.draw(st.integers(0, 2), label='another session') == 0:
             self.last_session = data.draw(st.integers(0, NSESSIONS - 1), label='session')
+        if self.last_session in self.waits:
+            self.last_session = data.draw(st.sampled_from(
+                [i for i in range(NSESSIONS) if i not in self.waits]), label='free session')
         s = self.last_session
         op = data.draw(st.sampled_from(OPS), label='call')
         kw = {name: data.draw(strategy, label=name) for name, strategy in OP_ARGS[op]}
         getattr(self, 'do_' + op)(s, data, **kw)
 
-    def do_claim(self, s, data, fp, ttl, lease, scope=None):
-        """Returns the claim's answer (action, lease_token), or None."""
+    def do_claim(self, s, data, fp, ttl, lease, scope=None, result=None):
+        """Returns the claim's answer (action, lease_token), or None.  With
+        result, the answer of a claim that waited, taken when the lock it
+        waited for was given back."""
         scope = scope or self.pick_scope(data)
         t, e, k = scope
-        r = self.run(s, 'claim %r fp=%d ttl=%s lease=%s' % (scope, fp, ttl and ttl[0], lease and lease[0]),
-                     """SELECT action, http_status, error_code, retry_after, response_status,
-                               response_headers, response_json, lease_token, expires_at, replayed,
-                               response_body_ref, mismatch, response_body
-                        FROM idempotency.idem_claim(%s, %s, %s, %s, ttl => %s::interval,
-                                                    lease => %s::interval, wait => '0')""",
-                     (t, e, k, FPS[fp], ttl and ttl[0], lease and lease[0]),
+        r = self.run(s, '%s %r fp=%d ttl=%s lease=%s' % ('waited_claim' if result else 'claim', scope, fp,
+                                                         ttl and ttl[0], lease and lease[0]),
+                     CLAIM_SQL, (t, e, k, FPS[fp], ttl and ttl[0], lease and lease[0], '0'),
                      lambda lo, hi: self.m.claim(s, scope, FPS[fp], ttl and ttl[1],
-                                                 lease and lease[1], lo, hi))
+                                                 lease and lease[1], lo, hi),
+                     result)
         if r is None:
             return
         want, rows, lo, hi = r
@@ -964,6 +1005,63 @@ class ProtocolMachine(RuleBasedStateMachine):
             elif retry_after is not None:
                 raise AssertionError('claim %r: retry_after %r' % (scope, retry_after))
         return action, lease_token
+
+    def do_wait_claim(self, s, data, fp, ttl, lease):
+        """A claim with a wait, of an idle session, when another session's
+        transaction holds the scope with an atomic claim: it waits (in a
+        thread of its own) until that transaction gives the lock back, and
+        is then judged by what it finds (settle_waits).  Otherwise, and for
+        arguments a claim refuses before it waits, a claim that does not
+        wait."""
+        sessions = self.m.sessions
+        waited = [w[2] for w in self.waits.values()]
+        held = [(p.scope, i) for i, x in enumerate(sessions) for p in x.pending
+                if p.scope not in x.scope_locks and p.scope not in waited]
+        idle = [i for i, x in enumerate(sessions) if not x.in_txn and i not in self.waits]
+        if held and idle:
+            scope, holder = data.draw(st.sampled_from(sorted(set(held))), label='held scope')
+            s = self.last_session = data.draw(st.sampled_from(idle), label='waiting session')
+        else:
+            scope = self.pick_scope(data)
+        holder = self.m.scope_lock_holder(scope)
+        pol = ENDPOINTS[scope[1]]
+        t_us = ttl[1] if ttl else pol['ttl'] or DEFAULT_TTL
+        l_us = lease[1] if lease else pol['lease']
+        if (holder is None or holder == s or self.m.sessions[s].in_txn
+                or scope in self.m.sessions[holder].scope_locks or scope in waited
+                or t_us > MAX_TTL or (l_us is not None and l_us > t_us)):
+            self.do_claim(s, data, fp, ttl, lease, scope=scope)
+            return
+        conn = self.h.sessions[s]
+        box = {}
+        args = (scope[0], scope[1], scope[2], FPS[fp], ttl and ttl[0], lease and lease[0], '20 seconds')
+
+        def waiting():
+            box['result'] = call(conn, CLAIM_SQL, args)
+        th = threading.Thread(target=waiting, daemon=True)
+        self.waits[s] = (th, box, scope, fp, ttl, lease)
+        self.h.busy[s] = th
+        th.start()
+
+    def settle_waits(self, lo):
+        """After each step: a waiting claim whose lock was given back has
+        answered, as the model says a claim made now answers; one whose lock
+        is still held must still wait."""
+        for s, (th, box, scope, fp, ttl, lease) in sorted(self.waits.items()):
+            holder = self.m.scope_lock_holder(scope)
+            if holder is not None and holder != s:
+                if not th.is_alive():
+                    raise AssertionError('claim %r of session %d answered %r while session %d '
+                                         'held the scope' % (scope, s, box['result'][:2], holder))
+                continue
+            th.join(30)
+            if th.is_alive():
+                raise AssertionError('claim %r of session %d still waits, the scope is free'
+                                     % (scope, s))
+            del self.waits[s]
+            del self.h.busy[s]
+            rows, err, _, hi = box['result']
+            self.do_claim(s, None, fp, ttl, lease, scope=scope, result=(rows, err, lo, hi))
 
     def do_finish(self, s, data, token, status, body, headers, kind='json', scope=None):
         """idem_finish (a JSON body), idem_finish_bytes or idem_finish_ref."""
@@ -1064,7 +1162,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def do_begin(self, data, s=None):
         level = data.draw(st.sampled_from(LEVELS), label='level')
         if s is None:
-            idle = [i for i, x in enumerate(self.m.sessions) if not x.in_txn]
+            idle = [i for i, x in enumerate(self.m.sessions) if not x.in_txn and i not in self.waits]
             s = data.draw(st.sampled_from(idle), label='session')
         self.last_session = s
         rows, err, lo, hi = call(self.h.sessions[s], 'BEGIN ISOLATION LEVEL ' + level)
@@ -1201,6 +1299,12 @@ class ProtocolMachine(RuleBasedStateMachine):
     def teardown(self):
         if self.h is None:
             return
+        lo = now_us()
+        for s in range(NSESSIONS):
+            if s not in self.waits:
+                self.h.sessions[s].execute('ROLLBACK')
+                self.m.rollback(s)
+        self.settle_waits(lo)
         for s in range(NSESSIONS):
             self.h.sessions[s].execute('ROLLBACK')
             self.m.rollback(s)
