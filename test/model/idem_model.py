@@ -18,9 +18,14 @@ ROLLBACK, and idem_maintenance as of now or of a later time (preview =>
 false), from three sessions that are in autocommit mode or in a transaction
 of their own.
 
-How nothing waits:
-- every claim passes wait => 0: a duplicate of a claim another session's
-  open transaction holds answers in_progress at once;
+Waits:
+- a claim passes wait => 0: a duplicate of a claim another session's open
+  transaction holds answers in_progress at once; or, from an idle session
+  when another session's transaction holds the scope with an atomic claim,
+  wait => '20 seconds': it runs in a thread of its own, must still be
+  waiting after every later step while the scope is held, and is judged,
+  once the holder has given the lock back (commit, rollback, release, a
+  rolled-back savepoint, an error), by what a claim made then finds;
 - every session runs with lock_timeout = 30ms: a lease-mode call on a row
   that another session's open transaction has changed would wait for it;
   the driver never lets that transaction go on meanwhile, so the model

@@ -7,11 +7,13 @@
 # at the three isolation levels with savepoints, against this cluster.  It checks every
 # answer, and after each maintenance pass and at the end of each sequence
 # the rows of idempotency.keys and idempotency.tombstones and their
-# partitions, against the model.  Nothing waits and nothing sleeps: claims
-# pass wait => 0, a call that would wait for a row another session's open
+# partitions, against the model.  Nothing sleeps: claims pass wait => 0,
+# or wait in a thread for a transaction that holds their scope until the
+# driver ends it, a call that would wait for a row another session's open
 # transaction changed meets lock_timeout (which the model expects), and
 # keys expire either at once (a ttl of one microsecond) or long after the
-# run, the times between being reached by passes as of a later time.
+# run, the times between being reached by passes as of a later or an
+# earlier time.
 #
 # A fixed budget: IDEM_MODEL_EXAMPLES sequences (default 50) of at most
 # IDEM_MODEL_STEPS calls (default 60).  Every run prints its seed; a
