@@ -914,7 +914,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if any(x.in_txn for x in sessions):
             kinds += ['commit'] * 2 + ['rollback']
         elif not self.waits:
-            kinds += ['maintenance']
+            kinds += ['maintenance'] * 2
         kind = data.draw(st.sampled_from(kinds), label='step')
         if kind != 'call':
             getattr(self, 'do_' + kind)(data)
