@@ -44,6 +44,14 @@ tombstones.  A comparison of the server's now with a time inside the
 call's window (a partition boundary passing during the run) would be
 ambiguous: the example is then discarded, never judged.
 
+Not modelled: request digests and mismatch diagnostics (a mismatch must
+name nothing here, since no claim gives a digest), resolvers
+(on_lease_expiry = 'resolve'), claims that wait for a leased row in
+progress (they poll until their wait runs out), tenant binding, response
+size limits and sensitive headers, the Citus and PL/Proxy modes, and a
+maintenance pass racing the calls (passes run between them; the isolation
+specs race them).
+
 Environment:
   IDEM_MODEL_SEED      replay the run of that seed (printed by every run)
   IDEM_MODEL_EXAMPLES  sequences to run (default 50)
