@@ -45,8 +45,9 @@ call's window (a partition boundary passing during the run) would be
 ambiguous: the example is then discarded, never judged.
 
 Not modelled: request digests and mismatch diagnostics (a mismatch must
-name nothing here, since no claim gives a digest), resolvers
-(on_lease_expiry = 'resolve'), claims that wait for a leased row in
+name nothing here, since no claim gives a digest), resolvers that
+fail or time out (one endpoint's resolver answers, for a stale lease of
+key k1 a response, for the others NULL), claims that wait for a leased row in
 progress (they poll until their wait runs out), tenant binding, response
 size limits and sensitive headers, the Citus and PL/Proxy modes, and a
 maintenance pass racing the calls (passes run between them; the isolation
@@ -99,13 +100,22 @@ ENDPOINTS = {
     'ep_lease': dict(ttl=DAY, lease=30 * MIN, tomb=None, conflict=True),
     'ep_notomb': dict(ttl=None, lease=None, tomb=0, conflict=False),
     'ep_short': dict(ttl=HOUR, lease=None, tomb=HOUR, conflict=True),
+    # stale leases go to the resolver (model_resolver): k1 completed, others failed
+    'ep_resolve': dict(ttl=None, lease=30 * MIN, tomb=None, conflict=False, resolve=True),
 }
+RESOLVED = ('json', {'resolved': True})
 ENDPOINT_SQL = """
-INSERT INTO idempotency.endpoints (endpoint, ttl, lease, tombstone_ttl, on_expired_reuse) VALUES
-  ('ep_atomic', NULL, NULL, NULL, 'execute'),
-  ('ep_lease', '1 day', '30 minutes', NULL, 'conflict'),
-  ('ep_notomb', NULL, NULL, '0', 'execute'),
-  ('ep_short', '1 hour', NULL, '1 hour', 'conflict')
+CREATE OR REPLACE FUNCTION public.model_resolver(tenant text, endpoint text, key text)
+RETURNS jsonb LANGUAGE sql
+AS $$ SELECT CASE WHEN key = 'k1' THEN '{"status": 299, "body": {"resolved": true}}'::jsonb END $$;
+INSERT INTO idempotency.endpoints (endpoint, ttl, lease, tombstone_ttl, on_expired_reuse,
+                                   on_lease_expiry, resolver) VALUES
+  ('ep_atomic', NULL, NULL, NULL, 'execute', 'unknown', NULL),
+  ('ep_lease', '1 day', '30 minutes', NULL, 'conflict', 'unknown', NULL),
+  ('ep_notomb', NULL, NULL, '0', 'execute', 'unknown', NULL),
+  ('ep_short', '1 hour', NULL, '1 hour', 'conflict', 'unknown', NULL),
+  ('ep_resolve', NULL, '30 minutes', NULL, 'execute', 'resolve',
+   'public.model_resolver(text, text, text)')
 """
 TOMB_MAX_TTL = max(TOMBSTONE_TTL, max(p['tomb'] or 0 for p in ENDPOINTS.values()))
 
@@ -653,15 +663,18 @@ class Model:
         reports: (kind, object) -> rows (None: not compared)."""
         out = {}
         # 1. stale leases
-        per_ep = {}
         for scope, rows in self.rows.items():
             for r in rows:
                 if (r.state == 'in_progress' and r.locked_until is not None
                         and r.locked_until < as_of and r.expires_at > as_of):
-                    r.state = 'unknown'
-                    per_ep[scope[1]] = per_ep.get(scope[1], 0) + 1
-        for ep, n in per_ep.items():
-            out[('lease_unknown', ep)] = n
+                    if not ENDPOINTS[scope[1]].get('resolve'):
+                        r.state, kind = 'unknown', 'lease_unknown'
+                    elif scope[2] == 'k1':
+                        r.state, r.locked_until, kind = 'completed', None, 'lease_completed'
+                        r.status, r.body, r.headers = 299, RESOLVED, None
+                    else:
+                        r.state, r.locked_until, kind = 'failed', None, 'lease_failed'
+                    out[(kind, scope[1])] = out.get((kind, scope[1]), 0) + 1
         # 2. premake of the tombstones
         for lo, hi in plan_premake(self.tomb_parts, as_of, MAX_TTL + TOMB_MAX_TTL, TOMB_WIDTH):
             moved = sum(1 for t in self.tombs if lo <= t.expires_at < hi
@@ -1246,6 +1259,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         got = {}
         for kind, obj, n in rows:
             got[(kind, obj)] = None if kind == 'drop' else n
+            tally('pass', kind)
         if got != want:
             locks = self.h.admin.execute(
                 """SELECT a.pid, a.state, a.backend_type, l.locktype, l.relation::regclass, l.mode, l.granted,
