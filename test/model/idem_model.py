@@ -14,8 +14,8 @@ explicit ttl and lease), idem_finish, idem_fail, idem_release,
 idem_heartbeat, idem_resolve, idem_lookup, a request as an application
 makes it (claim, finish on execute, commit), BEGIN (the three isolation
 levels), SAVEPOINT, RELEASE SAVEPOINT, ROLLBACK TO SAVEPOINT, COMMIT,
-ROLLBACK, and idem_maintenance as of now or of a later time (preview =>
-false), from three sessions that are in autocommit mode or in a transaction
+ROLLBACK, and idem_maintenance as of now, a later or an earlier time
+(preview => false), from three sessions that are in autocommit mode or in a transaction
 of their own.
 
 Waits:
@@ -59,6 +59,7 @@ Environment:
   IDEM_MODEL_STEPS     most calls in a sequence (default 60)
   IDEM_MODEL_SHRINK    0: report the first failing sequence without
                        shrinking it
+  IDEM_MODEL_TRACE     1: print every statement and its answer (stderr)
 Connection: PGHOST, PGPORT, PGDATABASE of a server with the library
 preloaded, the settings of test/t/062_model.pl, and the extension created;
 the driver connects as the superuser PGUSER and makes the role model_app.
