@@ -961,6 +961,11 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.last_session = data.draw(st.sampled_from(
                 [i for i in range(NSESSIONS) if i not in self.waits]), label='free session')
         s = self.last_session
+        sess = self.m.sessions[s]
+        if sess.aborted and data.draw(st.integers(0, 2), label='end the aborted') != 0:
+            # mostly, an application ends a failed transaction before its next call
+            self.do_rollback_to(data, s) if sess.savepoints else self.do_rollback(data, s)
+            return
         op = data.draw(st.sampled_from(OPS), label='call')
         kw = {name: data.draw(strategy, label=name) for name, strategy in OP_ARGS[op]}
         getattr(self, 'do_' + op)(s, data, **kw)
@@ -1228,10 +1233,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.expect('release savepoint', None, err)
         self.m.release_savepoint(s, name)
 
-    def do_rollback_to(self, data):
-        can = [i for i, x in enumerate(self.m.sessions) if x.savepoints and x.aborted] or \
-            [i for i, x in enumerate(self.m.sessions) if x.savepoints]
-        s = self.last_session = data.draw(st.sampled_from(can), label='session')
+    def do_rollback_to(self, data, s=None):
+        if s is None:
+            can = [i for i, x in enumerate(self.m.sessions) if x.savepoints and x.aborted] or \
+                [i for i, x in enumerate(self.m.sessions) if x.savepoints]
+            s = self.last_session = data.draw(st.sampled_from(can), label='session')
         name = data.draw(st.sampled_from([n for n, _ in self.m.sessions[s].savepoints]),
                          label='savepoint')
         rows, err, lo, hi = call(self.h.sessions[s], 'ROLLBACK TO SAVEPOINT ' + name)
@@ -1239,11 +1245,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.expect('rollback to savepoint', None, err)
         self.m.rollback_to(s, name)
 
-    def do_rollback(self, data):
-        # an aborted transaction first
-        busy = [i for i, x in enumerate(self.m.sessions) if x.aborted] or \
-            [i for i, x in enumerate(self.m.sessions) if x.in_txn]
-        s = data.draw(st.sampled_from(busy), label='session')
+    def do_rollback(self, data, s=None):
+        if s is None:
+            # an aborted transaction first
+            busy = [i for i, x in enumerate(self.m.sessions) if x.aborted] or \
+                [i for i, x in enumerate(self.m.sessions) if x.in_txn]
+            s = data.draw(st.sampled_from(busy), label='session')
         rows, err, lo, hi = call(self.h.sessions[s], 'ROLLBACK')
         self.expect('rollback', None, err)
         self.m.rollback(s)
