@@ -222,8 +222,22 @@ my $to_text = q{
 my $to_regprocedure = q{
 	SET search_path = pg_catalog;
 	ALTER TABLE idempotency.endpoints ALTER COLUMN resolver TYPE regprocedure USING resolver::regprocedure;};
+# The PostgreSQL 15.20 of Debian on the project's machines stores a column
+# option pg_attver on every column of every table, which pg_dump passes on
+# and a PostgreSQL 18.6 refuses ("unrecognized parameter"), for any table,
+# the extension's or not: doc/operations.md says how to remove it first
+# (nothing to do on a server that stores none).
+my $attver = q{
+	UPDATE pg_catalog.pg_attribute a
+	SET attoptions = (SELECT pg_catalog.array_agg(o) FROM pg_catalog.unnest(a.attoptions) o
+	                  WHERE o NOT LIKE 'pg\_attver=%')
+	FROM pg_catalog.pg_class c
+	WHERE c.oid = a.attrelid
+	  AND c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+	  AND pg_catalog.array_to_string(a.attoptions, ',') LIKE '%pg\_attver=%';};
 $old->start;
 $old->safe_psql('postgres', $to_text);
+$old->safe_psql('postgres', $attver);
 $old->stop;
 
 ($ok, $output) = pg_upgrade();
