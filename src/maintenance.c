@@ -1183,18 +1183,13 @@ IdemPassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
 }
 
 /*
- * The steps.  In the Citus mode (README "Citus") stale leases and the
- * default partition's purge run on every node, on its own shards; only the
- * coordinator makes and drops partitions, which Citus carries to the shards.
- */
-/*
  * The name of a subscription of this database that replicates a table of
  * the extension into it, or NULL.  Such a database is a logical replica
- * (the green side of a blue/green switch-over, doc/operations.md): its keys are the publisher's, which its own maintenance
- * must leave alone; and a dated partition made here would take rows whose
- * deletes the subscription cannot find (they are routed by the replica
- * identity, which holds no expires_at, to the default partition).  Runs in
- * a step.
+ * (the green side of a blue/green switch-over, doc/operations.md): its
+ * keys are the publisher's, which its own maintenance must leave alone;
+ * and a dated partition made here would take rows whose deletes the
+ * subscription cannot find (they are routed by the replica identity, which
+ * holds no expires_at, to the default partition).  Runs in a step.
  */
 static char *
 IdemSubscription(MaintPass *p)
@@ -1221,6 +1216,11 @@ IdemSubscription(MaintPass *p)
 	return result;
 }
 
+/*
+ * The steps.  In the Citus mode (README "Citus") stale leases and the
+ * default partition's purge run on every node, on its own shards; only the
+ * coordinator makes and drops partitions, which Citus carries to the shards.
+ */
 static void
 IdemRunSteps(MaintPass *p)
 {
