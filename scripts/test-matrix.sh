@@ -3,7 +3,8 @@
 # its suite on here: Debian's PostgreSQL 15, then PostgreSQL 18 (built once
 # into a cache when missing, see pgcache.sh; PG18_CONFIG=/path/to/pg_config
 # names another build of it).  Prints one line per server and a closing line
-# "N passed, N failed" over all of them; exits non-zero on any failure.
+# "N passed, N failed, N skipped" over all of them; exits non-zero on any
+# failure.
 #
 # Where PostgreSQL 18 can be neither found nor built (a clone without the
 # source release beside it), its run is skipped with a message, and only
@@ -18,25 +19,27 @@ mkdir -p "$LOGS"
 SUMMARY=()
 TOTAL_PASSED=0
 TOTAL_FAILED=0
+TOTAL_SKIPPED=0
 
 # make test on one server ($2: its pg_config, empty for the default)
 run_server() {
-    local label=$1 pgc=$2 log rc line passed=0 failed=1
+    local label=$1 pgc=$2 log rc line passed=0 failed=1 skipped=0
     log=$LOGS/$(printf '%s' "$label" | tr -c 'A-Za-z0-9.' '_').log
     say "make test on $label"
     set +e
     env -u PG_CONFIG make --no-print-directory -C "$PROJECT_DIR" test ${pgc:+PG_CONFIG="$pgc"} 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     set -e
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1 || true)
-    if [[ $line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
-        passed=${BASH_REMATCH[1]} failed=${BASH_REMATCH[2]}
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?$' "$log" | tail -n 1 || true)
+    if [[ $line =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed(,\ ([0-9]+)\ skipped)?$ ]]; then
+        passed=${BASH_REMATCH[1]} failed=${BASH_REMATCH[2]} skipped=${BASH_REMATCH[4]:-0}
         # a run that stopped early counts as one more failure
         [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1
     fi
     TOTAL_PASSED=$((TOTAL_PASSED + passed))
     TOTAL_FAILED=$((TOTAL_FAILED + failed))
-    SUMMARY+=("$label: $passed passed, $failed failed")
+    TOTAL_SKIPPED=$((TOTAL_SKIPPED + skipped))
+    SUMMARY+=("$label: $passed passed, $failed failed, $skipped skipped")
 }
 
 ensure_deps
@@ -65,5 +68,5 @@ fi
 echo
 say "test matrix"
 printf '%s\n' "${SUMMARY[@]}"
-echo "$TOTAL_PASSED passed, $TOTAL_FAILED failed"
+echo "$TOTAL_PASSED passed, $TOTAL_FAILED failed, $TOTAL_SKIPPED skipped"
 [ $TOTAL_FAILED -eq 0 ] && [ $TOTAL_PASSED -gt 0 ]
