@@ -46,7 +46,9 @@ if selected 070_plproxy; then
     SKIP_REASON=
     ensure_plproxy "$PGC" "$PGROOT" || SKIP_PLPROXY=$SKIP_REASON
 fi
-if selected 071_citus; then
+if selected 071_citus && [ "$("$PGC" --configure 2>/dev/null)" = "stand-in of scripts/pg17.sh" ]; then
+    SKIP_CITUS="Citus is not built for the PostgreSQL 17 that scripts/pg17.sh puts together (a stand-in pg_config, headers of 17.12)"
+elif selected 071_citus; then
     SKIP_REASON=
     { ensure_citus "$PGC" && install_citus "$PGC" "$PGROOT"; } || SKIP_CITUS=${SKIP_REASON:-copying Citus into $PGROOT failed}
 fi
@@ -269,7 +271,13 @@ fi
 run_tap
 # the HTTP clients (clients/test.sh): each suite one test, named client_SUITE in TESTS
 CLIENT_SUITES=$(for s in node_unit node_e2e python_unit python_e2e; do selected "client_$s" && echo "$s"; done || true)
-if [ -n "$CLIENT_SUITES" ]; then
+if [ -n "$CLIENT_SUITES" ] && [ ! -x "$PROJECT_DIR/clients/test.sh" ]; then
+    # a release tarball leaves the clients out (.gitattributes)
+    for s in $CLIENT_SUITES; do
+        say "client_$s: skipped: no clients/ in this tree"
+        count_skip "client_$s"
+    done
+elif [ -n "$CLIENT_SUITES" ]; then
     set +e; "$PROJECT_DIR/clients/test.sh" $CLIENT_SUITES >"$OUT/clients.log" 2>&1; rc=$?; set -e
     grep -E '^(client |    RESULT|==> client)' "$OUT/clients.log" || true
     PASSED=$((PASSED + $(grep -c '^client .* \.\.\. ok$' "$OUT/clients.log" || true)))
