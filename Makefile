@@ -3,8 +3,8 @@
 #   make run            install what is missing, build, start a demo cluster
 #   make test           install what is missing, build, run every test suite
 #                       on throwaway clusters (PG_CONFIG=... for another server)
-#   make test-matrix    make test on PostgreSQL 15 and on 18 (built once into
-#                       a cache when missing)
+#   make test-matrix    make test on PostgreSQL 15, 17 and 18 (17 and 18 put
+#                       together once in a cache), then the Debian package
 #   make bench          install what is missing, build, run the benchmarks
 #   make stop           stop the demo cluster started by make run
 #
