@@ -32,7 +32,7 @@ run_server() {
     local cmd=("$@")
     [ ${#cmd[@]} -gt 0 ] || cmd=(env -u PG_CONFIG make --no-print-directory -C "$PROJECT_DIR" test ${pgc:+PG_CONFIG="$pgc"})
     log=$LOGS/$(printf '%s' "$label" | tr -c 'A-Za-z0-9.' '_').log
-    say "make test on $label"
+    say "$label"
     set +e
     "${cmd[@]}" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
