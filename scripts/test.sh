@@ -208,7 +208,7 @@ fi
 
 run_tap
 # the HTTP clients (clients/test.sh): each suite one test, named client_SUITE in TESTS
-CLIENT_SUITES=$(for s in node_unit node_e2e python_unit python_e2e; do selected "client_$s" && echo "$s"; done || true)
+CLIENT_SUITES=$(for s in node_unit node_e2e node_example python_unit python_e2e python_example; do selected "client_$s" && echo "$s"; done || true)
 if [ -n "$CLIENT_SUITES" ]; then
     set +e; "$PROJECT_DIR/clients/test.sh" $CLIENT_SUITES >"$OUT/clients.log" 2>&1; rc=$?; set -e
     grep -E '^(client |    RESULT|==> client)' "$OUT/clients.log" || true

@@ -6,6 +6,11 @@
 function captureResponse(res) {
   const saved = { writeHead: res.writeHead, write: res.write, end: res.end };
   const headersBefore = res.getHeaders();
+  // listeners a run adds for the end of the response ('finish', 'close')
+  // belong to that run: a run thrown away takes them with it, so that
+  // work an application hangs on them happens once, after the commit
+  const EVENTS = ['finish', 'close', 'prefinish'];
+  const listenersBefore = Object.fromEntries(EVENTS.map((e) => [e, res.listeners(e)]));
   let chunks = [];
   let settle = null;
 
@@ -76,6 +81,11 @@ function captureResponse(res) {
       for (const name of res.getHeaderNames()) res.removeHeader(name);
       for (const [k, v] of Object.entries(headersBefore)) res.setHeader(k, v);
       res.statusCode = 200;
+      for (const e of EVENTS) {
+        for (const l of res.listeners(e)) {
+          if (!listenersBefore[e].includes(l)) res.removeListener(e, l);
+        }
+      }
     },
   };
 }

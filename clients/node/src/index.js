@@ -36,13 +36,21 @@ const SQL_FAIL = "SELECT idempotency.idem_fail($1, $2, $3, 'unknown', $4, $5::bi
 const SQL_RELEASE = 'SELECT idempotency.idem_release($1, $2, $3, $4::bigint)';
 const SQL_DOWNSTREAM = 'SELECT idempotency.idem_downstream_key($1, $2, $3, $4) AS key';
 
+// Errors of set-up, answered 500 idempotency_not_configured: the extension
+// or its functions missing (3F000, 42883, 42P01), no privilege (42501).
+const CONFIG_SQLSTATES = new Set(['3F000', '42883', '42P01', '42501']);
+const CONFIG_FIX = 'install the extension in this database (CREATE EXTENSION idempotency CASCADE), ' +
+  'grant its client role to the application\'s role (GRANT idempotency_client TO ...) and check the options';
+
 const sqlstate = (err) => (err && (err.code || (err.cause && err.cause.code))) || null;
 const isRetryable = (err) => RETRY_SQLSTATES.has(sqlstate(err));
 const isConnectionLoss = (err) =>
   !!err && (LOST_SQLSTATES.has(sqlstate(err)) || LOST_MESSAGES.test(String(err.message || '')) ||
     (err.cause ? isConnectionLoss(err.cause) : false));
 
-// "30 seconds", "30s", "500 ms", "2 min", or a number of seconds, in ms.
+// "30 seconds", "30s", "500 ms", "2 min", or a number of seconds, in ms: a
+// quick local reading, kept for applications that used it; the options'
+// intervals go to PostgreSQL as they are.
 function intervalMs(value) {
   if (typeof value === 'number') return value * 1000;
   const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|min|mins|minutes?)?\s*$/i.exec(String(value));
@@ -51,9 +59,37 @@ function intervalMs(value) {
   const f = unit.startsWith('ms') || unit.startsWith('milli') ? 1 : unit.startsWith('min') ? 60000 : 1000;
   return Number(m[1]) * f;
 }
-const pgInterval = (value) => (value == null ? null : `${intervalMs(value)} milliseconds`);
+// An option's interval as PostgreSQL reads it: a string as it is ('1 day',
+// 'P1D', '24h'), a number as seconds.
+function pgInterval(value) {
+  if (value == null) return null;
+  if (typeof value === 'number') {
+    if (!Number.isFinite(value)) throw new TypeError(`idempotent: ${value} is not an interval`);
+    return `${value} seconds`;
+  }
+  if (typeof value !== 'string' || value.trim() === '') throw new TypeError(`idempotent: ${value} is not an interval`);
+  return value;
+}
+const SQL_CHECK = 'SELECT $1::interval AS ttl, $2::interval AS lease, $3::interval AS wait, extract(epoch FROM $2::interval) * 1000 AS lease_ms';
+
+// The options' intervals, read once by PostgreSQL: a mistake is reported
+// by name (and the request answered idempotency_not_configured), and the
+// heartbeat's period comes from the lease as the server reads it.
+class ConfigError extends Error {
+  constructor(message, cause) {
+    super(message);
+    this.name = 'ConfigError';
+    this.cause = cause;
+  }
+}
 
 const poolsWatched = new WeakSet();
+
+// The default log: one line on stderr, with the error's message and code.
+function defaultLog(message, err) {
+  const detail = err ? `: ${err.message || err}${err.code ? ` (${err.code})` : ''}` : '';
+  process.stderr.write(`idempotency: ${message}${detail}\n`);
+}
 
 function normalize(options) {
   const o = { ...options };
@@ -68,7 +104,7 @@ function normalize(options) {
   o.retries = o.retries === undefined ? 3 : o.retries;
   o.limit = o.limit || 1024 * 1024;
   o.isolation = o.isolation || null;
-  o.log = o.log || (() => {});
+  o.log = o.log || defaultLog;
   o.storeStatus = o.storeStatus || ((status) => status < 500);
   o.beginSql = o.isolation ? `BEGIN ISOLATION LEVEL ${o.isolation}` : 'BEGIN';
   if (o.isolation && !/^(READ COMMITTED|REPEATABLE READ|SERIALIZABLE)$/i.test(o.isolation)) {
@@ -77,7 +113,7 @@ function normalize(options) {
   o.leaseSql = pgInterval(o.lease);
   o.waitSql = pgInterval(o.wait);
   o.ttlSql = pgInterval(o.ttl);
-  o.heartbeatMs = o.lease ? (o.heartbeatMs || Math.max(100, intervalMs(o.lease) / 3)) : null;
+  o.checked = null; // a promise: the intervals read by the server
   if (!poolsWatched.has(o.pool) && typeof o.pool.on === 'function') {
     // an idle client whose backend was killed emits 'error' on the pool,
     // which would end the process without a listener
@@ -168,7 +204,7 @@ function idempotent(options) {
     }
     const request = { tenant, endpoint, key, rawKey, path: req.originalUrl || req.url, json: body.json };
     const runner = makeRunner(req, next, middleware);
-    const state = { leaseToken: null, noSideEffect: false };
+    const state = { leaseToken: null, noSideEffect: false, connectFailed: false };
     for (let attempt = 0; ; attempt++) {
       const outcome = await attemptOnce(req, res, next, request, runner, state);
       if (outcome !== 'retry') return;
@@ -176,13 +212,18 @@ function idempotent(options) {
       await new Promise((r) => setTimeout(r, (5 + Math.random() * 20) * 2 ** attempt));
     }
     if (state.leaseToken) await settleLease(request, state, 'retries exhausted');
-    sendAnswer(res, answer(o.profile, 'unavailable', { retryAfter: 1 }));
+    if (state.connectFailed) {
+      o.log('database_unavailable: no connection from the pool; check the pool\'s connection settings ' +
+        '(host, port, user, password) and that the server runs and accepts connections');
+    }
+    sendAnswer(res, answer(o.profile, 'unavailable',
+      { retryAfter: 1, code: state.connectFailed ? 'database_unavailable' : undefined }));
   }
 
-  async function settleLease(request, state, reason) {
+  async function settleLease(request, state, reason, release = false) {
     const { tenant, endpoint, key } = request;
     try {
-      if (state.noSideEffect) await o.pool.query(SQL_RELEASE, [tenant, endpoint, key, state.leaseToken]);
+      if (release || state.noSideEffect) await o.pool.query(SQL_RELEASE, [tenant, endpoint, key, state.leaseToken]);
       else await o.pool.query(SQL_FAIL, [tenant, endpoint, key, reason, state.leaseToken]);
     } catch (err) {
       o.log('could not settle the lease (maintenance will mark it unknown when it expires)', err);
@@ -199,7 +240,16 @@ function idempotent(options) {
       client = await o.pool.connect();
     } catch (err) {
       o.log('no database connection', err);
+      state.connectFailed = true;
       return 'retry';
+    }
+    state.connectFailed = false;
+    try {
+      await checkOptions(client);
+    } catch (err) {
+      client.release(isConnectionLoss(err) ? err : undefined);
+      if (isConnectionLoss(err)) return 'retry';
+      return notConfigured(res, err);
     }
     let lostError = null;
     const onClientError = (err) => { lostError = err; o.log('database client lost', err); };
@@ -234,6 +284,7 @@ function idempotent(options) {
           return (await client.query(SQL_CLAIM, claimArgs())).rows[0];
         } catch (err) {
           if (/^22/.test(sqlstate(err) || '')) err.idempotencyBodyInvalid = true;
+          err.idempotencyOwn = true;
           throw err;
         }
       };
@@ -258,6 +309,7 @@ function idempotent(options) {
         if (c.action !== 'execute') return await answerClaim(c);
         claimToken = c.lease_token;
       }
+      const afterCommit = [];
       req.idempotency = {
         client,
         key,
@@ -266,6 +318,10 @@ function idempotent(options) {
         leaseToken: state.leaseToken,
         attempt: undefined,
         noSideEffect() { state.noSideEffect = true; },
+        afterCommit(task) {
+          if (typeof task !== 'function') throw new TypeError('afterCommit takes a function');
+          afterCommit.push(task);
+        },
         async downstreamKey(step) {
           if (key === null) throw new Error('no Idempotency-Key: no downstream key');
           return (await client.query(SQL_DOWNSTREAM, [tenant, endpoint, key, step])).rows[0].key;
@@ -277,7 +333,9 @@ function idempotent(options) {
       if (!o.storeStatus(out.status)) {
         inTransaction = false;
         await client.query('ROLLBACK');
-        if (state.leaseToken) await settleLease(request, state, `the handler answered ${out.status}`);
+        // a 5xx is the handler's own failure: not stored, the key given
+        // back so that a retry runs again (lease mode too)
+        if (state.leaseToken) await settleLease(request, state, `the handler answered ${out.status}`, true);
         capture.send(out);
         return 'done';
       }
@@ -287,12 +345,14 @@ function idempotent(options) {
           if (NOT_STORED.has(k) || capture.headersBefore[k] === v) continue;
           headers[k] = Array.isArray(v) ? v.map(String) : String(v);
         }
-        await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken || claimToken]);
+        await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken || claimToken])
+          .catch((err) => { err.idempotencyOwn = true; throw err; });
       }
       inTransaction = false;
       await client.query('COMMIT');
       state.leaseToken = null;
       capture.send(out);
+      runAfterCommit(afterCommit, res);
       return 'done';
     } catch (err) {
       if (heartbeat) { clearInterval(heartbeat); heartbeat = null; }
@@ -300,6 +360,18 @@ function idempotent(options) {
         try { await client.query('ROLLBACK'); } catch (e) { lostError = e; }
       }
       if (capture) capture.reset();
+      if (sqlstate(err) === 'IK413') {
+        o.log('response_too_large: the response is larger than idempotency.max_response_bytes (or the endpoint\'s ' +
+          'max_response_bytes) and cannot be stored for replay; its work was rolled back. Answer a smaller body, ' +
+          'raise the limit, or set store_response = false for the endpoint', err);
+        if (state.leaseToken) await settleLease(request, state, 'response too large', true);
+        sendAnswer(res, answer(o.profile, 'too_large', { code: 'response_too_large' }));
+        return 'done';
+      }
+      if (CONFIG_SQLSTATES.has(sqlstate(err)) && err.idempotencyOwn) {
+        if (state.leaseToken) await settleLease(request, state, 'not configured', true);
+        return notConfigured(res, err);
+      }
       if (isRetryable(err) || isConnectionLoss(err) || lostError) {
         o.log('request will be run again', err);
         return 'retry';
@@ -324,7 +396,44 @@ function idempotent(options) {
     }
   }
 
+  // Work the handler left for after the commit: started once the response
+  // is sent, not awaited (the client goes back to the pool meanwhile), each
+  // task on its own; a failure is logged and changes nothing.
+  function runAfterCommit(tasks, res) {
+    if (!tasks.length) return;
+    const start = () => {
+      for (const task of tasks) {
+        Promise.resolve().then(task).catch((err) => o.log('a task after the commit failed', err));
+      }
+    };
+    if (res.writableFinished) setImmediate(start);
+    else res.once('close', start);
+  }
+
+  // The options' intervals read by the server, once; the heartbeat's
+  // period from the lease.
+  async function checkOptions(client) {
+    if (o.checked) return;
+    let row;
+    try {
+      row = (await client.query(SQL_CHECK, [o.ttlSql, o.leaseSql, o.waitSql])).rows[0];
+    } catch (err) {
+      if (/^22/.test(sqlstate(err) || '')) {
+        throw new ConfigError(`the options ttl, lease and wait must be intervals PostgreSQL reads (${err.message})`, err);
+      }
+      throw err;
+    }
+    if (o.leaseSql && !o.heartbeatMs) o.heartbeatMs = Math.max(100, Number(row.lease_ms) / 3);
+    o.checked = true;
+  }
+
+  function notConfigured(res, err) {
+    o.log(`idempotency_not_configured: ${err instanceof ConfigError ? err.message : CONFIG_FIX}`, err);
+    sendAnswer(res, answer(o.profile, 'not_configured', { code: 'idempotency_not_configured' }));
+    return 'done';
+  }
+
   return middleware;
 }
 
-module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs };
+module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs, KeyError };

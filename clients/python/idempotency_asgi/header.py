@@ -5,53 +5,58 @@ extension's rule to one inside it, or refuses it."""
 import base64
 import hashlib
 import re
+from typing import List, Optional
 
 KEY_RULE = re.compile(r"[A-Za-z0-9_-]{1,255}")
 
 
-class KeyError_(ValueError):
+class IdempotencyKeyError(ValueError):
     """The Idempotency-Key header cannot be used."""
 
 
-def _parse_sf_string(text):
-    out = []
+# the name of 0.3.0, kept for applications that catch it
+KeyError_ = IdempotencyKeyError
+
+
+def _parse_sf_string(text: str) -> str:
+    out: List[str] = []
     i = 1
     while i < len(text):
         c = text[i]
         if c == "\\":
             i += 1
             if i >= len(text) or text[i] not in '"\\':
-                raise KeyError_("invalid escape in the Idempotency-Key string")
+                raise IdempotencyKeyError("invalid escape in the Idempotency-Key string")
             out.append(text[i])
         elif c == '"':
             if i != len(text) - 1:
-                raise KeyError_("characters after the end of the Idempotency-Key string")
+                raise IdempotencyKeyError("characters after the end of the Idempotency-Key string")
             return "".join(out)
         else:
             if not 0x20 <= ord(c) <= 0x7E:
-                raise KeyError_("invalid character in the Idempotency-Key string")
+                raise IdempotencyKeyError("invalid character in the Idempotency-Key string")
             out.append(c)
         i += 1
-    raise KeyError_("unterminated Idempotency-Key string")
+    raise IdempotencyKeyError("unterminated Idempotency-Key string")
 
 
-def parse_key_header(values):
+def parse_key_header(values: Optional[List[str]]) -> Optional[str]:
     """The key of a request from its Idempotency-Key header values (a list
     of str), or None when it has none."""
     if not values:
         return None
     if len(values) != 1:
-        raise KeyError_("more than one Idempotency-Key header")
+        raise IdempotencyKeyError("more than one Idempotency-Key header")
     text = values[0].strip()
     if text == "":
-        raise KeyError_("empty Idempotency-Key header")
+        raise IdempotencyKeyError("empty Idempotency-Key header")
     key = _parse_sf_string(text) if text.startswith('"') else text
     if key == "":
-        raise KeyError_("empty Idempotency-Key")
+        raise IdempotencyKeyError("empty Idempotency-Key")
     return key
 
 
-def apply_key_policy(key, policy):
+def apply_key_policy(key: str, policy: str) -> str:
     """A key within the extension's rule passes unchanged; any other is
     refused ('refuse') or replaced ('hash') by "h_" and the base64url
     SHA-256 of its UTF-8 bytes."""
@@ -60,4 +65,4 @@ def apply_key_policy(key, policy):
     if policy == "hash":
         digest = hashlib.sha256(key.encode("utf-8")).digest()
         return "h_" + base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
-    raise KeyError_("an Idempotency-Key is 1 to 255 characters from A-Z a-z 0-9 - _")
+    raise IdempotencyKeyError("an Idempotency-Key is 1 to 255 characters from A-Z a-z 0-9 - _")

@@ -1,0 +1,54 @@
+// A typed Express 5 payments API on @idempotency/express: POST /v1/charges
+// takes an Idempotency-Key (Stripe style), writes the charge in the claim's
+// transaction, and a retry with the same key gets the same answer.
+//
+// Environment: PGHOST, PGPORT, PGDATABASE, PGUSER (pg's own variables), PORT.
+
+import express from 'express';
+import type { Request, Response } from 'express';
+import pg from 'pg';
+import { idempotent } from '@idempotency/express';
+import type { IdempotencyOptions } from '@idempotency/express';
+
+const pool = new pg.Pool({ max: 20 });
+
+const options: IdempotencyOptions = {
+  pool,
+  tenant: (req: Request): string => req.get('x-account') ?? 'acct_demo',
+  profile: 'stripe',
+  exclude: ['/metadata/request_ts'],
+  wait: '5 seconds',
+  ttl: '1 day',
+};
+
+interface ChargeRow {
+  id: string;
+  amount: string;
+  currency: string;
+}
+
+export const app = express();
+
+app.post('/v1/charges', idempotent(options), async (req: Request, res: Response): Promise<void> => {
+  const idem = req.idempotency;
+  if (!idem) throw new Error('the idempotency middleware did not run');
+  const body = req.body as { amount?: unknown; currency?: unknown };
+  const amount = Number(body.amount);
+  if (!Number.isInteger(amount) || amount <= 0 || typeof body.currency !== 'string') {
+    res.status(400).json({ error: { type: 'invalid_request_error', message: 'amount and currency are required' } });
+    return;
+  }
+  const { rows } = await idem.client.query<ChargeRow>(
+    'INSERT INTO shop_charges (amount, currency) VALUES ($1, $2) RETURNING id, amount, currency',
+    [amount, body.currency]);
+  const row = rows[0];
+  if (!row) throw new Error('no row returned');
+  res.status(200).json({ id: row.id, object: 'charge', amount: Number(row.amount), currency: row.currency });
+});
+
+if (require.main === module) {
+  const port = Number(process.env.PORT ?? 3000);
+  app.listen(port, '127.0.0.1', () => {
+    process.stdout.write(`LISTENING http://127.0.0.1:${port}\n`);
+  });
+}

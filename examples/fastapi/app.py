@@ -1,0 +1,54 @@
+"""A typed FastAPI payments API on idempotency_asgi: POST /v1/charges takes
+an Idempotency-Key (IETF style here), writes the charge in the claim's
+transaction, and a retry with the same key gets the same answer.
+
+Environment: libpq's (PGHOST, PGPORT, PGDATABASE, PGUSER)."""
+
+from typing import Dict
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel
+
+from idempotency_asgi import Context, IdempotencyMiddleware
+
+pool = AsyncConnectionPool("", min_size=1, max_size=20, open=False)
+
+
+def tenant(scope: Dict[str, object]) -> str:
+    """The authenticated account; a fixed one in this example."""
+    return "acct_demo"
+
+
+app = FastAPI()
+app.add_middleware(IdempotencyMiddleware, pool=pool, tenant=tenant, profile="ietf",
+                   exclude=["/metadata/request_ts"], wait="5 seconds", ttl="1 day")
+
+
+class Charge(BaseModel):
+    amount: int
+    currency: str
+
+
+@app.on_event("startup")
+async def open_pool() -> None:
+    await pool.open()
+
+
+@app.on_event("shutdown")
+async def close_pool() -> None:
+    await pool.close()
+
+
+@app.post("/v1/charges")
+async def create_charge(request: Request, charge: Charge) -> JSONResponse:
+    if charge.amount <= 0:
+        return JSONResponse({"title": "amount must be positive"}, status_code=400)
+    ctx: Context = request.state.idempotency  # inside the claim's transaction
+    cur = await ctx.conn.execute(
+        "INSERT INTO shop_charges (amount, currency) VALUES (%s, %s) RETURNING id", (charge.amount, charge.currency))
+    row = await cur.fetchone()
+    if row is None:
+        raise RuntimeError("no row returned")
+    return JSONResponse({"id": str(row[0]), "object": "charge", "amount": charge.amount, "currency": charge.currency})
