@@ -23,5 +23,9 @@ const expect = (cond, what) => { if (!cond) { console.error(`not ok - ${what}`);
   const other = await post({ amount: 9999, currency: 'eur' });
   const otherBody = await other.json();
   expect(other.status === 400 && otherBody.error.type === 'idempotency_error', 'same key, other amount: 400 idempotency_error');
+  const refund = await fetch(`${base}/accounts/acct_1/refunds`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', 'Idempotency-Key': `${key}-r` }, body: '{}' });
+  expect(refund.status === 200 && (await refund.json()).endpoint === 'POST /accounts/:acct/refunds',
+    'a router mounted at /accounts/:acct: one endpoint, its template');
   console.log(`CHARGE ${JSON.parse(firstBody).id}`);
 })().catch((err) => { console.error(err); process.exit(1); });

@@ -6,7 +6,7 @@ Environment: libpq's (PGHOST, PGPORT, PGDATABASE, PGUSER)."""
 
 from typing import Dict
 
-from fastapi import FastAPI, Request
+from fastapi import BackgroundTasks, FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
@@ -41,8 +41,15 @@ async def close_pool() -> None:
     await pool.close()
 
 
+async def write_receipt(charge_id: str) -> None:
+    """A background task: it runs after the commit, once the response is sent,
+    on a connection of its own."""
+    async with pool.connection() as conn:
+        await conn.execute("INSERT INTO shop_receipts (charge_id) VALUES (%s)", (charge_id,))
+
+
 @app.post("/v1/charges")
-async def create_charge(request: Request, charge: Charge) -> JSONResponse:
+async def create_charge(request: Request, charge: Charge, tasks: BackgroundTasks) -> JSONResponse:
     if charge.amount <= 0:
         return JSONResponse({"title": "amount must be positive"}, status_code=400)
     ctx: Context = request.state.idempotency  # inside the claim's transaction
@@ -51,4 +58,5 @@ async def create_charge(request: Request, charge: Charge) -> JSONResponse:
     row = await cur.fetchone()
     if row is None:
         raise RuntimeError("no row returned")
+    tasks.add_task(write_receipt, str(row[0]))
     return JSONResponse({"id": str(row[0]), "object": "charge", "amount": charge.amount, "currency": charge.currency})

@@ -104,4 +104,9 @@ cat "$WORK/check.log"
 N=$(psql -X -qtA -c "SELECT count(*) FROM shop_charges WHERE id = '$CHARGE'")
 [ "$N" = 1 ] || fail "charge $CHARGE has $N rows"
 echo "ok - one row for the charge"
+for _ in $(seq 50); do
+    [ "$(psql -X -qtA -c "SELECT count(*) FROM shop_receipts WHERE charge_id = '$CHARGE'")" = 1 ] && break; sleep 0.1
+done
+[ "$(psql -X -qtA -c "SELECT count(*) FROM shop_receipts WHERE charge_id = '$CHARGE'")" = 1 ] || fail "no receipt after the commit"
+echo "ok - the receipt written once by the background task"
 echo "RESULT example fastapi passed"

@@ -35,7 +35,9 @@ function captureResponse(res) {
   res.end = function end(chunk, enc, cb) {
     if (typeof chunk === 'function') { cb = chunk; chunk = undefined; } else if (typeof enc === 'function') { cb = enc; enc = undefined; }
     if (chunk != null) chunks.push(toBuffer(chunk, enc));
-    if (settle) settle.resolve({ status: res.statusCode, headers: res.getHeaders(), body: Buffer.concat(chunks) });
+    if (settle) {
+      settle.resolve({ status: res.statusCode, headers: res.getHeaders(), rawNames: res.getRawHeaderNames(), body: Buffer.concat(chunks) });
+    }
     settle = null;
     if (cb) process.nextTick(cb);
     return res;
@@ -68,7 +70,7 @@ function captureResponse(res) {
     send(out) {
       restore();
       res.statusCode = out.status;
-      res.end(out.body.length ? out.body : undefined);
+      sendBody(res, out.body);
     },
     restore,
     // headers the response had before the handlers ran (per delivery, never stored)
@@ -90,4 +92,15 @@ function captureResponse(res) {
   };
 }
 
-module.exports = { captureResponse };
+// Ends a response with its body; a HEAD answer gets the body's length
+// without the body, a status without a body neither.
+function sendBody(res, body) {
+  const noBody = res.statusCode === 204 || res.statusCode === 304 || (res.statusCode >= 100 && res.statusCode < 200);
+  if (!noBody && !res.hasHeader('content-length') && !res.hasHeader('transfer-encoding')) {
+    res.setHeader('Content-Length', String(body ? body.length : 0));
+  }
+  if (res.req && res.req.method === 'HEAD') return res.end();
+  return res.end(body && body.length ? body : undefined);
+}
+
+module.exports = { captureResponse, sendBody };

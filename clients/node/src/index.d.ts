@@ -1,7 +1,7 @@
 // Type declarations of @idempotency/express: the options, the middleware,
 // the helpers, and req.idempotency on Express's Request.
 
-import type { RequestHandler, Request } from 'express';
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import type { Pool, PoolClient } from 'pg';
 
 /** An interval as PostgreSQL reads it ('30 seconds', '1 day', 'P1D', '24h'), or a number of seconds. */
@@ -18,6 +18,12 @@ export interface IdempotencyOptions {
   tenant: string | ((req: Request) => string | Promise<string>);
   /** The endpoint (default: the method and the route template). */
   endpoint?: string | ((req: Request) => string | Promise<string>);
+  /**
+   * The path a router was mounted at, as written in app.use ('/accounts/:acct'):
+   * a router's mount path is not public, so the endpoint's template needs it.
+   * Sub-applications need none (app.mountpath).
+   */
+  mountPath?: string;
   profile?: Profile;
   keyPolicy?: KeyPolicy;
   /** JSON Pointers left out of the fingerprint. */
@@ -34,6 +40,13 @@ export interface IdempotencyOptions {
   isolation?: Isolation;
   /** Lease mode: the heartbeat's period in milliseconds (default a third of the lease). */
   heartbeatMs?: number;
+  /**
+   * The handlers' deadline in milliseconds (default none): past it the
+   * transaction is rolled back, its connection closed (the claim freed; in
+   * lease mode the key marked unknown unless noSideEffect()), and the request
+   * answered 503 handler_timeout.
+   */
+  deadlineMs?: number;
   /** Whether a response with this status is stored (default: below 500). */
   storeStatus?: (status: number) => boolean;
   /** Where the middleware reports what went wrong (default: console.error). */
@@ -62,7 +75,17 @@ export interface IdempotencyContext {
   downstreamKey(step: string): Promise<string>;
 }
 
-export function idempotent(options: IdempotencyOptions): RequestHandler;
+/** A request inside idempotent(): req.idempotency is set. */
+export type IdempotentRequest = Request & { idempotency: IdempotencyContext };
+/** A handler given to idempotent(): run again after a serialization failure, deadlock or lost connection. */
+export type IdempotentHandler = (req: IdempotentRequest, res: Response, next: NextFunction) => unknown;
+
+/**
+ * idempotent(options, ...handlers): the middleware runs the handlers itself
+ * (again on a retry). idempotent(options) in front of a route's handlers
+ * hands over once with Express's next (no retry).
+ */
+export function idempotent(options: IdempotencyOptions, ...handlers: Array<IdempotentHandler | IdempotentHandler[]>): RequestHandler;
 
 export class KeyError extends Error {}
 export function parseKeyHeader(value: string | string[] | undefined | null): string | null;

@@ -9,7 +9,7 @@
 const { parseKeyHeader, applyKeyPolicy, KeyError } = require('./header');
 const { fingerprintBody, formToJson, BodyError } = require('./body');
 const { answer, ACTION_OUTCOME } = require('./profiles');
-const { captureResponse } = require('./capture');
+const { captureResponse, sendBody } = require('./capture');
 
 // Errors after which the whole request is run again: serialization
 // failure, deadlock, and a connection lost before COMMIT was acknowledged
@@ -114,6 +114,9 @@ function normalize(options) {
   o.waitSql = pgInterval(o.wait);
   o.ttlSql = pgInterval(o.ttl);
   o.checked = null; // a promise: the intervals read by the server
+  if (o.deadlineMs != null && !(Number.isFinite(o.deadlineMs) && o.deadlineMs > 0)) {
+    throw new TypeError('idempotent: deadlineMs is a number of milliseconds above 0');
+  }
   if (!poolsWatched.has(o.pool) && typeof o.pool.on === 'function') {
     // an idle client whose backend was killed emits 'error' on the pool,
     // which would end the process without a listener
@@ -129,52 +132,94 @@ function sendAnswer(res, a) {
   res.end(a.body === undefined ? undefined : Buffer.from(JSON.stringify(a.body)));
 }
 
+// A stored header value as Node sends it: characters beyond Latin-1 (a
+// value idem_finish, idem_resolve or a resolver stored) go out as their
+// UTF-8 bytes instead of failing the replay.
+const headerValue = (v) => (Array.isArray(v) ? v.map(headerValue)
+  : /[^\x00-\xff]/.test(String(v)) ? Buffer.from(String(v), 'utf8').toString('latin1') : String(v));
+
 function sendStored(res, status, headers, body) {
   res.statusCode = status;
-  for (const [k, v] of Object.entries(headers || {})) res.setHeader(k, v);
-  res.end(body && body.length ? body : undefined);
+  for (const [k, v] of Object.entries(headers || {})) {
+    // a HEAD answer's Content-Length is that of the body it did not send
+    if (k.toLowerCase() !== 'content-length' || (res.req && res.req.method === 'HEAD')) res.setHeader(k, headerValue(v));
+  }
+  sendBody(res, body);
 }
 
-// The handlers that follow this middleware in its route, run again on a
-// retry; outside a route (app.use) there is only Express's next, run once.
-function makeRunner(req, next, self) {
-  const stack = req.route && Array.isArray(req.route.stack) ? req.route.stack : null;
-  const at = stack ? stack.findIndex((layer) => layer.handle === self) : -1;
-  if (at < 0 || typeof stack[at].handleRequest !== 'function') {
-    // Express's own next: errors go to the application's error handler,
-    // whose answer is captured like any other
-    return { repeatable: false, run: () => next() };
-  }
-  const method = req.method.toLowerCase() === 'head' && !req.route.methods.head ? 'get' : req.method.toLowerCase();
+// What runs the request's handlers.  Given to idempotent() itself, they are
+// run by the middleware, again on a retry (serialization failure, deadlock,
+// lost connection), each called as Express calls a handler (an async one's
+// rejection is its error).  Otherwise (the middleware in front of a route's
+// handlers or mounted with app.use) Express's own next hands over, once:
+// errors go to the application's error handler, whose answer is captured
+// like any other, and nothing can be run again.
+function makeRunner(req, res, next, handlers) {
+  if (!handlers.length) return { repeatable: false, run: () => next() };
   return {
     repeatable: true,
     run(done) {
-      let i = at + 1;
+      let i = 0;
       const step = (err) => {
         if (err === 'route' || err === 'router') return done(new Error(`next('${err}') leaves an idempotent route`));
-        while (i < stack.length) {
-          const layer = stack[i++];
-          if (!layer.method || layer.method === method) {
-            return err ? layer.handleError(err, req, req.res, step) : layer.handleRequest(req, req.res, step);
-          }
+        if (err) return done(err);
+        if (i >= handlers.length) return done(new Error('the idempotent handlers passed the request on without answering'));
+        const handler = handlers[i++];
+        try {
+          const r = handler(req, res, step);
+          if (r && typeof r.then === 'function') r.then(undefined, (e) => step(e || new Error('rejected')));
+        } catch (e) {
+          step(e);
         }
-        return done(err || new Error('no handler after the idempotency middleware answered'));
+        return undefined;
       };
       step();
     },
   };
 }
 
-function idempotent(options) {
+// The route template a request matched: its route's path, behind the
+// mount paths of the sub-applications it went through (app.mountpath, a
+// public property).  A router mounted with a path gives no public
+// template, so the request's base URL is used only when those mount paths
+// explain it; otherwise options.mountPath (the path as written in
+// app.use) or options.endpoint must name it.
+function routeTemplate(req, mountPath) {
+  if (!req.route) throw new ConfigError('outside a route (app.use), options.endpoint must name the endpoint');
+  const path = String(req.route.path);
+  const base = req.baseUrl || '';
+  if (mountPath != null) return `${String(mountPath).replace(/\/+$/, '')}${path}`;
+  if (base === '') return path;
+  let prefix = '';
+  for (let a = req.app; a && a.parent; a = a.parent) {
+    if (typeof a.mountpath !== 'string') { prefix = null; break; }
+    prefix = a.mountpath.replace(/\/+$/, '') + prefix;
+  }
+  if (prefix !== null) {
+    const pattern = prefix.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/:[A-Za-z0-9_]+/g, '[^/]+');
+    if (new RegExp(`^${pattern}$`, 'i').test(base)) return prefix + path;
+  }
+  throw new ConfigError(`the route is mounted under ${base}, which has no template the middleware can read: ` +
+    "give options.mountPath (the path as written in app.use, e.g. '/accounts/:acct') or options.endpoint");
+}
+
+function idempotent(options, ...handlers) {
   const o = normalize(options);
+  handlers = handlers.flat();
+  for (const h of handlers) {
+    if (typeof h !== 'function') throw new TypeError('idempotent: the handlers after the options are functions');
+  }
 
   async function middleware(req, res, next) {
     let rawKey;
     let key;
     try {
       // headersDistinct keeps two Idempotency-Key headers apart (headers joins them with ", ")
-      rawKey = parseKeyHeader(req.headersDistinct ? req.headersDistinct['idempotency-key'] : req.headers['idempotency-key']);
-      key = rawKey === null ? null : applyKeyPolicy(rawKey, o.keyPolicy);
+      const values = req.headersDistinct ? req.headersDistinct['idempotency-key'] : req.headers['idempotency-key'];
+      const parsed = parseKeyHeader(values);
+      key = parsed === null ? null : applyKeyPolicy(parsed, o.keyPolicy);
+      // replays echo the header as the client sent it
+      rawKey = parsed === null ? null : String(Array.isArray(values) ? values[0] : values).trim();
     } catch (err) {
       if (!(err instanceof KeyError)) return next(err);
       return sendAnswer(res, answer(o.profile, 'key_invalid', { message: err.message }));
@@ -195,15 +240,13 @@ function idempotent(options) {
     try {
       tenant = typeof o.tenant === 'function' ? await o.tenant(req) : o.tenant;
       endpoint = typeof o.endpoint === 'function' ? await o.endpoint(req) : o.endpoint;
-      if (!endpoint) {
-        if (!req.route) throw new Error('idempotent: outside a route, options.endpoint is required');
-        endpoint = `${req.method} ${req.baseUrl || ''}${req.route.path}`;
-      }
+      if (!endpoint) endpoint = `${req.method} ${routeTemplate(req, o.mountPath)}`;
     } catch (err) {
+      if (err instanceof ConfigError) return notConfigured(res, err);
       return next(err);
     }
     const request = { tenant, endpoint, key, rawKey, path: req.originalUrl || req.url, json: body.json };
-    const runner = makeRunner(req, next, middleware);
+    const runner = makeRunner(req, res, next, handlers);
     const state = { leaseToken: null, noSideEffect: false, connectFailed: false };
     for (let attempt = 0; ; attempt++) {
       const outcome = await attemptOnce(req, res, next, request, runner, state);
@@ -328,7 +371,7 @@ function idempotent(options) {
         },
       };
       capture = captureResponse(res);
-      const out = await capture.run(runner);
+      const out = await runWithDeadline(capture, runner);
       if (lostError) throw lostError;
       if (!o.storeStatus(out.status)) {
         inTransaction = false;
@@ -341,9 +384,11 @@ function idempotent(options) {
       }
       if (key !== null) {
         const headers = {};
+        // stored with the names as the handler spelled them
+        const spelled = new Map((out.rawNames || []).map((n) => [n.toLowerCase(), n]));
         for (const [k, v] of Object.entries(out.headers)) {
-          if (NOT_STORED.has(k) || capture.headersBefore[k] === v) continue;
-          headers[k] = Array.isArray(v) ? v.map(String) : String(v);
+          if ((NOT_STORED.has(k) && !(k === 'content-length' && req.method === 'HEAD')) || capture.headersBefore[k] === v) continue;
+          headers[spelled.get(k) || k] = Array.isArray(v) ? v.map(String) : String(v);
         }
         await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken || claimToken])
           .catch((err) => { err.idempotencyOwn = true; throw err; });
@@ -371,6 +416,16 @@ function idempotent(options) {
       if (CONFIG_SQLSTATES.has(sqlstate(err)) && err.idempotencyOwn) {
         if (state.leaseToken) await settleLease(request, state, 'not configured', true);
         return notConfigured(res, err);
+      }
+      if (err.idempotencyDeadline) {
+        // the handler may still be using the client: it is closed (the
+        // server rolls back and frees the claim), not given back as it is
+        lostError = err;
+        o.log(`handler_timeout: the handlers did not answer within deadlineMs (${o.deadlineMs} ms); the transaction was ` +
+          'rolled back and its connection closed. Find what they wait for, or raise deadlineMs', err);
+        if (state.leaseToken) await settleLease(request, state, err.message);
+        sendAnswer(res, answer(o.profile, 'unavailable', { retryAfter: 1, code: 'handler_timeout' }));
+        return 'done';
       }
       if (isRetryable(err) || isConnectionLoss(err) || lostError) {
         o.log('request will be run again', err);
@@ -408,6 +463,21 @@ function idempotent(options) {
     };
     if (res.writableFinished) setImmediate(start);
     else res.once('close', start);
+  }
+
+  // The handlers' run, given up after deadlineMs (an option; none by default).
+  function runWithDeadline(capture, runner) {
+    const run = capture.run(runner);
+    if (!o.deadlineMs) return run;
+    let timer;
+    const deadline = new Promise((resolve, reject) => {
+      timer = setTimeout(() => {
+        const err = new Error(`the handlers did not answer within ${o.deadlineMs} ms`);
+        err.idempotencyDeadline = true;
+        reject(err);
+      }, o.deadlineMs);
+    });
+    return Promise.race([run, deadline]).finally(() => clearTimeout(timer));
   }
 
   // The options' intervals read by the server, once; the heartbeat's

@@ -8,6 +8,10 @@ import re
 from typing import List, Optional
 
 KEY_RULE = re.compile(r"[A-Za-z0-9_-]{1,255}")
+# RFC 8941 parameters: *( ";" *SP key [ "=" bare-item ] ), a bare item being a
+# string, a token, a number, a boolean or a byte sequence
+SF_PARAMETERS = re.compile(r'(;[ ]*[a-z*][a-z0-9_.*-]*(=("([^"\\]|\\["\\])*"|[A-Za-z*][A-Za-z0-9!#$%&\'*+.^_`|~:/-]*'
+                           r'|-?[0-9]+(\.[0-9]+)?|\?[01]|:[A-Za-z0-9+/=]*:))?)*')
 
 
 class IdempotencyKeyError(ValueError):
@@ -29,7 +33,9 @@ def _parse_sf_string(text: str) -> str:
                 raise IdempotencyKeyError("invalid escape in the Idempotency-Key string")
             out.append(text[i])
         elif c == '"':
-            if i != len(text) - 1:
+            # RFC 8941 section 3.1.2: an Item may carry parameters, which do
+            # not belong to the key
+            if not SF_PARAMETERS.fullmatch(text[i + 1:]):
                 raise IdempotencyKeyError("characters after the end of the Idempotency-Key string")
             return "".join(out)
         else:
@@ -38,6 +44,22 @@ def _parse_sf_string(text: str) -> str:
             out.append(c)
         i += 1
     raise IdempotencyKeyError("unterminated Idempotency-Key string")
+
+
+def _from_header_bytes(text: str) -> str:
+    """A header's bytes read as Latin-1 (as ASGI servers hand them over) read
+    again as the UTF-8 they were sent in, so that key policy 'hash' hashes the
+    bytes the client sent; a key that is not UTF-8 is refused."""
+    if text.isascii():
+        return text
+    try:
+        raw = text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise IdempotencyKeyError("the Idempotency-Key is not UTF-8") from None
 
 
 def parse_key_header(values: Optional[List[str]]) -> Optional[str]:
@@ -50,7 +72,7 @@ def parse_key_header(values: Optional[List[str]]) -> Optional[str]:
     text = values[0].strip()
     if text == "":
         raise IdempotencyKeyError("empty Idempotency-Key header")
-    key = _parse_sf_string(text) if text.startswith('"') else text
+    key = _parse_sf_string(text) if text.startswith('"') else _from_header_bytes(text)
     if key == "":
         raise IdempotencyKeyError("empty Idempotency-Key")
     return key

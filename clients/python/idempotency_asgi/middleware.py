@@ -101,6 +101,16 @@ def _default_log(message: str, err: Optional[BaseException] = None) -> None:
     LOGGER.error("idempotency: %s", message, exc_info=err)
 
 
+def _header_bytes(value: str) -> bytes:
+    """A stored header value as bytes: Latin-1 when it fits (what HTTP/1.1
+    carries), otherwise its UTF-8 bytes (a value idem_finish, idem_resolve or
+    a resolver stored with other characters), never an error at replay."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8")
+
+
 def _sqlstate(err: BaseException) -> Optional[str]:
     return getattr(err, "sqlstate", None)
 
@@ -215,8 +225,11 @@ class IdempotencyMiddleware:
             return await self.app(scope, receive, send)
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
         try:
-            raw_key = parse_key_header([v for k, v in headers if k == "idempotency-key"])
-            key = None if raw_key is None else apply_key_policy(raw_key, self.key_policy)
+            key_values = [v for k, v in headers if k == "idempotency-key"]
+            parsed = parse_key_header(key_values)
+            # replays echo the header as the client sent it
+            raw_key = None if parsed is None else key_values[0].strip()
+            key = None if parsed is None else apply_key_policy(parsed, self.key_policy)
         except IdempotencyKeyError as err:
             return await self._send_answer(send, "key_invalid", message=str(err))
         if key is None and self.required:
@@ -298,7 +311,7 @@ class IdempotencyMiddleware:
         out: List[Tuple[bytes, bytes]] = []
         for name, value in headers.items():
             for v in value if isinstance(value, list) else [value]:
-                out.append((name.lower().encode("latin-1"), str(v).encode("latin-1")))
+                out.append((name.lower().encode("latin-1"), _header_bytes(str(v))))
         out = [h for h in out if h[0] != b"content-length"]
         out.append((b"content-length", str(len(body or b"")).encode()))
         await send({"type": "http.response.start", "status": status, "headers": out})

@@ -38,7 +38,7 @@ function app() {
   const a = express();
   // a pool of one client: a task that held it would block the next request
   const opts = { pool, tenant: 't', log: (m, e) => logged.push(`${m}: ${e && e.message}`) };
-  a.post('/pay/:kind', idempotent(opts), async (req, res) => {
+  a.post('/pay/:kind', idempotent(opts, async (req, res) => {
     const { key, client } = req.idempotency;
     handlerRuns[key] = (handlerRuns[key] || 0) + 1;
     await client.query('INSERT INTO bg_payments (idem_key) VALUES ($1)', [key]);
@@ -61,7 +61,7 @@ function app() {
       }
     }
     res.json({ paid: key });
-  });
+  }));
   return a;
 }
 
