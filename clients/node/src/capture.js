@@ -69,6 +69,12 @@ function captureResponse(res) {
     // sends a captured response (its headers are already set on res)
     send(out) {
       restore();
+      // the headers as they were when the handlers ended the response: an
+      // error handler that ran after (a handler that answered, then threw)
+      // does not change what is sent
+      const spelled = new Map((out.rawNames || []).map((n) => [n.toLowerCase(), n]));
+      for (const name of res.getHeaderNames()) res.removeHeader(name);
+      for (const [k, v] of Object.entries(out.headers)) res.setHeader(spelled.get(k) || k, v);
       res.statusCode = out.status;
       sendBody(res, out.body);
     },

@@ -9,6 +9,7 @@
 const { parseKeyHeader, applyKeyPolicy, KeyError } = require('./header');
 const { fingerprintBody, formToJson, BodyError } = require('./body');
 const { answer, ACTION_OUTCOME } = require('./profiles');
+const zlib = require('node:zlib');
 const { captureResponse, sendBody } = require('./capture');
 
 // Errors after which the whole request is run again: serialization
@@ -137,6 +138,39 @@ function sendAnswer(res, a) {
 // UTF-8 bytes instead of failing the replay.
 const headerValue = (v) => (Array.isArray(v) ? v.map(headerValue)
   : /[^\x00-\xff]/.test(String(v)) ? Buffer.from(String(v), 'utf8').toString('latin1') : String(v));
+
+// A stored body encoded (Content-Encoding, a compression() after this
+// middleware) for a client whose Accept-Encoding does not take that
+// encoding: decoded for it (gzip, deflate, br), the header dropped.
+const DECODERS = { gzip: zlib.gunzipSync, 'x-gzip': zlib.gunzipSync, deflate: zlib.inflateSync, br: zlib.brotliDecompressSync };
+
+function accepts(acceptEncoding, coding) {
+  if (!acceptEncoding) return false;
+  let star = null;
+  for (const part of String(acceptEncoding).split(',')) {
+    const [name, ...params] = part.trim().toLowerCase().split(';');
+    const q = params.map((p) => p.trim()).find((p) => p.startsWith('q='));
+    const ok = !q || Number(q.slice(2)) > 0;
+    if (name === coding || (coding === 'x-gzip' && name === 'gzip')) return ok;
+    if (name === '*') star = ok;
+  }
+  return star === true;
+}
+
+function decodeForClient(req, headers, body) {
+  const name = Object.keys(headers).find((k) => k.toLowerCase() === 'content-encoding');
+  if (!name || !body || !body.length) return body;
+  const codings = String(headers[name]).toLowerCase().split(',').map((c) => c.trim()).filter((c) => c && c !== 'identity');
+  if (codings.every((c) => accepts(req.headers['accept-encoding'], c))) return body;
+  let out = body;
+  for (const c of codings.reverse()) {
+    const decode = DECODERS[c];
+    if (!decode) return body; // an encoding this middleware cannot undo: sent as stored
+    out = decode(out);
+  }
+  delete headers[name];
+  return out;
+}
 
 function sendStored(res, status, headers, body) {
   res.statusCode = status;
@@ -311,7 +345,7 @@ function idempotent(options, ...handlers) {
             if (k.toLowerCase() !== 'idempotency-key') headers[k] = v;
           }
           headers['Idempotency-Key'] = request.rawKey;
-          sendStored(res, c.response_status, headers, c.response_body);
+          sendStored(res, c.response_status, headers, decodeForClient(req, headers, c.response_body));
           return 'done';
         }
         const outcome = ACTION_OUTCOME[c.action];

@@ -133,6 +133,10 @@ class _NotConfigured(Exception):
     """The extension, a privilege or an option is missing or wrong."""
 
 
+class _Deadline(Exception):
+    """The application did not answer within the deadline."""
+
+
 class _TooLarge(Exception):
     """The response is above the size cap for stored responses (IK413)."""
 
@@ -177,7 +181,9 @@ class IdempotencyMiddleware:
     exclude: JSON Pointers left out of the fingerprint; lease, wait, ttl:
     intervals ('30 seconds'); required: refuse keyless requests;
     methods: the methods it applies to; retries: runs again after a
-    serialization failure, deadlock or lost connection."""
+    serialization failure, deadlock or lost connection; deadline: seconds
+    after which an application that has not answered is given up (its
+    transaction rolled back, its connection closed, 503 handler_timeout)."""
 
     def __init__(self, app: ASGIApp,
                  pool: Union[AsyncConnectionPool, Callable[[], AsyncConnectionPool]],
@@ -189,6 +195,7 @@ class IdempotencyMiddleware:
                  methods: Sequence[str] = ("POST", "PUT", "PATCH", "DELETE"), retries: int = 3,
                  limit: int = 1024 * 1024, isolation: Optional[str] = None, heartbeat: Optional[float] = None,
                  store_status: Callable[[int], bool] = lambda status: status < 500,
+                 deadline: Optional[float] = None,
                  log: Optional[Logger] = None) -> None:
         if profile not in ("stripe", "ietf"):
             raise ValueError("profile is 'stripe' or 'ietf'")
@@ -214,6 +221,9 @@ class IdempotencyMiddleware:
         self.limit = limit
         self.isolation = isolation
         self.store_status = store_status
+        if deadline is not None and not deadline > 0:
+            raise ValueError("deadline is a number of seconds above 0")
+        self.deadline = deadline
         self.log: Logger = log or _default_log
 
     @property
@@ -427,6 +437,7 @@ class IdempotencyMiddleware:
             scope.setdefault("state", {})["idempotency"] = Context(conn, key, req["tenant"], req["endpoint"], state)
             captured: Dict[str, Any] = {"status": None, "headers": [], "body": []}
             done = {"sent": False}
+            sent_event = asyncio.Event()
 
             # The response is stored and committed, and sent, as soon as the
             # application has sent its last byte: what the application does
@@ -473,6 +484,7 @@ class IdempotencyMiddleware:
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 done["sent"] = True
+                sent_event.set()
                 if heartbeat is not None:
                     heartbeat.cancel()
                     heartbeat = None
@@ -490,8 +502,19 @@ class IdempotencyMiddleware:
                     if not message.get("more_body", False):
                         await complete()
 
+            app_task = asyncio.ensure_future(self.app(scope, self._replaying(raw, receive), capture))
+            if self.deadline:
+                # the handler's deadline runs until the response is sent, not
+                # over the background tasks after it
+                sent_wait = asyncio.ensure_future(sent_event.wait())
+                finished, _ = await asyncio.wait({app_task, sent_wait}, timeout=self.deadline,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                sent_wait.cancel()
+                if not finished:
+                    app_task.cancel()
+                    raise _Deadline(f"the application did not answer within {self.deadline} s")
             try:
-                await self.app(scope, self._replaying(raw, receive), capture)
+                await app_task
             except Exception as err:
                 if done["sent"]:
                     self.log("a background task failed after the commit and the response", err)
@@ -504,6 +527,16 @@ class IdempotencyMiddleware:
         except _BodyRefused as err:
             await conn.rollback()
             await self._send_answer(send, "body_invalid", message=str(err))
+        except _Deadline as err:
+            # the application may still hold the connection inside a query:
+            # closed, not rolled back (the server rolls back and frees the claim)
+            await conn.close()
+            self.log(f"handler_timeout: the application did not answer within deadline ({self.deadline} s); the "
+                     "transaction was rolled back and its connection closed. Find what it waits for, or raise "
+                     "deadline", err)
+            if state["lease_token"] is not None:
+                await self._settle_lease(req, state, str(err))
+            await self._send_answer(send, "unavailable", retry_after=1, code="handler_timeout")
         except (_NotConfigured, _TooLarge) as err:
             if not conn.broken:
                 await conn.rollback()

@@ -2,6 +2,7 @@
 key policy 'hash' on the key's UTF-8 bytes, a stored header value outside
 Latin-1 replayed.  Needs IDEM_TEST_PGPORT (clients/test.sh sets it)."""
 
+import asyncio
 import base64
 import hashlib
 import os
@@ -73,3 +74,35 @@ class Findings(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(r2.content, r1.content)
         raw = dict(r2.headers.raw)
         self.assertEqual(raw[b"x-note"].decode("utf-8"), "Zürich → 東京")
+
+
+@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
+class Deadline(unittest.IsolatedAsyncioTestCase):
+    async def test_hung_handler_frees_claim_and_connection(self) -> None:
+        pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=1, open=False)
+        await pool.open()
+        logged: list = []
+        app = FastAPI()
+        app.add_middleware(IdempotencyMiddleware, pool=pool, tenant="t", deadline=0.3,
+                           log=lambda m, e=None: logged.append(m))
+
+        @app.post("/hang")
+        async def hang(request: Request) -> Any:
+            await request.state.idempotency.conn.execute("SELECT 1")
+            if request.headers.get("x-hang"):
+                await asyncio.Event().wait()
+            return {"ok": True}
+
+        key = f"py-{uuid.uuid4().hex}"
+        try:
+            async with httpx.AsyncClient(app=app, base_url="http://test") as c:
+                r1 = await asyncio.wait_for(c.post("/hang", json={}, headers={"Idempotency-Key": key, "x-hang": "1"}), 10)
+                self.assertEqual(r1.status_code, 503)
+                self.assertEqual(r1.json()["error"]["code"], "handler_timeout")
+                self.assertTrue(any(m.startswith("handler_timeout: ") for m in logged))
+                # the pool's only connection is usable again, and the key is free
+                r2 = await asyncio.wait_for(c.post("/hang", json={}, headers={"Idempotency-Key": key}), 10)
+                self.assertEqual(r2.status_code, 200)
+                self.assertIsNone(r2.headers.get("idempotent-replayed"))
+        finally:
+            await pool.close()
