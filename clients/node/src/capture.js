@@ -79,6 +79,11 @@ function captureResponse(res) {
       sendBody(res, out.body);
     },
     restore,
+    // ends a run that has not answered yet with this error
+    abort(err) {
+      if (settle) settle.reject(err);
+      settle = null;
+    },
     // headers the response had before the handlers ran (per delivery, never stored)
     headersBefore,
     // forget what the handlers did: the response is as before they ran

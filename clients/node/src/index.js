@@ -329,11 +329,18 @@ function idempotent(options, ...handlers) {
       return notConfigured(res, err);
     }
     let lostError = null;
-    const onClientError = (err) => { lostError = err; o.log('database client lost', err); };
+    let capture = null;
+    // a connection lost while the handlers run (a killed backend,
+    // idle_in_transaction_session_timeout while they hang) ends their run at
+    // once: the client goes back to the pool as broken, the request runs again
+    const onClientError = (err) => {
+      lostError = err;
+      o.log('database client lost', err);
+      if (capture) capture.abort(err);
+    };
     client.on('error', onClientError);
     let heartbeat = null;
     let inTransaction = false;
-    let capture = null;
     try {
       const claimArgs = () => [tenant, endpoint, key, req.method, request.path, request.json, o.exclude,
         o.ttlSql, o.leaseSql, o.waitSql];

@@ -142,3 +142,31 @@ test('a handler that never answers: at deadlineMs its transaction is rolled back
     await small.end();
   }
 });
+
+test('a hung handler whose connection the server ends: the run is given up, the client closed, the request runs again', { skip }, async () => {
+  const a = express();
+  const small = new pg.Pool({ ...conn, max: 1 });
+  const admin = new pg.Client(conn);
+  await admin.connect();
+  let runsHere = 0;
+  a.post('/hang2', idempotent({ pool: small, tenant: 't', log: () => {} }, async (req, res) => {
+    runsHere++;
+    const pid = (await req.idempotency.client.query('SELECT pg_backend_pid() AS p')).rows[0].p;
+    if (runsHere === 1) {
+      setTimeout(() => admin.query('SELECT pg_terminate_backend($1)', [pid]).catch(() => {}), 200);
+      await new Promise(() => {}); // hangs, as a handler waiting for something that never comes
+    }
+    res.json({ run: runsHere });
+  }));
+  const s = await new Promise((resolve) => { const srv = a.listen(0, '127.0.0.1', () => resolve(srv)); });
+  try {
+    const r = await fetch(`http://127.0.0.1:${s.address().port}/hang2`,
+      { method: 'POST', headers: { 'Idempotency-Key': newKey(), 'Content-Type': 'application/json' }, body: '{}' });
+    assert.equal(r.status, 200);
+    assert.deepEqual(await r.json(), { run: 2 });
+  } finally {
+    await new Promise((r) => s.close(r));
+    await small.end();
+    await admin.end();
+  }
+});
