@@ -6,12 +6,12 @@ Environment: libpq's (PGHOST, PGPORT, PGDATABASE, PGUSER)."""
 
 from typing import Dict
 
-from fastapi import BackgroundTasks, FastAPI, Request
+from fastapi import BackgroundTasks, Depends, FastAPI
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
-from idempotency_asgi import Context, IdempotencyMiddleware
+from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
 
 pool = AsyncConnectionPool("", min_size=1, max_size=20, open=False)
 
@@ -22,8 +22,10 @@ def tenant(scope: Dict[str, object]) -> str:
 
 
 app = FastAPI()
+# opt_in: only the routes that depend on idempotency claim a key (and take a
+# connection); their endpoint is the route template FastAPI matched
 app.add_middleware(IdempotencyMiddleware, pool=pool, tenant=tenant, profile="ietf",
-                   exclude=["/metadata/request_ts"], wait="5 seconds", ttl="1 day")
+                   exclude=["/metadata/request_ts"], wait="5 seconds", ttl="1 day", opt_in=True)
 
 
 class Charge(BaseModel):
@@ -49,10 +51,11 @@ async def write_receipt(charge_id: str) -> None:
 
 
 @app.post("/v1/charges")
-async def create_charge(request: Request, charge: Charge, tasks: BackgroundTasks) -> JSONResponse:
+async def create_charge(charge: Charge, tasks: BackgroundTasks,
+                        ctx: Context = Depends(idempotency)) -> JSONResponse:
     if charge.amount <= 0:
         return JSONResponse({"title": "amount must be positive"}, status_code=400)
-    ctx: Context = request.state.idempotency  # inside the claim's transaction
+    # ctx.conn: inside the claim's transaction
     cur = await ctx.conn.execute(
         "INSERT INTO shop_charges (amount, currency) VALUES (%s, %s) RETURNING id", (charge.amount, charge.currency))
     row = await cur.fetchone()

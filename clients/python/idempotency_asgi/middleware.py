@@ -15,6 +15,7 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, List, MutableMappi
 
 import psycopg
 from psycopg.rows import dict_row
+from starlette.requests import Request
 from psycopg_pool import AsyncConnectionPool
 
 from .body import BodyError, fingerprint_body
@@ -133,6 +134,38 @@ class _NotConfigured(Exception):
     """The extension, a privilege or an option is missing or wrong."""
 
 
+class _Answered(Exception):
+    """The claim's answer is not execute: replay, conflict, mismatch."""
+
+    def __init__(self, claim: Dict[str, Any]) -> None:
+        super().__init__(claim.get("action"))
+        self.claim = claim
+
+
+_CLAIM = "idempotency_claim"
+
+
+async def claim(request: Any, endpoint: Optional[str] = None) -> "Context":
+    """The claim of a request, for a route that opts in (the middleware with
+    opt_in=True): takes the connection, claims the key, and returns the
+    Context (also request.state.idempotency).  endpoint: the route template
+    by default (FastAPI's route); Starlette routes name it."""
+    scope = request.scope
+    claim_now = scope.get("state", {}).get(_CLAIM)
+    if claim_now is None:
+        ctx = scope.get("state", {}).get("idempotency")
+        if ctx is not None:  # the middleware claimed at once (opt_in=False)
+            return ctx  # type: ignore[no-any-return]
+        raise RuntimeError("idempotency: no IdempotencyMiddleware covers this request (its method, or the app)")
+    return await claim_now(endpoint)  # type: ignore[no-any-return]
+
+
+async def idempotency(request: Request) -> "Context":
+    """FastAPI dependency: ctx: Context = Depends(idempotency).  The route
+    opts in; its template names the endpoint."""
+    return await claim(request)
+
+
 class _Deadline(Exception):
     """The application did not answer within the deadline."""
 
@@ -195,7 +228,7 @@ class IdempotencyMiddleware:
                  methods: Sequence[str] = ("POST", "PUT", "PATCH", "DELETE"), retries: int = 3,
                  limit: int = 1024 * 1024, isolation: Optional[str] = None, heartbeat: Optional[float] = None,
                  store_status: Callable[[int], bool] = lambda status: status < 500,
-                 deadline: Optional[float] = None,
+                 deadline: Optional[float] = None, opt_in: bool = False,
                  log: Optional[Logger] = None) -> None:
         if profile not in ("stripe", "ietf"):
             raise ValueError("profile is 'stripe' or 'ietf'")
@@ -224,6 +257,7 @@ class IdempotencyMiddleware:
         if deadline is not None and not deadline > 0:
             raise ValueError("deadline is a number of seconds above 0")
         self.deadline = deadline
+        self.opt_in = opt_in
         self.log: Logger = log or _default_log
 
     @property
@@ -259,9 +293,11 @@ class IdempotencyMiddleware:
             body_json, _ = fingerprint_body(content_type, raw)
         except BodyError as err:
             return await self._send_answer(send, "body_invalid", message=str(err))
-        endpoint = await self._endpoint(scope)
-        if endpoint is None:  # no route matches: nothing to protect
-            return await self.app(scope, self._replaying(raw, receive), send)
+        endpoint = None
+        if not self.opt_in:
+            endpoint = await self._endpoint(scope)
+            if endpoint is None:  # no route matches: nothing to protect
+                return await self.app(scope, self._replaying(raw, receive), send)
         tenant = self.tenant(scope) if callable(self.tenant) else self.tenant
         if asyncio.iscoroutine(tenant):
             tenant = await tenant
@@ -284,6 +320,21 @@ class IdempotencyMiddleware:
             await self._send_answer(send, "unavailable", retry_after=1, code="database_unavailable")
             return
         await self._send_answer(send, "unavailable", retry_after=1)
+
+    async def _route_endpoint(self, scope: Scope) -> str:
+        """opt_in: the endpoint option, or the method and the template of the
+        route the framework matched (FastAPI puts it in scope["route"]),
+        behind the mount's root_path."""
+        if self.endpoint is not None:
+            e = await self._endpoint(scope)
+            if e is not None:
+                return e
+        route = scope.get("route")
+        template = getattr(route, "path_format", None) or getattr(route, "path", None)
+        if not isinstance(template, str):
+            raise _NotConfigured("the framework names no route template for this request (Starlette): give the "
+                                 "endpoint, claim(request, endpoint='POST /v1/orders')")
+        return f"{scope['method']} {scope.get('root_path', '')}{template}"
 
     async def _endpoint(self, scope: Scope) -> Optional[str]:
         if self.endpoint is not None:
@@ -400,16 +451,27 @@ class IdempotencyMiddleware:
     async def _attempt(self, scope: Scope, receive: Receive, send: Send, raw: bytes, req: Dict[str, Any],
                        state: Dict[str, Any]) -> None:
         """One run of the request; raises _Retry when it should run again."""
-        try:
-            conn = await self.pool.getconn()
-        except Exception as err:
-            self.log("no database connection", err)
-            state["connect_failed"] = True
-            raise _Retry() from err
-        state["connect_failed"] = False
+        conn: Optional[AsyncConn] = None
         heartbeat: Optional["asyncio.Future[None]"] = None
         released = {"conn": False}
-        try:
+        claimed: Dict[str, Any] = {"ctx": None, "token": None}
+
+        # The claim: a pool connection, the key claimed, the transaction the
+        # application writes in.  At once, or (opt_in) when the route asks
+        # for it through idempotency()/claim(), with the route's template.
+        async def claim_now(endpoint: Optional[str]) -> Context:
+            nonlocal conn, heartbeat
+            if claimed["ctx"] is not None:
+                ctx: Context = claimed["ctx"]
+                return ctx
+            req["endpoint"] = endpoint if endpoint is not None else await self._route_endpoint(scope)
+            try:
+                conn = await self.pool.getconn()
+            except Exception as err:
+                self.log("no database connection", err)
+                state["connect_failed"] = True
+                raise _Retry() from err
+            state["connect_failed"] = False
             await self._check_options(conn)
             key = req["key"]
             if key is not None and self.lease and state["lease_token"] is None:
@@ -417,7 +479,7 @@ class IdempotencyMiddleware:
                 c = await self._claim(conn, req)
                 await conn.set_autocommit(False)
                 if c["action"] != "execute":
-                    return await self._answer_claim(send, req, c)
+                    raise _Answered(c)
                 state["lease_token"] = c["lease_token"]
             if state["lease_token"] is not None:
                 heartbeat = asyncio.ensure_future(self._heartbeat(req, state))
@@ -425,16 +487,25 @@ class IdempotencyMiddleware:
                 await conn.execute(f"SET TRANSACTION ISOLATION LEVEL {self.isolation.upper()}")
             # an endpoint whose policy has a lease answers even this claim with
             # a token: it is finished with it in this same transaction
-            claim_token = None
             if key is not None and not self.lease:
                 c = await self._claim(conn, req)
                 if c["action"] != "execute":
                     await conn.rollback()
-                    return await self._answer_claim(send, req, c)
-                claim_token = c["lease_token"]
+                    raise _Answered(c)
+                claimed["token"] = c["lease_token"]
             else:
                 await conn.execute("SELECT 1")  # opens the transaction the application writes in
-            scope.setdefault("state", {})["idempotency"] = Context(conn, key, req["tenant"], req["endpoint"], state)
+            ctx = Context(conn, key, req["tenant"], req["endpoint"], state)
+            scope.setdefault("state", {})["idempotency"] = ctx
+            claimed["ctx"] = ctx
+            return ctx
+
+        try:
+            if self.opt_in:
+                scope.setdefault("state", {})[_CLAIM] = claim_now
+            else:
+                await claim_now(req["endpoint"])
+            key = req["key"]
             captured: Dict[str, Any] = {"status": None, "headers": [], "body": []}
             done = {"sent": False}
             sent_event = asyncio.Event()
@@ -445,7 +516,7 @@ class IdempotencyMiddleware:
             # after the commit and after the response, and cannot change them.
             async def complete() -> None:
                 nonlocal heartbeat
-                if captured["status"] is None:
+                if captured["status"] is None or conn is None:
                     raise RuntimeError("the application sent no response")
                 body = b"".join(captured["body"])
                 status = captured["status"]
@@ -470,7 +541,7 @@ class IdempotencyMiddleware:
                                 stored[name] = value
                         try:
                             await conn.execute(SQL_FINISH, (req["tenant"], req["endpoint"], key, status, body,
-                                                            json.dumps(stored), state["lease_token"] or claim_token))
+                                                            json.dumps(stored), state["lease_token"] or claimed["token"]))
                         except psycopg.Error as err:
                             if _sqlstate(err) == "IK413":
                                 raise _TooLarge() from err
@@ -493,6 +564,14 @@ class IdempotencyMiddleware:
 
             async def capture(message: Message) -> None:
                 if done["sent"]:
+                    return
+                if conn is None:
+                    # opt_in: a route that did not ask for the claim passes
+                    # through untouched, without a connection
+                    await send(message)
+                    if message["type"] == "http.response.body" and not message.get("more_body", False):
+                        done["sent"] = True
+                        sent_event.set()
                     return
                 if message["type"] == "http.response.start":
                     captured["status"] = message["status"]
@@ -524,13 +603,17 @@ class IdempotencyMiddleware:
                 await complete()
         except _Retry:
             raise
+        except _Answered as a:
+            await self._answer_claim(send, req, a.claim)
         except _BodyRefused as err:
-            await conn.rollback()
+            if conn is not None:
+                await conn.rollback()
             await self._send_answer(send, "body_invalid", message=str(err))
         except _Deadline as err:
             # the application may still hold the connection inside a query:
             # closed, not rolled back (the server rolls back and frees the claim)
-            await conn.close()
+            if conn is not None:
+                await conn.close()
             self.log(f"handler_timeout: the application did not answer within deadline ({self.deadline} s); the "
                      "transaction was rolled back and its connection closed. Find what it waits for, or raise "
                      "deadline", err)
@@ -538,7 +621,7 @@ class IdempotencyMiddleware:
                 await self._settle_lease(req, state, str(err))
             await self._send_answer(send, "unavailable", retry_after=1, code="handler_timeout")
         except (_NotConfigured, _TooLarge) as err:
-            if not conn.broken:
+            if conn is not None and not conn.broken:
                 await conn.rollback()
             if state["lease_token"] is not None:
                 await self._settle_lease(req, state, "not stored", release=True)
@@ -549,7 +632,7 @@ class IdempotencyMiddleware:
                 self.log(f"idempotency_not_configured: {err}", err.__cause__)
                 await self._send_answer(send, "not_configured", code="idempotency_not_configured")
         except Exception as err:
-            if not conn.broken:
+            if conn is not None and not conn.broken:
                 try:
                     await conn.rollback()
                 except Exception:
@@ -564,10 +647,11 @@ class IdempotencyMiddleware:
             if heartbeat is not None:
                 heartbeat.cancel()
             scope.get("state", {}).pop("idempotency", None)
-            if not conn.broken and conn.autocommit:  # a lease claim that failed
+            scope.get("state", {}).pop(_CLAIM, None)
+            if conn is not None and not conn.broken and conn.autocommit:  # a lease claim that failed
                 try:
                     await conn.set_autocommit(False)
                 except psycopg.Error:
                     pass
-            if not released["conn"]:
+            if conn is not None and not released["conn"]:
                 await self.pool.putconn(conn)
