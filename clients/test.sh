@@ -2,10 +2,15 @@
 # The HTTP clients' tests: for each of clients/node and clients/python, its
 # unit tests and an end-to-end test (a real HTTP server using the
 # middleware, driven by a real client library with its own retries, under
-# injected faults).  Prints one line "client SUITE ... ok|FAILED" per suite
-# and exits non-zero when one failed.
+# injected faults); and the packages as an application outside the checkout
+# gets them (examples/express/run.sh --test: the npm pack tarball installed
+# into a fresh application, compiled with tsc --strict;
+# examples/fastapi/run.sh --test: the wheel installed into a fresh virtual
+# environment, checked with mypy --strict; both then served and asked).
+# Prints one line "client SUITE ... ok|FAILED" per suite and exits non-zero
+# when one failed.
 #
-#   clients/test.sh [SUITE...]     suites: node_unit node_e2e python_unit python_e2e
+#   clients/test.sh [SUITE...]     suites: node_unit node_e2e node_example python_unit python_e2e python_example
 #
 # With IDEM_TEST_PGPORT (and IDEM_TEST_PGHOST, IDEM_TEST_PGUSER) set, the
 # tests use that running cluster (its library preloaded, the extension
@@ -16,18 +21,20 @@
 . "$(dirname "$0")/../scripts/common.sh"
 
 CLIENTS_DIR=$PROJECT_DIR/clients
-ALL_SUITES="node_unit node_e2e python_unit python_e2e"
+ALL_SUITES="node_unit node_e2e node_example python_unit python_e2e python_example"
 SUITES=${*:-$ALL_SUITES}
 PY=/usr/bin/python3
 PY_PACKAGES="python3-psycopg python3-psycopg-pool python3-starlette python3-fastapi python3-httpx python3-uvicorn python3-urllib3"
+# building the wheel and checking the typed example (python_example)
+PY_PACKAGING="python3-build python3-setuptools python3-wheel python3-venv mypy"
 
 apt_install() {
     if is_root; then
         DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@" >/dev/null
     elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
         sudo -n env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@" >/dev/null
     else
         die "missing packages: $*. Install them with: sudo apt-get install -y $*"
     fi
@@ -44,7 +51,7 @@ ensure_node() {
 
 ensure_python() {
     local missing=() p
-    for p in $PY_PACKAGES; do
+    for p in $PY_PACKAGES "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] || { say "installing ${missing[*]}"; apt_install "${missing[@]}"; }
@@ -80,6 +87,9 @@ fresh_db() {
     export IDEM_TEST_PGDATABASE=$db
 }
 
+# An example's run.sh --test against the suite's database (libpq's variables).
+AS_EXAMPLE='PGHOST=$IDEM_TEST_PGHOST PGPORT=$IDEM_TEST_PGPORT PGUSER=$IDEM_TEST_PGUSER PGDATABASE=$IDEM_TEST_PGDATABASE exec "$0" --test'
+
 PASSED=0
 FAILED=0
 run_suite() {
@@ -88,10 +98,10 @@ run_suite() {
     fresh_db "$name"
     say "client $name"
     set +e
-    timeout 170 "$@" >"$log" 2>&1
+    timeout "${SUITE_TIMEOUT:-170}" "$@" >"$log" 2>&1
     rc=$?
     set -e
-    grep -E '^(# (pass|fail)|RESULT|calls done|not ok|ok [0-9]+ - |Ran [0-9]+ tests|OK|FAILED)|\.\.\. (ok|FAIL|ERROR|skipped)' "$log" | sed 's/^/    /' | tail -n 40 || true
+    grep -E '^(# (pass|fail)|RESULT|ok - |skipped: |FAILED: |calls done|not ok|ok [0-9]+ - |Ran [0-9]+ tests|OK|FAILED)|\.\.\. (ok|FAIL|ERROR|skipped)' "$log" | sed 's/^/    /' | tail -n 40 || true
     if [ $rc -eq 0 ]; then
         echo "client $name ... ok"; PASSED=$((PASSED + 1))
     else
@@ -106,6 +116,8 @@ for s in $SUITES; do
         node_e2e) ensure_node; run_suite "$s" node "$CLIENTS_DIR/node/test/e2e/run.js" ;;
         python_unit) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" -m unittest discover -v -s "$CLIENTS_DIR/python/tests" -t "$CLIENTS_DIR/python" ;;
         python_e2e) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" "$CLIENTS_DIR/python/tests/e2e/run.py" ;;
+        node_example) ensure_node; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/express/run.sh" ;;
+        python_example) ensure_python $PY_PACKAGING; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/fastapi/run.sh" ;;
         *) die "unknown suite $s (suites: $ALL_SUITES)" ;;
     esac
 done

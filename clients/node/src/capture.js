@@ -6,6 +6,11 @@
 function captureResponse(res) {
   const saved = { writeHead: res.writeHead, write: res.write, end: res.end };
   const headersBefore = res.getHeaders();
+  // listeners a run adds for the end of the response ('finish', 'close')
+  // belong to that run: a run thrown away takes them with it, so that
+  // work an application hangs on them happens once, after the commit
+  const EVENTS = ['finish', 'close', 'prefinish'];
+  const listenersBefore = Object.fromEntries(EVENTS.map((e) => [e, res.listeners(e)]));
   let chunks = [];
   let settle = null;
 
@@ -30,7 +35,9 @@ function captureResponse(res) {
   res.end = function end(chunk, enc, cb) {
     if (typeof chunk === 'function') { cb = chunk; chunk = undefined; } else if (typeof enc === 'function') { cb = enc; enc = undefined; }
     if (chunk != null) chunks.push(toBuffer(chunk, enc));
-    if (settle) settle.resolve({ status: res.statusCode, headers: res.getHeaders(), body: Buffer.concat(chunks) });
+    if (settle) {
+      settle.resolve({ status: res.statusCode, headers: res.getHeaders(), rawNames: res.getRawHeaderNames(), body: Buffer.concat(chunks) });
+    }
     settle = null;
     if (cb) process.nextTick(cb);
     return res;
@@ -62,10 +69,21 @@ function captureResponse(res) {
     // sends a captured response (its headers are already set on res)
     send(out) {
       restore();
+      // the headers as they were when the handlers ended the response: an
+      // error handler that ran after (a handler that answered, then threw)
+      // does not change what is sent
+      const spelled = new Map((out.rawNames || []).map((n) => [n.toLowerCase(), n]));
+      for (const name of res.getHeaderNames()) res.removeHeader(name);
+      for (const [k, v] of Object.entries(out.headers)) res.setHeader(spelled.get(k) || k, v);
       res.statusCode = out.status;
-      res.end(out.body.length ? out.body : undefined);
+      sendBody(res, out.body);
     },
     restore,
+    // ends a run that has not answered yet with this error
+    abort(err) {
+      if (settle) settle.reject(err);
+      settle = null;
+    },
     // headers the response had before the handlers ran (per delivery, never stored)
     headersBefore,
     // forget what the handlers did: the response is as before they ran
@@ -76,8 +94,24 @@ function captureResponse(res) {
       for (const name of res.getHeaderNames()) res.removeHeader(name);
       for (const [k, v] of Object.entries(headersBefore)) res.setHeader(k, v);
       res.statusCode = 200;
+      for (const e of EVENTS) {
+        for (const l of res.listeners(e)) {
+          if (!listenersBefore[e].includes(l)) res.removeListener(e, l);
+        }
+      }
     },
   };
 }
 
-module.exports = { captureResponse };
+// Ends a response with its body; a HEAD answer gets the body's length
+// without the body, a status without a body neither.
+function sendBody(res, body) {
+  const noBody = res.statusCode === 204 || res.statusCode === 304 || (res.statusCode >= 100 && res.statusCode < 200);
+  if (!noBody && !res.hasHeader('content-length') && !res.hasHeader('transfer-encoding')) {
+    res.setHeader('Content-Length', String(body ? body.length : 0));
+  }
+  if (res.req && res.req.method === 'HEAD') return res.end();
+  return res.end(body && body.length ? body : undefined);
+}
+
+module.exports = { captureResponse, sendBody };

@@ -6,6 +6,9 @@
 const crypto = require('node:crypto');
 
 const KEY_RULE = /^[A-Za-z0-9_-]{1,255}$/;
+// RFC 8941 parameters: *( ";" *SP key [ "=" bare-item ] ), a bare item
+// being a string, a token, a number, a boolean or a byte sequence
+const SF_PARAMETERS = /^(;[ ]*[a-z*][a-z0-9_.*-]*(=("([^"\\]|\\["\\])*"|[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*|-?[0-9]+(\.[0-9]+)?|\?[01]|:[A-Za-z0-9+/=]*:))?)*$/;
 
 class KeyError extends Error {
   constructor(message) {
@@ -25,7 +28,9 @@ function parseSfString(text) {
       if (n !== '"' && n !== '\\') throw new KeyError('invalid escape in the Idempotency-Key string');
       out += n;
     } else if (c === '"') {
-      if (i !== text.length - 1) throw new KeyError('characters after the end of the Idempotency-Key string');
+      // RFC 8941 section 3.1.2: an Item may carry parameters (;key or
+      // ;key=value), which do not belong to the key
+      if (!SF_PARAMETERS.test(text.slice(i + 1))) throw new KeyError('characters after the end of the Idempotency-Key string');
       return out;
     } else {
       const code = c.charCodeAt(0);
@@ -34,6 +39,18 @@ function parseSfString(text) {
     }
   }
   throw new KeyError('unterminated Idempotency-Key string');
+}
+
+// Node reads a header's bytes as Latin-1 characters: a bare key is read
+// again as the UTF-8 it was sent in (refused when it is not UTF-8), so that
+// keyPolicy 'hash' hashes the bytes the client sent.
+function fromHeaderBytes(text) {
+  if (!/[^\x00-\x7f]/.test(text) || /[^\x00-\xff]/.test(text)) return text;
+  try {
+    return new TextDecoder('utf-8', { fatal: true }).decode(Buffer.from(text, 'latin1'));
+  } catch {
+    throw new KeyError('the Idempotency-Key is not UTF-8');
+  }
 }
 
 // The key a request carries, or null when it has none.  A value that
@@ -47,7 +64,7 @@ function parseKeyHeader(value) {
   }
   const text = String(value).trim();
   if (text === '') throw new KeyError('empty Idempotency-Key header');
-  const key = text.startsWith('"') ? parseSfString(text) : text;
+  const key = text.startsWith('"') ? parseSfString(text) : fromHeaderBytes(text);
   if (key === '') throw new KeyError('empty Idempotency-Key');
   return key;
 }

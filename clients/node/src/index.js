@@ -9,7 +9,8 @@
 const { parseKeyHeader, applyKeyPolicy, KeyError } = require('./header');
 const { fingerprintBody, formToJson, BodyError } = require('./body');
 const { answer, ACTION_OUTCOME } = require('./profiles');
-const { captureResponse } = require('./capture');
+const zlib = require('node:zlib');
+const { captureResponse, sendBody } = require('./capture');
 
 // Errors after which the whole request is run again: serialization
 // failure, deadlock, and a connection lost before COMMIT was acknowledged
@@ -36,13 +37,21 @@ const SQL_FAIL = "SELECT idempotency.idem_fail($1, $2, $3, 'unknown', $4, $5::bi
 const SQL_RELEASE = 'SELECT idempotency.idem_release($1, $2, $3, $4::bigint)';
 const SQL_DOWNSTREAM = 'SELECT idempotency.idem_downstream_key($1, $2, $3, $4) AS key';
 
+// Errors of set-up, answered 500 idempotency_not_configured: the extension
+// or its functions missing (3F000, 42883, 42P01), no privilege (42501).
+const CONFIG_SQLSTATES = new Set(['3F000', '42883', '42P01', '42501']);
+const CONFIG_FIX = 'install the extension in this database (CREATE EXTENSION idempotency CASCADE), ' +
+  'grant its client role to the application\'s role (GRANT idempotency_client TO ...) and check the options';
+
 const sqlstate = (err) => (err && (err.code || (err.cause && err.cause.code))) || null;
 const isRetryable = (err) => RETRY_SQLSTATES.has(sqlstate(err));
 const isConnectionLoss = (err) =>
   !!err && (LOST_SQLSTATES.has(sqlstate(err)) || LOST_MESSAGES.test(String(err.message || '')) ||
     (err.cause ? isConnectionLoss(err.cause) : false));
 
-// "30 seconds", "30s", "500 ms", "2 min", or a number of seconds, in ms.
+// "30 seconds", "30s", "500 ms", "2 min", or a number of seconds, in ms: a
+// quick local reading, kept for applications that used it; the options'
+// intervals go to PostgreSQL as they are.
 function intervalMs(value) {
   if (typeof value === 'number') return value * 1000;
   const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|min|mins|minutes?)?\s*$/i.exec(String(value));
@@ -51,9 +60,37 @@ function intervalMs(value) {
   const f = unit.startsWith('ms') || unit.startsWith('milli') ? 1 : unit.startsWith('min') ? 60000 : 1000;
   return Number(m[1]) * f;
 }
-const pgInterval = (value) => (value == null ? null : `${intervalMs(value)} milliseconds`);
+// An option's interval as PostgreSQL reads it: a string as it is ('1 day',
+// 'P1D', '24h'), a number as seconds.
+function pgInterval(value) {
+  if (value == null) return null;
+  if (typeof value === 'number') {
+    if (!Number.isFinite(value)) throw new TypeError(`idempotent: ${value} is not an interval`);
+    return `${value} seconds`;
+  }
+  if (typeof value !== 'string' || value.trim() === '') throw new TypeError(`idempotent: ${value} is not an interval`);
+  return value;
+}
+const SQL_CHECK = 'SELECT $1::interval AS ttl, $2::interval AS lease, $3::interval AS wait, extract(epoch FROM $2::interval) * 1000 AS lease_ms';
+
+// The options' intervals, read once by PostgreSQL: a mistake is reported
+// by name (and the request answered idempotency_not_configured), and the
+// heartbeat's period comes from the lease as the server reads it.
+class ConfigError extends Error {
+  constructor(message, cause) {
+    super(message);
+    this.name = 'ConfigError';
+    this.cause = cause;
+  }
+}
 
 const poolsWatched = new WeakSet();
+
+// The default log: one line on stderr, with the error's message and code.
+function defaultLog(message, err) {
+  const detail = err ? `: ${err.message || err}${err.code ? ` (${err.code})` : ''}` : '';
+  process.stderr.write(`idempotency: ${message}${detail}\n`);
+}
 
 function normalize(options) {
   const o = { ...options };
@@ -68,7 +105,7 @@ function normalize(options) {
   o.retries = o.retries === undefined ? 3 : o.retries;
   o.limit = o.limit || 1024 * 1024;
   o.isolation = o.isolation || null;
-  o.log = o.log || (() => {});
+  o.log = o.log || defaultLog;
   o.storeStatus = o.storeStatus || ((status) => status < 500);
   o.beginSql = o.isolation ? `BEGIN ISOLATION LEVEL ${o.isolation}` : 'BEGIN';
   if (o.isolation && !/^(READ COMMITTED|REPEATABLE READ|SERIALIZABLE)$/i.test(o.isolation)) {
@@ -77,7 +114,10 @@ function normalize(options) {
   o.leaseSql = pgInterval(o.lease);
   o.waitSql = pgInterval(o.wait);
   o.ttlSql = pgInterval(o.ttl);
-  o.heartbeatMs = o.lease ? (o.heartbeatMs || Math.max(100, intervalMs(o.lease) / 3)) : null;
+  o.checked = null; // a promise: the intervals read by the server
+  if (o.deadlineMs != null && !(Number.isFinite(o.deadlineMs) && o.deadlineMs > 0)) {
+    throw new TypeError('idempotent: deadlineMs is a number of milliseconds above 0');
+  }
   if (!poolsWatched.has(o.pool) && typeof o.pool.on === 'function') {
     // an idle client whose backend was killed emits 'error' on the pool,
     // which would end the process without a listener
@@ -93,52 +133,127 @@ function sendAnswer(res, a) {
   res.end(a.body === undefined ? undefined : Buffer.from(JSON.stringify(a.body)));
 }
 
-function sendStored(res, status, headers, body) {
-  res.statusCode = status;
-  for (const [k, v] of Object.entries(headers || {})) res.setHeader(k, v);
-  res.end(body && body.length ? body : undefined);
+// A stored header value as Node sends it: characters beyond Latin-1 (a
+// value idem_finish, idem_resolve or a resolver stored) go out as their
+// UTF-8 bytes instead of failing the replay.
+const headerValue = (v) => (Array.isArray(v) ? v.map(headerValue)
+  : /[^\x00-\xff]/.test(String(v)) ? Buffer.from(String(v), 'utf8').toString('latin1') : String(v));
+
+// A stored body encoded (Content-Encoding, a compression() after this
+// middleware) for a client whose Accept-Encoding does not take that
+// encoding: decoded for it (gzip, deflate, br), the header dropped.
+const DECODERS = { gzip: zlib.gunzipSync, 'x-gzip': zlib.gunzipSync, deflate: zlib.inflateSync, br: zlib.brotliDecompressSync };
+
+function accepts(acceptEncoding, coding) {
+  if (!acceptEncoding) return false;
+  let star = null;
+  for (const part of String(acceptEncoding).split(',')) {
+    const [name, ...params] = part.trim().toLowerCase().split(';');
+    const q = params.map((p) => p.trim()).find((p) => p.startsWith('q='));
+    const ok = !q || Number(q.slice(2)) > 0;
+    if (name === coding || (coding === 'x-gzip' && name === 'gzip')) return ok;
+    if (name === '*') star = ok;
+  }
+  return star === true;
 }
 
-// The handlers that follow this middleware in its route, run again on a
-// retry; outside a route (app.use) there is only Express's next, run once.
-function makeRunner(req, next, self) {
-  const stack = req.route && Array.isArray(req.route.stack) ? req.route.stack : null;
-  const at = stack ? stack.findIndex((layer) => layer.handle === self) : -1;
-  if (at < 0 || typeof stack[at].handleRequest !== 'function') {
-    // Express's own next: errors go to the application's error handler,
-    // whose answer is captured like any other
-    return { repeatable: false, run: () => next() };
+function decodeForClient(req, headers, body) {
+  const name = Object.keys(headers).find((k) => k.toLowerCase() === 'content-encoding');
+  if (!name || !body || !body.length) return body;
+  const codings = String(headers[name]).toLowerCase().split(',').map((c) => c.trim()).filter((c) => c && c !== 'identity');
+  if (codings.every((c) => accepts(req.headers['accept-encoding'], c))) return body;
+  let out = body;
+  for (const c of codings.reverse()) {
+    const decode = DECODERS[c];
+    if (!decode) return body; // an encoding this middleware cannot undo: sent as stored
+    out = decode(out);
   }
-  const method = req.method.toLowerCase() === 'head' && !req.route.methods.head ? 'get' : req.method.toLowerCase();
+  delete headers[name];
+  return out;
+}
+
+function sendStored(res, status, headers, body) {
+  res.statusCode = status;
+  for (const [k, v] of Object.entries(headers || {})) {
+    // a HEAD answer's Content-Length is that of the body it did not send
+    if (k.toLowerCase() !== 'content-length' || (res.req && res.req.method === 'HEAD')) res.setHeader(k, headerValue(v));
+  }
+  sendBody(res, body);
+}
+
+// What runs the request's handlers.  Given to idempotent() itself, they are
+// run by the middleware, again on a retry (serialization failure, deadlock,
+// lost connection), each called as Express calls a handler (an async one's
+// rejection is its error).  Otherwise (the middleware in front of a route's
+// handlers or mounted with app.use) Express's own next hands over, once:
+// errors go to the application's error handler, whose answer is captured
+// like any other, and nothing can be run again.
+function makeRunner(req, res, next, handlers) {
+  if (!handlers.length) return { repeatable: false, run: () => next() };
   return {
     repeatable: true,
     run(done) {
-      let i = at + 1;
+      let i = 0;
       const step = (err) => {
         if (err === 'route' || err === 'router') return done(new Error(`next('${err}') leaves an idempotent route`));
-        while (i < stack.length) {
-          const layer = stack[i++];
-          if (!layer.method || layer.method === method) {
-            return err ? layer.handleError(err, req, req.res, step) : layer.handleRequest(req, req.res, step);
-          }
+        if (err) return done(err);
+        if (i >= handlers.length) return done(new Error('the idempotent handlers passed the request on without answering'));
+        const handler = handlers[i++];
+        try {
+          const r = handler(req, res, step);
+          if (r && typeof r.then === 'function') r.then(undefined, (e) => step(e || new Error('rejected')));
+        } catch (e) {
+          step(e);
         }
-        return done(err || new Error('no handler after the idempotency middleware answered'));
+        return undefined;
       };
       step();
     },
   };
 }
 
-function idempotent(options) {
+// The route template a request matched: its route's path, behind the
+// mount paths of the sub-applications it went through (app.mountpath, a
+// public property).  A router mounted with a path gives no public
+// template, so the request's base URL is used only when those mount paths
+// explain it; otherwise options.mountPath (the path as written in
+// app.use) or options.endpoint must name it.
+function routeTemplate(req, mountPath) {
+  if (!req.route) throw new ConfigError('outside a route (app.use), options.endpoint must name the endpoint');
+  const path = String(req.route.path);
+  const base = req.baseUrl || '';
+  if (mountPath != null) return `${String(mountPath).replace(/\/+$/, '')}${path}`;
+  if (base === '') return path;
+  let prefix = '';
+  for (let a = req.app; a && a.parent; a = a.parent) {
+    if (typeof a.mountpath !== 'string') { prefix = null; break; }
+    prefix = a.mountpath.replace(/\/+$/, '') + prefix;
+  }
+  if (prefix !== null) {
+    const pattern = prefix.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/:[A-Za-z0-9_]+/g, '[^/]+');
+    if (new RegExp(`^${pattern}$`, 'i').test(base)) return prefix + path;
+  }
+  throw new ConfigError(`the route is mounted under ${base}, which has no template the middleware can read: ` +
+    "give options.mountPath (the path as written in app.use, e.g. '/accounts/:acct') or options.endpoint");
+}
+
+function idempotent(options, ...handlers) {
   const o = normalize(options);
+  handlers = handlers.flat();
+  for (const h of handlers) {
+    if (typeof h !== 'function') throw new TypeError('idempotent: the handlers after the options are functions');
+  }
 
   async function middleware(req, res, next) {
     let rawKey;
     let key;
     try {
       // headersDistinct keeps two Idempotency-Key headers apart (headers joins them with ", ")
-      rawKey = parseKeyHeader(req.headersDistinct ? req.headersDistinct['idempotency-key'] : req.headers['idempotency-key']);
-      key = rawKey === null ? null : applyKeyPolicy(rawKey, o.keyPolicy);
+      const values = req.headersDistinct ? req.headersDistinct['idempotency-key'] : req.headers['idempotency-key'];
+      const parsed = parseKeyHeader(values);
+      key = parsed === null ? null : applyKeyPolicy(parsed, o.keyPolicy);
+      // replays echo the header as the client sent it
+      rawKey = parsed === null ? null : String(Array.isArray(values) ? values[0] : values).trim();
     } catch (err) {
       if (!(err instanceof KeyError)) return next(err);
       return sendAnswer(res, answer(o.profile, 'key_invalid', { message: err.message }));
@@ -159,16 +274,14 @@ function idempotent(options) {
     try {
       tenant = typeof o.tenant === 'function' ? await o.tenant(req) : o.tenant;
       endpoint = typeof o.endpoint === 'function' ? await o.endpoint(req) : o.endpoint;
-      if (!endpoint) {
-        if (!req.route) throw new Error('idempotent: outside a route, options.endpoint is required');
-        endpoint = `${req.method} ${req.baseUrl || ''}${req.route.path}`;
-      }
+      if (!endpoint) endpoint = `${req.method} ${routeTemplate(req, o.mountPath)}`;
     } catch (err) {
+      if (err instanceof ConfigError) return notConfigured(res, err);
       return next(err);
     }
     const request = { tenant, endpoint, key, rawKey, path: req.originalUrl || req.url, json: body.json };
-    const runner = makeRunner(req, next, middleware);
-    const state = { leaseToken: null, noSideEffect: false };
+    const runner = makeRunner(req, res, next, handlers);
+    const state = { leaseToken: null, noSideEffect: false, connectFailed: false };
     for (let attempt = 0; ; attempt++) {
       const outcome = await attemptOnce(req, res, next, request, runner, state);
       if (outcome !== 'retry') return;
@@ -176,13 +289,18 @@ function idempotent(options) {
       await new Promise((r) => setTimeout(r, (5 + Math.random() * 20) * 2 ** attempt));
     }
     if (state.leaseToken) await settleLease(request, state, 'retries exhausted');
-    sendAnswer(res, answer(o.profile, 'unavailable', { retryAfter: 1 }));
+    if (state.connectFailed) {
+      o.log('database_unavailable: no connection from the pool; check the pool\'s connection settings ' +
+        '(host, port, user, password) and that the server runs and accepts connections');
+    }
+    sendAnswer(res, answer(o.profile, 'unavailable',
+      { retryAfter: 1, code: state.connectFailed ? 'database_unavailable' : undefined }));
   }
 
-  async function settleLease(request, state, reason) {
+  async function settleLease(request, state, reason, release = false) {
     const { tenant, endpoint, key } = request;
     try {
-      if (state.noSideEffect) await o.pool.query(SQL_RELEASE, [tenant, endpoint, key, state.leaseToken]);
+      if (release || state.noSideEffect) await o.pool.query(SQL_RELEASE, [tenant, endpoint, key, state.leaseToken]);
       else await o.pool.query(SQL_FAIL, [tenant, endpoint, key, reason, state.leaseToken]);
     } catch (err) {
       o.log('could not settle the lease (maintenance will mark it unknown when it expires)', err);
@@ -199,14 +317,30 @@ function idempotent(options) {
       client = await o.pool.connect();
     } catch (err) {
       o.log('no database connection', err);
+      state.connectFailed = true;
       return 'retry';
     }
+    state.connectFailed = false;
+    try {
+      await checkOptions(client);
+    } catch (err) {
+      client.release(isConnectionLoss(err) ? err : undefined);
+      if (isConnectionLoss(err)) return 'retry';
+      return notConfigured(res, err);
+    }
     let lostError = null;
-    const onClientError = (err) => { lostError = err; o.log('database client lost', err); };
+    let capture = null;
+    // a connection lost while the handlers run (a killed backend,
+    // idle_in_transaction_session_timeout while they hang) ends their run at
+    // once: the client goes back to the pool as broken, the request runs again
+    const onClientError = (err) => {
+      lostError = err;
+      o.log('database client lost', err);
+      if (capture) capture.abort(err);
+    };
     client.on('error', onClientError);
     let heartbeat = null;
     let inTransaction = false;
-    let capture = null;
     try {
       const claimArgs = () => [tenant, endpoint, key, req.method, request.path, request.json, o.exclude,
         o.ttlSql, o.leaseSql, o.waitSql];
@@ -218,7 +352,7 @@ function idempotent(options) {
             if (k.toLowerCase() !== 'idempotency-key') headers[k] = v;
           }
           headers['Idempotency-Key'] = request.rawKey;
-          sendStored(res, c.response_status, headers, c.response_body);
+          sendStored(res, c.response_status, headers, decodeForClient(req, headers, c.response_body));
           return 'done';
         }
         const outcome = ACTION_OUTCOME[c.action];
@@ -234,6 +368,7 @@ function idempotent(options) {
           return (await client.query(SQL_CLAIM, claimArgs())).rows[0];
         } catch (err) {
           if (/^22/.test(sqlstate(err) || '')) err.idempotencyBodyInvalid = true;
+          err.idempotencyOwn = true;
           throw err;
         }
       };
@@ -258,6 +393,7 @@ function idempotent(options) {
         if (c.action !== 'execute') return await answerClaim(c);
         claimToken = c.lease_token;
       }
+      const afterCommit = [];
       req.idempotency = {
         client,
         key,
@@ -266,33 +402,43 @@ function idempotent(options) {
         leaseToken: state.leaseToken,
         attempt: undefined,
         noSideEffect() { state.noSideEffect = true; },
+        afterCommit(task) {
+          if (typeof task !== 'function') throw new TypeError('afterCommit takes a function');
+          afterCommit.push(task);
+        },
         async downstreamKey(step) {
           if (key === null) throw new Error('no Idempotency-Key: no downstream key');
           return (await client.query(SQL_DOWNSTREAM, [tenant, endpoint, key, step])).rows[0].key;
         },
       };
       capture = captureResponse(res);
-      const out = await capture.run(runner);
+      const out = await runWithDeadline(capture, runner);
       if (lostError) throw lostError;
       if (!o.storeStatus(out.status)) {
         inTransaction = false;
         await client.query('ROLLBACK');
-        if (state.leaseToken) await settleLease(request, state, `the handler answered ${out.status}`);
+        // a 5xx is the handler's own failure: not stored, the key given
+        // back so that a retry runs again (lease mode too)
+        if (state.leaseToken) await settleLease(request, state, `the handler answered ${out.status}`, true);
         capture.send(out);
         return 'done';
       }
       if (key !== null) {
         const headers = {};
+        // stored with the names as the handler spelled them
+        const spelled = new Map((out.rawNames || []).map((n) => [n.toLowerCase(), n]));
         for (const [k, v] of Object.entries(out.headers)) {
-          if (NOT_STORED.has(k) || capture.headersBefore[k] === v) continue;
-          headers[k] = Array.isArray(v) ? v.map(String) : String(v);
+          if ((NOT_STORED.has(k) && !(k === 'content-length' && req.method === 'HEAD')) || capture.headersBefore[k] === v) continue;
+          headers[spelled.get(k) || k] = Array.isArray(v) ? v.map(String) : String(v);
         }
-        await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken || claimToken]);
+        await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken || claimToken])
+          .catch((err) => { err.idempotencyOwn = true; throw err; });
       }
       inTransaction = false;
       await client.query('COMMIT');
       state.leaseToken = null;
       capture.send(out);
+      runAfterCommit(afterCommit, res);
       return 'done';
     } catch (err) {
       if (heartbeat) { clearInterval(heartbeat); heartbeat = null; }
@@ -300,6 +446,28 @@ function idempotent(options) {
         try { await client.query('ROLLBACK'); } catch (e) { lostError = e; }
       }
       if (capture) capture.reset();
+      if (sqlstate(err) === 'IK413') {
+        o.log('response_too_large: the response is larger than idempotency.max_response_bytes (or the endpoint\'s ' +
+          'max_response_bytes) and cannot be stored for replay; its work was rolled back. Answer a smaller body, ' +
+          'raise the limit, or set store_response = false for the endpoint', err);
+        if (state.leaseToken) await settleLease(request, state, 'response too large', true);
+        sendAnswer(res, answer(o.profile, 'too_large', { code: 'response_too_large' }));
+        return 'done';
+      }
+      if (CONFIG_SQLSTATES.has(sqlstate(err)) && err.idempotencyOwn) {
+        if (state.leaseToken) await settleLease(request, state, 'not configured', true);
+        return notConfigured(res, err);
+      }
+      if (err.idempotencyDeadline) {
+        // the handler may still be using the client: it is closed (the
+        // server rolls back and frees the claim), not given back as it is
+        lostError = err;
+        o.log(`handler_timeout: the handlers did not answer within deadlineMs (${o.deadlineMs} ms); the transaction was ` +
+          'rolled back and its connection closed. Find what they wait for, or raise deadlineMs', err);
+        if (state.leaseToken) await settleLease(request, state, err.message);
+        sendAnswer(res, answer(o.profile, 'unavailable', { retryAfter: 1, code: 'handler_timeout' }));
+        return 'done';
+      }
       if (isRetryable(err) || isConnectionLoss(err) || lostError) {
         o.log('request will be run again', err);
         return 'retry';
@@ -324,7 +492,59 @@ function idempotent(options) {
     }
   }
 
+  // Work the handler left for after the commit: started once the response
+  // is sent, not awaited (the client goes back to the pool meanwhile), each
+  // task on its own; a failure is logged and changes nothing.
+  function runAfterCommit(tasks, res) {
+    if (!tasks.length) return;
+    const start = () => {
+      for (const task of tasks) {
+        Promise.resolve().then(task).catch((err) => o.log('a task after the commit failed', err));
+      }
+    };
+    if (res.writableFinished) setImmediate(start);
+    else res.once('close', start);
+  }
+
+  // The handlers' run, given up after deadlineMs (an option; none by default).
+  function runWithDeadline(capture, runner) {
+    const run = capture.run(runner);
+    if (!o.deadlineMs) return run;
+    let timer;
+    const deadline = new Promise((resolve, reject) => {
+      timer = setTimeout(() => {
+        const err = new Error(`the handlers did not answer within ${o.deadlineMs} ms`);
+        err.idempotencyDeadline = true;
+        reject(err);
+      }, o.deadlineMs);
+    });
+    return Promise.race([run, deadline]).finally(() => clearTimeout(timer));
+  }
+
+  // The options' intervals read by the server, once; the heartbeat's
+  // period from the lease.
+  async function checkOptions(client) {
+    if (o.checked) return;
+    let row;
+    try {
+      row = (await client.query(SQL_CHECK, [o.ttlSql, o.leaseSql, o.waitSql])).rows[0];
+    } catch (err) {
+      if (/^22/.test(sqlstate(err) || '')) {
+        throw new ConfigError(`the options ttl, lease and wait must be intervals PostgreSQL reads (${err.message})`, err);
+      }
+      throw err;
+    }
+    if (o.leaseSql && !o.heartbeatMs) o.heartbeatMs = Math.max(100, Number(row.lease_ms) / 3);
+    o.checked = true;
+  }
+
+  function notConfigured(res, err) {
+    o.log(`idempotency_not_configured: ${err instanceof ConfigError ? err.message : CONFIG_FIX}`, err);
+    sendAnswer(res, answer(o.profile, 'not_configured', { code: 'idempotency_not_configured' }));
+    return 'done';
+  }
+
   return middleware;
 }
 
-module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs };
+module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs, KeyError };

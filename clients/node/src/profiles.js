@@ -15,6 +15,8 @@ const OUTCOMES = {
   mismatch: [400, 'idempotency_error', 'false', 422, 'This Idempotency-Key was used with a different request'],
   pending: [409, 'idempotency_error', 'false', 409, 'The outcome of the request with this Idempotency-Key is being resolved'],
   expired: [409, 'idempotency_error', 'false', 409, 'This Idempotency-Key has expired; send the request with a new key to repeat it'],
+  not_configured: [500, 'api_error', 'false', 500, 'The idempotency layer of this API is not configured'],
+  too_large: [500, 'api_error', 'false', 500, 'The response is too large to be stored for replay'],
   unavailable: [503, 'api_error', 'true', 503, 'The request could not be completed; retry it with the same Idempotency-Key'],
 };
 

@@ -2,9 +2,9 @@
 idempotency PostgreSQL extension."""
 
 from .body import BodyError, form_to_json, fingerprint_body
-from .header import KeyError_, apply_key_policy, parse_key_header
-from .middleware import Context, IdempotencyMiddleware, interval_seconds
+from .header import IdempotencyKeyError, KeyError_, apply_key_policy, parse_key_header
+from .middleware import Context, IdempotencyMiddleware, claim, idempotency, interval_seconds
 from .profiles import answer
 
-__all__ = ["IdempotencyMiddleware", "Context", "parse_key_header", "apply_key_policy", "form_to_json",
-           "fingerprint_body", "answer", "interval_seconds", "KeyError_", "BodyError"]
+__all__ = ["IdempotencyMiddleware", "Context", "claim", "idempotency", "parse_key_header", "apply_key_policy", "form_to_json",
+           "fingerprint_body", "answer", "interval_seconds", "IdempotencyKeyError", "BodyError"]

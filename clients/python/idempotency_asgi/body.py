@@ -6,7 +6,10 @@ as SQL NULL."""
 import hashlib
 import json
 import re
+from typing import Any, Dict, List, Optional, Tuple, Union
 from urllib.parse import unquote_plus
+
+JSONNode = Union[str, List[Any], Dict[str, Any]]
 
 _NAME = re.compile(r"([^\[\]]+)((?:\[[^\[\]]*\])*)")
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
@@ -16,12 +19,12 @@ class BodyError(ValueError):
     """The request body cannot be read for a fingerprint."""
 
 
-def _clash(name):
+def _clash(name: str) -> BodyError:
     return BodyError(f"form field {name} is used both as a value and as a structure")
 
 
-def _set_path(root, path, value, name):
-    node = root
+def _set_path(root: Dict[str, Any], path: List[str], value: str, name: str) -> None:
+    node: Any = root
     for i, token in enumerate(path):
         if i == len(path) - 1:
             if token == "":
@@ -43,7 +46,7 @@ def _set_path(root, path, value, name):
         if token == "":
             if not isinstance(node, list):
                 raise _clash(name)
-            child = [] if want_list else {}
+            child: Any = [] if want_list else {}
             node.append(child)
             node = child
             continue
@@ -57,12 +60,12 @@ def _set_path(root, path, value, name):
         node = have
 
 
-def form_to_json(text):
+def form_to_json(text: str) -> Dict[str, Any]:
     """"a[b][c]=v" sets a.b.c, "a[]=v" appends to the list a, "a=v" sets a;
     values stay strings; a name repeated without [] becomes a list of its
     values in order; a name used both as a value and as a structure is
     refused."""
-    root = {}
+    root: Dict[str, Any] = {}
     for pair in text.split("&"):
         if pair == "":
             continue
@@ -80,7 +83,7 @@ def form_to_json(text):
     return root
 
 
-def fingerprint_body(content_type, raw):
+def fingerprint_body(content_type: str, raw: bytes) -> Tuple[Optional[str], Any]:
     """(json text or None for the fingerprint, what the handler may read)."""
     media = content_type.split(";")[0].strip().lower()
     if not raw:

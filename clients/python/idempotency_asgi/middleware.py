@@ -7,15 +7,30 @@ and mismatches per the chosen profile."""
 
 import asyncio
 import json
+import logging
 import random
 import re
+from typing import (Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence,
+                    Tuple, Union)
 
 import psycopg
 from psycopg.rows import dict_row
+from starlette.requests import Request
+from psycopg_pool import AsyncConnectionPool
 
 from .body import BodyError, fingerprint_body
-from .header import KeyError_, apply_key_policy, parse_key_header
+from .header import IdempotencyKeyError, apply_key_policy, parse_key_header
 from .profiles import ACTION_OUTCOME, answer
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: an interval as PostgreSQL reads it ('30 seconds', '1 day', 'P1D', '24h'), or seconds
+Interval = Union[str, int, float]
+Logger = Callable[[str, Optional[BaseException]], None]
+AsyncConn = psycopg.AsyncConnection[Any]
 
 RETRY_SQLSTATES = {"40001", "40P01"}
 LOST_SQLSTATES = {"57P01", "57P02", "57P03", "08000", "08003", "08006"}
@@ -41,7 +56,7 @@ _INTERVAL = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?
                        re.IGNORECASE)
 
 
-def interval_seconds(value):
+def interval_seconds(value: Interval) -> float:
     """'30 seconds', '30s', '500 ms', '2 min', or a number of seconds."""
     if isinstance(value, (int, float)):
         return float(value)
@@ -53,19 +68,59 @@ def interval_seconds(value):
     return float(m.group(1)) * factor
 
 
-def _pg_interval(value):
-    return None if value is None else f"{interval_seconds(value) * 1000:g} milliseconds"
+def _pg_interval(value: Optional[Interval]) -> Optional[str]:
+    """An option's interval as PostgreSQL reads it: a str as it is ('1 day',
+    'P1D', '24h'), a number as seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(f"{value!r} is not an interval")
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("an empty string is not an interval")
+        return value
+    return f"{value} seconds"
 
 
-def _sqlstate(err):
+SQL_CHECK = ("SELECT %s::interval, %s::interval, %s::interval, "
+             "extract(epoch FROM %s::interval)::float8")
+# errors of set-up, answered 500 idempotency_not_configured: the extension or
+# its functions missing (3F000, 42883, 42P01), no privilege (42501)
+CONFIG_SQLSTATES = {"3F000", "42883", "42P01", "42501"}
+CONFIG_FIX = ("install the extension in this database (CREATE EXTENSION idempotency CASCADE), grant its client "
+              "role to the application's role (GRANT idempotency_client TO ...) and check the options")
+TOO_LARGE_FIX = ("the response is larger than idempotency.max_response_bytes (or the endpoint's "
+                 "max_response_bytes) and cannot be stored for replay; its work was rolled back. Answer a smaller "
+                 "body, raise the limit, or set store_response = false for the endpoint")
+
+
+LOGGER = logging.getLogger("idempotency_asgi")
+
+
+def _default_log(message: str, err: Optional[BaseException] = None) -> None:
+    """The default log: the standard logging module, logger "idempotency_asgi"."""
+    LOGGER.error("idempotency: %s", message, exc_info=err)
+
+
+def _header_bytes(value: str) -> bytes:
+    """A stored header value as bytes: Latin-1 when it fits (what HTTP/1.1
+    carries), otherwise its UTF-8 bytes (a value idem_finish, idem_resolve or
+    a resolver stored with other characters), never an error at replay."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8")
+
+
+def _sqlstate(err: BaseException) -> Optional[str]:
     return getattr(err, "sqlstate", None)
 
 
-def _is_retryable(err):
+def _is_retryable(err: BaseException) -> bool:
     return _sqlstate(err) in RETRY_SQLSTATES
 
 
-def _is_connection_loss(err, conn):
+def _is_connection_loss(err: BaseException, conn: Optional[AsyncConn]) -> bool:
     if _sqlstate(err) in LOST_SQLSTATES:
         return True
     return isinstance(err, psycopg.OperationalError) and conn is not None and conn.broken
@@ -73,6 +128,50 @@ def _is_connection_loss(err, conn):
 
 class _Retry(Exception):
     pass
+
+
+class _NotConfigured(Exception):
+    """The extension, a privilege or an option is missing or wrong."""
+
+
+class _Answered(Exception):
+    """The claim's answer is not execute: replay, conflict, mismatch."""
+
+    def __init__(self, claim: Dict[str, Any]) -> None:
+        super().__init__(claim.get("action"))
+        self.claim = claim
+
+
+_CLAIM = "idempotency_claim"
+
+
+async def claim(request: Any, endpoint: Optional[str] = None) -> "Context":
+    """The claim of a request, for a route that opts in (the middleware with
+    opt_in=True): takes the connection, claims the key, and returns the
+    Context (also request.state.idempotency).  endpoint: the route template
+    by default (FastAPI's route); Starlette routes name it."""
+    scope = request.scope
+    claim_now = scope.get("state", {}).get(_CLAIM)
+    if claim_now is None:
+        ctx = scope.get("state", {}).get("idempotency")
+        if ctx is not None:  # the middleware claimed at once (opt_in=False)
+            return ctx  # type: ignore[no-any-return]
+        raise RuntimeError("idempotency: no IdempotencyMiddleware covers this request (its method, or the app)")
+    return await claim_now(endpoint)  # type: ignore[no-any-return]
+
+
+async def idempotency(request: Request) -> "Context":
+    """FastAPI dependency: ctx: Context = Depends(idempotency).  The route
+    opts in; its template names the endpoint."""
+    return await claim(request)
+
+
+class _Deadline(Exception):
+    """The application did not answer within the deadline."""
+
+
+class _TooLarge(Exception):
+    """The response is above the size cap for stored responses (IK413)."""
 
 
 class _BodyRefused(Exception):
@@ -83,22 +182,26 @@ class _BodyRefused(Exception):
 class Context:
     """What the application gets as request.state.idempotency."""
 
-    def __init__(self, conn, key, tenant, endpoint, state):
+    def __init__(self, conn: AsyncConn, key: Optional[str], tenant: str, endpoint: str,
+                 state: Dict[str, Any]) -> None:
         self.conn = conn
         self.key = key
         self.tenant = tenant
         self.endpoint = endpoint
-        self.lease_token = state["lease_token"]
+        self.lease_token: Optional[int] = state["lease_token"]
         self._state = state
 
-    def no_side_effect(self):
+    def no_side_effect(self) -> None:
         """Lease mode: nothing happened outside the database yet, so a failure
         releases the key instead of marking it unknown."""
         self._state["no_side_effect"] = True
 
-    async def downstream_key(self, step):
+    async def downstream_key(self, step: str) -> str:
+        """idem_downstream_key: the key to send a downstream service for this step."""
         cur = await self.conn.execute(SQL_DOWNSTREAM, (self.tenant, self.endpoint, self.key, step))
-        return (await cur.fetchone())[0]
+        row = await cur.fetchone()
+        assert row is not None
+        return str(row[0])
 
 
 class IdempotencyMiddleware:
@@ -111,12 +214,22 @@ class IdempotencyMiddleware:
     exclude: JSON Pointers left out of the fingerprint; lease, wait, ttl:
     intervals ('30 seconds'); required: refuse keyless requests;
     methods: the methods it applies to; retries: runs again after a
-    serialization failure, deadlock or lost connection."""
+    serialization failure, deadlock or lost connection; deadline: seconds
+    after which an application that has not answered is given up (its
+    transaction rolled back, its connection closed, 503 handler_timeout)."""
 
-    def __init__(self, app, pool, tenant, endpoint=None, profile="stripe", key_policy="refuse",
-                 exclude=None, lease=None, wait=None, ttl=None, required=False,
-                 methods=("POST", "PUT", "PATCH", "DELETE"), retries=3, limit=1024 * 1024,
-                 isolation=None, heartbeat=None, store_status=lambda status: status < 500, log=None):
+    def __init__(self, app: ASGIApp,
+                 pool: Union[AsyncConnectionPool, Callable[[], AsyncConnectionPool]],
+                 tenant: Union[str, Callable[[Scope], Union[str, Awaitable[str]]]],
+                 endpoint: Union[None, str, Callable[[Scope], Union[str, Awaitable[str]]]] = None,
+                 profile: str = "stripe", key_policy: str = "refuse",
+                 exclude: Optional[Iterable[str]] = None, lease: Optional[Interval] = None,
+                 wait: Optional[Interval] = None, ttl: Optional[Interval] = None, required: bool = False,
+                 methods: Sequence[str] = ("POST", "PUT", "PATCH", "DELETE"), retries: int = 3,
+                 limit: int = 1024 * 1024, isolation: Optional[str] = None, heartbeat: Optional[float] = None,
+                 store_status: Callable[[int], bool] = lambda status: status < 500,
+                 deadline: Optional[float] = None, opt_in: bool = False,
+                 log: Optional[Logger] = None) -> None:
         if profile not in ("stripe", "ietf"):
             raise ValueError("profile is 'stripe' or 'ietf'")
         if key_policy not in ("refuse", "hash"):
@@ -133,27 +246,35 @@ class IdempotencyMiddleware:
         self.lease = _pg_interval(lease)
         self.wait = _pg_interval(wait)
         self.ttl = _pg_interval(ttl)
-        self.heartbeat = heartbeat or (max(0.1, interval_seconds(lease) / 3) if lease else None)
+        self.heartbeat = heartbeat  # lease mode; by default a third of the lease as the server reads it
+        self._checked = False
         self.required = required
         self.methods = {m.upper() for m in methods}
         self.retries = retries
         self.limit = limit
         self.isolation = isolation
         self.store_status = store_status
-        self.log = log or (lambda message, err=None: None)
+        if deadline is not None and not deadline > 0:
+            raise ValueError("deadline is a number of seconds above 0")
+        self.deadline = deadline
+        self.opt_in = opt_in
+        self.log: Logger = log or _default_log
 
     @property
-    def pool(self):
+    def pool(self) -> AsyncConnectionPool:
         return self._pool() if callable(self._pool) else self._pool
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"].upper() not in self.methods:
             return await self.app(scope, receive, send)
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
         try:
-            raw_key = parse_key_header([v for k, v in headers if k == "idempotency-key"])
-            key = None if raw_key is None else apply_key_policy(raw_key, self.key_policy)
-        except KeyError_ as err:
+            key_values = [v for k, v in headers if k == "idempotency-key"]
+            parsed = parse_key_header(key_values)
+            # replays echo the header as the client sent it
+            raw_key = None if parsed is None else key_values[0].strip()
+            key = None if parsed is None else apply_key_policy(parsed, self.key_policy)
+        except IdempotencyKeyError as err:
             return await self._send_answer(send, "key_invalid", message=str(err))
         if key is None and self.required:
             return await self._send_answer(send, "key_missing",
@@ -172,9 +293,11 @@ class IdempotencyMiddleware:
             body_json, _ = fingerprint_body(content_type, raw)
         except BodyError as err:
             return await self._send_answer(send, "body_invalid", message=str(err))
-        endpoint = await self._endpoint(scope)
-        if endpoint is None:  # no route matches: nothing to protect
-            return await self.app(scope, self._replaying(raw, receive), send)
+        endpoint = None
+        if not self.opt_in:
+            endpoint = await self._endpoint(scope)
+            if endpoint is None:  # no route matches: nothing to protect
+                return await self.app(scope, self._replaying(raw, receive), send)
         tenant = self.tenant(scope) if callable(self.tenant) else self.tenant
         if asyncio.iscoroutine(tenant):
             tenant = await tenant
@@ -183,7 +306,7 @@ class IdempotencyMiddleware:
             path += "?" + scope["query_string"].decode("latin-1")
         req = {"tenant": tenant, "endpoint": endpoint, "key": key, "raw_key": raw_key,
                "method": scope["method"], "path": path, "json": body_json}
-        state = {"lease_token": None, "no_side_effect": False}
+        state: Dict[str, Any] = {"lease_token": None, "no_side_effect": False, "connect_failed": False}
         for attempt in range(self.retries + 1):
             try:
                 return await self._attempt(scope, receive, send, raw, req, state)
@@ -191,12 +314,32 @@ class IdempotencyMiddleware:
                 await asyncio.sleep((0.005 + random.random() * 0.02) * 2 ** attempt)
         if state["lease_token"] is not None:
             await self._settle_lease(req, state, "retries exhausted")
+        if state["connect_failed"]:
+            self.log("database_unavailable: no connection from the pool; check its connection settings (host, port, "
+                     "user, password), that it was opened, and that the server runs and accepts connections", None)
+            await self._send_answer(send, "unavailable", retry_after=1, code="database_unavailable")
+            return
         await self._send_answer(send, "unavailable", retry_after=1)
 
-    async def _endpoint(self, scope):
+    async def _route_endpoint(self, scope: Scope) -> str:
+        """opt_in: the endpoint option, or the method and the template of the
+        route the framework matched (FastAPI puts it in scope["route"]),
+        behind the mount's root_path."""
+        if self.endpoint is not None:
+            e = await self._endpoint(scope)
+            if e is not None:
+                return e
+        route = scope.get("route")
+        template = getattr(route, "path_format", None) or getattr(route, "path", None)
+        if not isinstance(template, str):
+            raise _NotConfigured("the framework names no route template for this request (Starlette): give the "
+                                 "endpoint, claim(request, endpoint='POST /v1/orders')")
+        return f"{scope['method']} {scope.get('root_path', '')}{template}"
+
+    async def _endpoint(self, scope: Scope) -> Optional[str]:
         if self.endpoint is not None:
             e = self.endpoint(scope) if callable(self.endpoint) else self.endpoint
-            return (await e) if asyncio.iscoroutine(e) else e
+            return (await e) if isinstance(e, Awaitable) else e
         app = scope.get("app")
         router = getattr(app, "router", None)
         if router is None:
@@ -209,10 +352,10 @@ class IdempotencyMiddleware:
         return None
 
     @staticmethod
-    def _replaying(raw, receive):
+    def _replaying(raw: bytes, receive: Receive) -> Receive:
         sent = False
 
-        async def replay():
+        async def replay() -> Message:
             nonlocal sent
             if not sent:
                 sent = True
@@ -220,26 +363,27 @@ class IdempotencyMiddleware:
             return await receive()
         return replay
 
-    async def _send_answer(self, send, outcome, **kw):
+    async def _send_answer(self, send: Send, outcome: str, **kw: Any) -> None:
         status, headers, body = answer(self.profile, outcome, **kw)
         await self._send(send, status, headers, json.dumps(body).encode())
 
     @staticmethod
-    async def _send(send, status, headers, body):
-        out = []
+    async def _send(send: Send, status: int, headers: Dict[str, Any], body: Optional[bytes]) -> None:
+        out: List[Tuple[bytes, bytes]] = []
         for name, value in headers.items():
             for v in value if isinstance(value, list) else [value]:
-                out.append((name.lower().encode("latin-1"), str(v).encode("latin-1")))
+                out.append((name.lower().encode("latin-1"), _header_bytes(str(v))))
         out = [h for h in out if h[0] != b"content-length"]
         out.append((b"content-length", str(len(body or b"")).encode()))
         await send({"type": "http.response.start", "status": status, "headers": out})
         await send({"type": "http.response.body", "body": body or b"", "more_body": False})
 
-    async def _settle_lease(self, req, state, reason):
+    async def _settle_lease(self, req: Dict[str, Any], state: Dict[str, Any], reason: str,
+                            release: bool = False) -> None:
         args = (req["tenant"], req["endpoint"], req["key"])
         try:
             async with self.pool.connection() as c:
-                if state["no_side_effect"]:
+                if release or state["no_side_effect"]:
                     await c.execute(SQL_RELEASE, args + (state["lease_token"],))
                 else:
                     await c.execute(SQL_FAIL, args + (reason, state["lease_token"]))
@@ -247,9 +391,9 @@ class IdempotencyMiddleware:
             self.log("could not settle the lease", err)
         state["lease_token"] = None
 
-    async def _heartbeat(self, req, state):
+    async def _heartbeat(self, req: Dict[str, Any], state: Dict[str, Any]) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat)
+            await asyncio.sleep(self.heartbeat or 1.0)
             try:
                 async with self.pool.connection() as c:
                     await c.execute(SQL_HEARTBEAT, (req["tenant"], req["endpoint"], req["key"],
@@ -257,7 +401,23 @@ class IdempotencyMiddleware:
             except Exception as err:
                 self.log("heartbeat failed", err)
 
-    async def _claim(self, conn, req):
+    async def _check_options(self, conn: AsyncConn) -> None:
+        """The options' intervals read by the server, once; the heartbeat's
+        period from the lease."""
+        if self._checked:
+            return
+        try:
+            cur = await conn.execute(SQL_CHECK, (self.ttl, self.lease, self.wait, self.lease))
+            row = await cur.fetchone()
+        except psycopg.DataError as err:
+            await conn.rollback()
+            raise _NotConfigured(f"the options ttl, lease and wait must be intervals PostgreSQL reads ({err})") from err
+        await conn.rollback()
+        if self.lease and not self.heartbeat and row is not None:
+            self.heartbeat = max(0.1, float(row[3]) / 3)
+        self._checked = True
+
+    async def _claim(self, conn: AsyncConn, req: Dict[str, Any]) -> Dict[str, Any]:
         cur = conn.cursor(row_factory=dict_row)
         try:
             await cur.execute(SQL_CLAIM, {"tenant": req["tenant"], "endpoint": req["endpoint"], "key": req["key"],
@@ -268,9 +428,15 @@ class IdempotencyMiddleware:
             if (_sqlstate(err) or "").startswith("22"):
                 raise _BodyRefused(str(err)) from err
             raise
-        return await cur.fetchone()
+        except psycopg.Error as err:
+            if _sqlstate(err) in CONFIG_SQLSTATES:
+                raise _NotConfigured(CONFIG_FIX) from err
+            raise
+        row = await cur.fetchone()
+        assert row is not None
+        return row
 
-    async def _answer_claim(self, send, req, c):
+    async def _answer_claim(self, send: Send, req: Dict[str, Any], c: Dict[str, Any]) -> None:
         if c["action"] == "replay":
             headers = {k: v for k, v in (c["response_headers"] or {}).items() if k.lower() != "idempotency-key"}
             headers["Idempotency-Key"] = req["raw_key"]
@@ -282,22 +448,38 @@ class IdempotencyMiddleware:
         await self._send_answer(send, outcome, code=c["error_code"], retry_after=c["retry_after"],
                                 mismatch=c.get("mismatch"))
 
-    async def _attempt(self, scope, receive, send, raw, req, state):
+    async def _attempt(self, scope: Scope, receive: Receive, send: Send, raw: bytes, req: Dict[str, Any],
+                       state: Dict[str, Any]) -> None:
         """One run of the request; raises _Retry when it should run again."""
-        try:
-            conn = await self.pool.getconn()
-        except Exception as err:
-            self.log("no database connection", err)
-            raise _Retry() from err
-        heartbeat = None
-        try:
+        conn: Optional[AsyncConn] = None
+        heartbeat: Optional["asyncio.Future[None]"] = None
+        released = {"conn": False}
+        claimed: Dict[str, Any] = {"ctx": None, "token": None}
+
+        # The claim: a pool connection, the key claimed, the transaction the
+        # application writes in.  At once, or (opt_in) when the route asks
+        # for it through idempotency()/claim(), with the route's template.
+        async def claim_now(endpoint: Optional[str]) -> Context:
+            nonlocal conn, heartbeat
+            if claimed["ctx"] is not None:
+                ctx: Context = claimed["ctx"]
+                return ctx
+            req["endpoint"] = endpoint if endpoint is not None else await self._route_endpoint(scope)
+            try:
+                conn = await self.pool.getconn()
+            except Exception as err:
+                self.log("no database connection", err)
+                state["connect_failed"] = True
+                raise _Retry() from err
+            state["connect_failed"] = False
+            await self._check_options(conn)
             key = req["key"]
             if key is not None and self.lease and state["lease_token"] is None:
                 await conn.set_autocommit(True)
                 c = await self._claim(conn, req)
                 await conn.set_autocommit(False)
                 if c["action"] != "execute":
-                    return await self._answer_claim(send, req, c)
+                    raise _Answered(c)
                 state["lease_token"] = c["lease_token"]
             if state["lease_token"] is not None:
                 heartbeat = asyncio.ensure_future(self._heartbeat(req, state))
@@ -305,63 +487,152 @@ class IdempotencyMiddleware:
                 await conn.execute(f"SET TRANSACTION ISOLATION LEVEL {self.isolation.upper()}")
             # an endpoint whose policy has a lease answers even this claim with
             # a token: it is finished with it in this same transaction
-            claim_token = None
             if key is not None and not self.lease:
                 c = await self._claim(conn, req)
                 if c["action"] != "execute":
                     await conn.rollback()
-                    return await self._answer_claim(send, req, c)
-                claim_token = c["lease_token"]
+                    raise _Answered(c)
+                claimed["token"] = c["lease_token"]
             else:
                 await conn.execute("SELECT 1")  # opens the transaction the application writes in
-            scope.setdefault("state", {})["idempotency"] = Context(conn, key, req["tenant"], req["endpoint"], state)
-            captured = {"status": None, "headers": [], "body": []}
+            ctx = Context(conn, key, req["tenant"], req["endpoint"], state)
+            scope.setdefault("state", {})["idempotency"] = ctx
+            claimed["ctx"] = ctx
+            return ctx
 
-            async def capture(message):
+        try:
+            if self.opt_in:
+                scope.setdefault("state", {})[_CLAIM] = claim_now
+            else:
+                await claim_now(req["endpoint"])
+            key = req["key"]
+            captured: Dict[str, Any] = {"status": None, "headers": [], "body": []}
+            done = {"sent": False}
+            sent_event = asyncio.Event()
+
+            # The response is stored and committed, and sent, as soon as the
+            # application has sent its last byte: what the application does
+            # after that (Starlette's and FastAPI's background tasks) runs
+            # after the commit and after the response, and cannot change them.
+            async def complete() -> None:
+                nonlocal heartbeat
+                if captured["status"] is None or conn is None:
+                    raise RuntimeError("the application sent no response")
+                body = b"".join(captured["body"])
+                status = captured["status"]
+                if not self.store_status(status):
+                    await conn.rollback()
+                    if state["lease_token"] is not None:
+                        # a 5xx is the handler's own failure: not stored, the key
+                        # given back so that a retry runs again (lease mode too)
+                        await self._settle_lease(req, state, f"the handler answered {status}", release=True)
+                else:
+                    if key is not None:
+                        stored: Dict[str, Any] = {}
+                        for name, value in captured["headers"]:
+                            name = name.decode("latin-1").lower()
+                            if name in NOT_STORED:
+                                continue
+                            value = value.decode("latin-1")
+                            if name in stored:
+                                prev = stored[name]
+                                stored[name] = (prev if isinstance(prev, list) else [prev]) + [value]
+                            else:
+                                stored[name] = value
+                        try:
+                            await conn.execute(SQL_FINISH, (req["tenant"], req["endpoint"], key, status, body,
+                                                            json.dumps(stored), state["lease_token"] or claimed["token"]))
+                        except psycopg.Error as err:
+                            if _sqlstate(err) == "IK413":
+                                raise _TooLarge() from err
+                            if _sqlstate(err) in CONFIG_SQLSTATES:
+                                raise _NotConfigured(CONFIG_FIX) from err
+                            raise
+                    await conn.commit()
+                    state["lease_token"] = None
+                headers = [(k, v) for k, v in captured["headers"] if k.lower() != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                done["sent"] = True
+                sent_event.set()
+                if heartbeat is not None:
+                    heartbeat.cancel()
+                    heartbeat = None
+                released["conn"] = True
+                await self.pool.putconn(conn)
+
+            async def capture(message: Message) -> None:
+                if done["sent"]:
+                    return
+                if conn is None:
+                    # opt_in: a route that did not ask for the claim passes
+                    # through untouched, without a connection
+                    await send(message)
+                    if message["type"] == "http.response.body" and not message.get("more_body", False):
+                        done["sent"] = True
+                        sent_event.set()
+                    return
                 if message["type"] == "http.response.start":
                     captured["status"] = message["status"]
                     captured["headers"] = list(message.get("headers", []))
                 elif message["type"] == "http.response.body":
                     captured["body"].append(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        await complete()
 
-            await self.app(scope, self._replaying(raw, receive), capture)
-            if captured["status"] is None:
-                raise RuntimeError("the application sent no response")
-            body = b"".join(captured["body"])
-            status = captured["status"]
-            if not self.store_status(status):
-                await conn.rollback()
-                if state["lease_token"] is not None:
-                    await self._settle_lease(req, state, f"the handler answered {status}")
-            else:
-                if key is not None:
-                    stored = {}
-                    for name, value in captured["headers"]:
-                        name = name.decode("latin-1").lower()
-                        if name in NOT_STORED:
-                            continue
-                        value = value.decode("latin-1")
-                        if name in stored:
-                            prev = stored[name]
-                            stored[name] = (prev if isinstance(prev, list) else [prev]) + [value]
-                        else:
-                            stored[name] = value
-                    await conn.execute(SQL_FINISH, (req["tenant"], req["endpoint"], key, status, body,
-                                                    json.dumps(stored),
-                                                    state["lease_token"] or claim_token))
-                await conn.commit()
-                state["lease_token"] = None
-            headers = [(k, v) for k, v in captured["headers"] if k.lower() != b"content-length"]
-            headers.append((b"content-length", str(len(body)).encode()))
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            app_task = asyncio.ensure_future(self.app(scope, self._replaying(raw, receive), capture))
+            if self.deadline:
+                # the handler's deadline runs until the response is sent, not
+                # over the background tasks after it
+                sent_wait = asyncio.ensure_future(sent_event.wait())
+                finished, _ = await asyncio.wait({app_task, sent_wait}, timeout=self.deadline,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                sent_wait.cancel()
+                if not finished:
+                    app_task.cancel()
+                    raise _Deadline(f"the application did not answer within {self.deadline} s")
+            try:
+                await app_task
+            except Exception as err:
+                if done["sent"]:
+                    self.log("a background task failed after the commit and the response", err)
+                    return
+                raise
+            if not done["sent"]:
+                await complete()
         except _Retry:
             raise
+        except _Answered as a:
+            await self._answer_claim(send, req, a.claim)
         except _BodyRefused as err:
-            await conn.rollback()
+            if conn is not None:
+                await conn.rollback()
             await self._send_answer(send, "body_invalid", message=str(err))
+        except _Deadline as err:
+            # the application may still hold the connection inside a query:
+            # closed, not rolled back (the server rolls back and frees the claim)
+            if conn is not None:
+                await conn.close()
+            self.log(f"handler_timeout: the application did not answer within deadline ({self.deadline} s); the "
+                     "transaction was rolled back and its connection closed. Find what it waits for, or raise "
+                     "deadline", err)
+            if state["lease_token"] is not None:
+                await self._settle_lease(req, state, str(err))
+            await self._send_answer(send, "unavailable", retry_after=1, code="handler_timeout")
+        except (_NotConfigured, _TooLarge) as err:
+            if conn is not None and not conn.broken:
+                await conn.rollback()
+            if state["lease_token"] is not None:
+                await self._settle_lease(req, state, "not stored", release=True)
+            if isinstance(err, _TooLarge):
+                self.log(f"response_too_large: {TOO_LARGE_FIX}", err.__cause__)
+                await self._send_answer(send, "too_large", code="response_too_large")
+            else:
+                self.log(f"idempotency_not_configured: {err}", err.__cause__)
+                await self._send_answer(send, "not_configured", code="idempotency_not_configured")
         except Exception as err:
-            if not conn.broken:
+            if conn is not None and not conn.broken:
                 try:
                     await conn.rollback()
                 except Exception:
@@ -376,9 +647,11 @@ class IdempotencyMiddleware:
             if heartbeat is not None:
                 heartbeat.cancel()
             scope.get("state", {}).pop("idempotency", None)
-            if not conn.broken and conn.autocommit:  # a lease claim that failed
+            scope.get("state", {}).pop(_CLAIM, None)
+            if conn is not None and not conn.broken and conn.autocommit:  # a lease claim that failed
                 try:
                     await conn.set_autocommit(False)
                 except psycopg.Error:
                     pass
-            await self.pool.putconn(conn)
+            if conn is not None and not released["conn"]:
+                await self.pool.putconn(conn)

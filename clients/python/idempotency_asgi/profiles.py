@@ -2,10 +2,12 @@
 what stripe-node understands) and 'ietf' (draft-ietf-httpapi-idempotency-key-header,
 errors as RFC 9457 problem details).  The same table as the Node client."""
 
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
 IETF_TYPE = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/"
 
 # outcome -> (stripe status, stripe error type, Stripe-Should-Retry, ietf status, title)
-OUTCOMES = {
+OUTCOMES: Dict[str, Tuple[int, str, str, int, str]] = {
     "key_missing": (400, "invalid_request_error", "false", 400, "Idempotency-Key is missing"),
     "key_invalid": (400, "invalid_request_error", "false", 400, "Idempotency-Key is malformed"),
     "body_invalid": (400, "invalid_request_error", "false", 400, "The request body cannot be read"),
@@ -17,20 +19,22 @@ OUTCOMES = {
                 "The outcome of the request with this Idempotency-Key is being resolved"),
     "expired": (409, "idempotency_error", "false", 409,
                 "This Idempotency-Key has expired; send the request with a new key to repeat it"),
+    "not_configured": (500, "api_error", "false", 500, "The idempotency layer of this API is not configured"),
+    "too_large": (500, "api_error", "false", 500, "The response is too large to be stored for replay"),
     "unavailable": (503, "api_error", "true", 503,
                     "The request could not be completed; retry it with the same Idempotency-Key"),
 }
 
-ACTION_OUTCOME = {"in_progress": "in_progress", "mismatch": "mismatch", "pending": "pending",
+ACTION_OUTCOME: Dict[str, str] = {"in_progress": "in_progress", "mismatch": "mismatch", "pending": "pending",
                   "expired": "expired"}
 
 
-def mismatch_message(m):
+def mismatch_message(m: Mapping[str, Any]) -> Optional[str]:
     """What a mismatch's diagnostics say, in one sentence: the members (JSON
     Pointers into the body) that differ, never their values."""
-    def names(xs):
+    def names(xs: List[str]) -> str:
         return ", ".join("the whole body" if p == "" else p for p in xs)
-    parts = []
+    parts: List[str] = []
     if m.get("method"):
         parts.append("the method differs")
     if m.get("path"):
@@ -44,25 +48,27 @@ def mismatch_message(m):
             f"{'; within the members named' if m.get('truncated') else ''}).")
 
 
-def answer(profile, outcome, message=None, code=None, retry_after=None, mismatch=None):
+def answer(profile: str, outcome: str, message: Optional[str] = None, code: Optional[str] = None,
+           retry_after: Optional[int] = None,
+           mismatch: Optional[Mapping[str, Any]] = None) -> Tuple[int, Dict[str, str], Dict[str, Any]]:
     """(status, headers dict, body as a JSON value)."""
     o = OUTCOMES[outcome]
     if mismatch and not message:
         message = mismatch_message(mismatch)
-    headers = {}
+    headers: Dict[str, str] = {}
     if retry_after:
         headers["Retry-After"] = str(retry_after)
     if profile == "stripe":
         headers["Stripe-Should-Retry"] = o[2]
         headers["Content-Type"] = "application/json"
-        error = {"type": o[1], "message": message or o[4]}
+        error: Dict[str, Any] = {"type": o[1], "message": message or o[4]}
         if code:
             error["code"] = code
         if mismatch:
             error["mismatch"] = mismatch
         return o[0], headers, {"error": error}
     headers["Content-Type"] = "application/problem+json"
-    body = {"type": IETF_TYPE, "title": o[4], "status": o[3]}
+    body: Dict[str, Any] = {"type": IETF_TYPE, "title": o[4], "status": o[3]}
     if message:
         body["detail"] = message
     if code:

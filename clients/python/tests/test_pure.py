@@ -6,7 +6,7 @@ import base64
 import json
 import unittest
 
-from idempotency_asgi import (BodyError, KeyError_, answer, apply_key_policy, form_to_json,
+from idempotency_asgi import (BodyError, IdempotencyKeyError, answer, apply_key_policy, form_to_json,
                               interval_seconds, parse_key_header)
 
 
@@ -18,14 +18,14 @@ class Pure(unittest.TestCase):
         self.assertEqual(parse_key_header(['"a\\"b\\\\c"']), 'a"b\\c')
         self.assertEqual(parse_key_header(["order:1"]), "order:1")
         for bad in [[""], ['""'], ['"abc'], ['"a"b'], ['"a\\b"'], ['"\u00e9"'], ["a", "b"]]:
-            with self.assertRaises(KeyError_, msg=repr(bad)):
+            with self.assertRaises(IdempotencyKeyError, msg=repr(bad)):
                 parse_key_header(bad)
 
     def test_key_policy(self):
         self.assertEqual(apply_key_policy("stripe-node-retry-7f3c", "refuse"), "stripe-node-retry-7f3c")
-        with self.assertRaises(KeyError_):
+        with self.assertRaises(IdempotencyKeyError):
             apply_key_policy("order:1", "refuse")
-        with self.assertRaises(KeyError_):
+        with self.assertRaises(IdempotencyKeyError):
             apply_key_policy("x" * 256, "refuse")
         expected = "h_" + base64.urlsafe_b64encode(hashlib.sha256(b"order:1").digest()).decode().rstrip("=")
         self.assertEqual(apply_key_policy("order:1", "hash"), expected)

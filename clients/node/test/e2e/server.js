@@ -35,8 +35,8 @@ app.use((req, res, next) => {
 });
 let requestSeq = 0;
 app.post('/v1/charges',
-  idempotent({ pool, tenant: 'acme', profile: 'stripe', exclude: ['/metadata/request_ts'], wait: '5 seconds', retries: 3 }),
-  async (req, res) => {
+  idempotent({ pool, tenant: 'acme', profile: 'stripe', exclude: ['/metadata/request_ts'], wait: '5 seconds', retries: 3 },
+    async (req, res) => {
     const { client, key } = req.idempotency;
     const seq = ++requestSeq;
     await client.query('INSERT INTO charges (id, idem_key, amount) VALUES ($1, $2, $3)',
@@ -58,7 +58,7 @@ app.post('/v1/charges',
     const row = (await client.query('SELECT id FROM charges WHERE idem_key = $1', [key])).rows[0];
     res.set('Request-Id', `req_${process.pid}_${seq}`);
     res.json({ id: row.id, object: 'charge', amount: Number(req.body.amount), currency: req.body.currency });
-  });
+  }));
 app.use((err, req, res, next) => {
   res.status(500).json({ error: { type: 'api_error', message: err.message } });
 });

@@ -41,15 +41,15 @@ function app() {
     res.set('Request-Id', `req_${runs[key]}`);
     res.status(200).json({ id, object: 'charge', amount: Number(req.body.amount) });
   };
-  a.post('/v1/charges', idempotent(opts({ exclude: ['/metadata/request_ts'] })), handler);
-  a.post('/v1/hashed', idempotent(opts({ keyPolicy: 'hash' })), handler);
-  a.post('/v1/required', idempotent(opts({ required: true })), handler);
-  a.post('/ietf/orders', idempotent(opts({ profile: 'ietf', wait: '0 s' })), handler);
-  a.post('/v1/nowait', idempotent(opts({ wait: '0 s' })), handler);
-  a.post('/v1/lease', idempotent(opts({ lease: '2 seconds', heartbeatMs: 100 })), handler);
-  a.post('/v1/charges/:id/capture', idempotent(opts()), handler);
-  a.post('/v1/policy', idempotent(opts()), handler);
-  a.post('/v1/expiring', idempotent(opts({ ttl: '1 second' })), handler);
+  a.post('/v1/charges', idempotent(opts({ exclude: ['/metadata/request_ts'] }), handler));
+  a.post('/v1/hashed', idempotent(opts({ keyPolicy: 'hash' }), handler));
+  a.post('/v1/required', idempotent(opts({ required: true }), handler));
+  a.post('/ietf/orders', idempotent(opts({ profile: 'ietf', wait: '0 s' }), handler));
+  a.post('/v1/nowait', idempotent(opts({ wait: '0 s' }), handler));
+  a.post('/v1/lease', idempotent(opts({ lease: '2 seconds', heartbeatMs: 100 }), handler));
+  a.post('/v1/charges/:id/capture', idempotent(opts(), handler));
+  a.post('/v1/policy', idempotent(opts(), handler));
+  a.post('/v1/expiring', idempotent(opts({ ttl: '1 second' }), handler));
   a.use((err, req, res, next) => { res.status(500).json({ error: { type: 'api_error', message: err.message } }); });
   return a;
 }

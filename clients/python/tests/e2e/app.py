@@ -11,11 +11,11 @@ import signal
 import sys
 
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 
-from idempotency_asgi import IdempotencyMiddleware
+from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
 
 RATE = float(os.environ.get("FAULT_RATE", "0"))
 KINDS = ["lost_response", "crash_before_commit", "slow_handler", "killed_backend", "serialization_failure"]
@@ -37,7 +37,7 @@ def fault(kind):
 
 api = FastAPI()
 api.add_middleware(IdempotencyMiddleware, pool=lambda: POOLS["app"], tenant="acme", profile="ietf",
-                   exclude=["/metadata/request_ts"], wait="5 seconds")
+                   exclude=["/metadata/request_ts"], wait="5 seconds", opt_in=True)
 
 
 @api.on_event("startup")
@@ -48,9 +48,9 @@ async def open_pools():
     await POOLS["admin"].open()
 
 
+# the route opts in: the dependency claims the key, the endpoint is its template
 @api.post("/v1/orders")
-async def create_order(request: Request):
-    ctx = request.state.idempotency
+async def create_order(request: Request, ctx: Context = Depends(idempotency)):
     body = await request.json()
     seq = next(SEQ)
     oid = f"ord_{ctx.key}_{os.getpid()}_{seq}"
