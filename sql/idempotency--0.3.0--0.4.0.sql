@@ -6,3 +6,8 @@
 -- regression test "upgrade" compares them).
 
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '0.4.0'" to load this file. \quit
+
+-- The tables defend themselves (README "Operations"): the triggers of
+-- idempotency.endpoints fire under session_replication_role = replica too.
+ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_resolver;
+ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_changed;

@@ -1348,6 +1348,8 @@ idem_maintenance(PG_FUNCTION_ARGS)
 					 errhint("Pass preview => false to run the pass as if the clock read as_of, which drops keys and marks leases unknown that are live now.")));
 	}
 
+	if (!preview)
+		IdemRequireReadWrite(fcinfo);
 	InitMaterializedSRF(fcinfo, 0);
 	if (preview)
 		IdemMaintenancePreview(as_of, IdemEmitTuple, rsinfo);

@@ -46,7 +46,7 @@ LANGUAGE sql AS $$
     SELECT 'privileges', c.relname, c.relacl::text
     FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname !~ '^(keys|tombstones)_p[0-9]'
     UNION ALL
-    SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(oid)
+    SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(oid) || ' ' || tgenabled
     FROM pg_trigger WHERE NOT tgisinternal
       AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace)
     UNION ALL
