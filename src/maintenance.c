@@ -71,6 +71,7 @@
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
 
+#include "ddl_guard.h"
 #include "idempotency.h"
 #include "audit.h"
 #include "endpoint.h"
@@ -288,7 +289,7 @@ IdemRunWithLockTimeout(MaintPass *p, bool dropping, const char *object,
 static void
 IdemExecDDL(const char *sql)
 {
-	int			rc = SPI_execute(sql, false, 0);
+	int			rc = IdemRunOwnDDL(sql);
 
 	if (rc < 0)
 		elog(ERROR, "idempotency maintenance: \"%s\" failed: %s",
