@@ -1371,7 +1371,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 		IdemKeyRow	row;
 		TimestampTz now = GetCurrentTimestamp();
 
-		IdemKeystoreRead(&scope, now,
+		IdemKeystorePeek(&scope, now,
 						 now + (int64) idem_default_ttl * USECS_PER_SEC,
 						 &row, cxt);
 		if (row.found)

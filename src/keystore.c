@@ -46,6 +46,7 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_inherits.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
@@ -773,6 +774,7 @@ typedef struct ProbeState
 	TimestampTz now;
 	MemoryContext cxt;
 	bool		ended_too;		/* probe partitions whose range ended too */
+	LOCKMODE	lockmode;		/* on the parent and the partitions */
 } ProbeState;
 
 /*
@@ -932,7 +934,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 
 	relid = IdemKeystoreRelation(scope);
 	is_shard = relid != keys_relid;
-	parent = table_open(relid, AccessShareLock);
+	parent = table_open(relid, st->lockmode);
 	/* rows are taken in the layout of idempotency.keys, which a shard need not share */
 	layout = is_shard ? table_open(IdemKeystoreRelid(), AccessShareLock) : parent;
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
@@ -976,7 +978,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 		 * file before it committed, and the lock held on the partition keeps
 		 * VACUUM from truncating the file.
 		 */
-		part = table_open(oids[i], AccessShareLock);
+		part = table_open(oids[i], st->lockmode);
 		if (part->rd_rel->relkind == RELKIND_RELATION &&
 			RelationGetNumberOfBlocks(part) == 0)
 		{
@@ -1385,10 +1387,20 @@ IdemScopeValues(const IdemScope *scope, TimestampTz now, Datum *values)
  * Probe each partition's unique index for the scope's rows, the partition
  * covering hint (where the live row is most likely) first, until the live
  * row is found: fill row with it, note whether expired ones exist.
+ *
+ * The reads of a call that may write (a claim, a lease-mode change) take
+ * the parent and each partition in ROW EXCLUSIVE before reading any index,
+ * as an INSERT or UPDATE would: a lock taken in ACCESS SHARE and raised to
+ * ROW EXCLUSIVE at the write deadlocks with DDL that takes SHARE on the
+ * partition and then ACCESS EXCLUSIVE on its index (REINDEX), since the
+ * DDL would hold what the write waits for, and wait for the index lock the
+ * read holds.  Taken in one mode from the start, the two queue on the
+ * partition instead (doc/operations.md).
  */
-void
-IdemKeystoreRead(const IdemScope *scope, TimestampTz now, TimestampTz hint,
-				 IdemKeyRow *row, MemoryContext cxt)
+static void
+IdemReadScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+			  IdemKeyRow *row, MemoryContext cxt, bool ended_too,
+			  LOCKMODE lockmode)
 {
 	ProbeState	st;
 
@@ -1396,10 +1408,18 @@ IdemKeystoreRead(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	st.row = row;
 	st.now = now;
 	st.cxt = cxt;
-	st.ended_too = false;
+	st.ended_too = ended_too;
+	st.lockmode = lockmode;
 	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
 					&row_attnums_generation);
 	IdemScanScope(scope, now, hint, &st);
+}
+
+void
+IdemKeystoreRead(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+				 IdemKeyRow *row, MemoryContext cxt)
+{
+	IdemReadScope(scope, now, hint, row, cxt, false, RowExclusiveLock);
 }
 
 void
@@ -1407,16 +1427,14 @@ IdemKeystoreReadWithExpired(const IdemScope *scope, TimestampTz now,
 							TimestampTz hint, IdemKeyRow *row,
 							MemoryContext cxt)
 {
-	ProbeState	st;
+	IdemReadScope(scope, now, hint, row, cxt, true, RowExclusiveLock);
+}
 
-	memset(row, 0, sizeof(*row));
-	st.row = row;
-	st.now = now;
-	st.cxt = cxt;
-	st.ended_too = true;
-	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
-					&row_attnums_generation);
-	IdemScanScope(scope, now, hint, &st);
+void
+IdemKeystorePeek(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+				 IdemKeyRow *row, MemoryContext cxt)
+{
+	IdemReadScope(scope, now, hint, row, cxt, false, AccessShareLock);
 }
 
 /*
@@ -1476,8 +1494,13 @@ IdemKeystoreLock(const IdemScope *scope, TimestampTz now, IdemKeyRow *row,
 	 * sees the row where it was moved to, and the invalidations taken in with
 	 * the lock make the statement plan for the new partition.  A transaction
 	 * that already holds the lock keeps any move out until it ends.
+	 *
+	 * The parent and its partitions are locked in ROW EXCLUSIVE, parent
+	 * first, before the statement locks any index: the statement's FOR
+	 * UPDATE would take them in ROW SHARE and its UPDATE raise that to ROW
+	 * EXCLUSIVE, which deadlocks with REINDEX (see IdemReadScope).
 	 */
-	LockRelationOid(IdemKeystoreRelation(scope), AccessShareLock);
+	list_free(find_all_inheritors(IdemKeystoreRelation(scope), RowExclusiveLock, NULL));
 	if (IsolationIsSerializable())
 	{
 		IdemLockProbedRow(scope, now, row, cxt);
