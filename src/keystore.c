@@ -50,6 +50,7 @@
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -248,6 +249,67 @@ IdemKeystoreRelid(void)
 	return relid;
 }
 
+/*
+ * What claims cannot honour, since they write rows through the table access
+ * method (see the banner): a column they do not fill that must not be NULL
+ * or has a default, row triggers, rules, row security.  The DDL guard
+ * (ddl_guard.c) refuses the DDL that makes them; this catches what was made
+ * while it was off or before it existed, when the description is cached
+ * (at every change of the relation): claims are refused with a clear error
+ * rather than writing rows the table would not accept.
+ */
+static const char *const known_columns[] = {
+	"tenant", "endpoint", "key", "created_at", "fingerprint", "state",
+	"lease_token", "locked_until", "response_status", "response_headers",
+	"body_kind", "body_encrypted", "response_body", "body_ref", "fail_reason",
+	"completed_at", "expires_at", "request_digest"
+};
+
+static void
+IdemRefuseShape(Relation rel, const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("claims cannot write table %s: it has %s",
+					quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+											   RelationGetRelationName(rel)),
+					what),
+			 errdetail("Claims write key rows directly, not through the executor, so they would not honour it."),
+			 errhint("Remove it (as a superuser, with SET idempotency.ddl_guard = off); see doc/operations.md.")));
+}
+
+static void
+IdemCheckShape(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	for (int i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		bool		known = false;
+
+		if (att->attisdropped)
+			continue;
+		for (int k = 0; k < (int) lengthof(known_columns); k++)
+			if (strcmp(NameStr(att->attname), known_columns[k]) == 0)
+				known = true;
+		if (!known && (att->attnotnull || att->atthasdef || att->attgenerated ||
+					   att->attidentity))
+			IdemRefuseShape(rel, psprintf("a column \"%s\" that claims do not fill",
+										  NameStr(att->attname)));
+	}
+	if (rel->trigdesc != NULL &&
+		(rel->trigdesc->trig_insert_before_row || rel->trigdesc->trig_insert_after_row ||
+		 rel->trigdesc->trig_insert_instead_row ||
+		 rel->trigdesc->trig_update_before_row || rel->trigdesc->trig_update_after_row ||
+		 rel->trigdesc->trig_delete_before_row || rel->trigdesc->trig_delete_after_row))
+		IdemRefuseShape(rel, "row triggers");
+	if (rel->rd_rules != NULL)
+		IdemRefuseShape(rel, "rules");
+	if (rel->rd_rel->relrowsecurity)
+		IdemRefuseShape(rel, "row level security enabled");
+}
+
 /* idempotency.keys (the parent), with its description cached */
 static Oid
 IdemKeysRelid(void)
@@ -261,6 +323,7 @@ IdemKeysRelid(void)
 		IdemRegisterInvalidation();
 		relid = IdemKeystoreRelid();
 		rel = table_open(relid, AccessShareLock);
+		IdemCheckShape(rel);
 		old = MemoryContextSwitchTo(CacheMemoryContext);
 		keys_desc = CreateTupleDescCopy(RelationGetDescr(rel));
 		MemoryContextSwitchTo(old);
@@ -653,6 +716,7 @@ IdemGetProbe(Oid partoid, Relation part)
 							RelationGetRelationName(rel)),
 					 errdetail("Claims read and write the partitions of idempotency.keys directly, which only ordinary tables allow."),
 					 errhint("Detach it; partitions made by idem_maintenance() are ordinary tables.")));
+		IdemCheckShape(rel);
 		indexoid = IdemScopeIndex(rel, scope_col);
 		lease_indexoid = IdemLeaseIndex(rel);
 		(void) IdemKeysRelid();

@@ -163,6 +163,25 @@ DROP TABLE idempotency.keys_p90000101;
 CREATE TRIGGER t BEFORE INSERT ON idempotency.keys_default FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();
 DROP TRIGGER t ON idempotency.keys_default;
 RESET idempotency.ddl_guard;
+-- what was changed while the guard was off (or before it existed) is
+-- caught when claims cache the table's description: claims are refused
+-- with a clear error, rather than storing NULL in a NOT NULL column or
+-- skipping a trigger
+SET idempotency.ddl_guard = off;
+ALTER TABLE idempotency.keys ADD COLUMN note text NOT NULL DEFAULT 'x';
+SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'))$$) AS new_column;
+ALTER TABLE idempotency.keys DROP COLUMN note;
+CREATE TRIGGER t BEFORE INSERT ON idempotency.keys FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();
+SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'), lease => '1 min')$$) AS row_trigger;
+DROP TRIGGER t ON idempotency.keys;
+ALTER TABLE idempotency.keys ENABLE ROW LEVEL SECURITY;
+SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'))$$) AS row_security;
+ALTER TABLE idempotency.keys DISABLE ROW LEVEL SECURITY;
+RESET idempotency.ddl_guard;
+SELECT k.key, l.state FROM idempotency.keys k
+CROSS JOIN LATERAL idempotency.idem_lookup(k.tenant, k.endpoint, k.key) l
+WHERE k.key = 'shape';
+
 -- nobody else may
 CREATE ROLE regress_defend_admin;
 GRANT idempotency_admin TO regress_defend_admin;
