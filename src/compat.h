@@ -98,13 +98,22 @@
  * list; callers include postmaster/bgworker_internals.h), which a
  * registration refused for want of max_worker_processes leaves unchanged.
  */
-#if PG_VERSION_NUM >= 180000
-#define IdemRegisteredBgWorkers() ((int) dlist_count(&BackgroundWorkerList))
-#else
 #include "lib/ilist.h"
 
+#if PG_VERSION_NUM >= 180000
 static inline int
-IdemSlistCount(slist_head *head)
+IdemBgWorkerListCount(dlist_head *head)
+{
+	dlist_iter	iter;
+	int			n = 0;
+
+	dlist_foreach(iter, head)
+		n++;
+	return n;
+}
+#else
+static inline int
+IdemBgWorkerListCount(slist_head *head)
 {
 	slist_iter	iter;
 	int			n = 0;
@@ -113,8 +122,8 @@ IdemSlistCount(slist_head *head)
 		n++;
 	return n;
 }
-
-#define IdemRegisteredBgWorkers() IdemSlistCount(&BackgroundWorkerList)
 #endif
+
+#define IdemRegisteredBgWorkers() IdemBgWorkerListCount(&BackgroundWorkerList)
 
 #endif							/* IDEM_COMPAT_H */
