@@ -7,7 +7,7 @@
 
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '0.4.0'" to load this file. \quit
 
--- The tables defend themselves (README "Operations"): the triggers of
+-- The tables defend themselves (doc/operations.md): the triggers of
 -- idempotency.endpoints fire under session_replication_role = replica too.
 ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_resolver;
 ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_changed;

@@ -50,7 +50,7 @@ IdemRequirePreload(const char *feature)
  * through the table access method, not the executor, which is where
  * PostgreSQL checks this for a statement; so they check it here, before
  * anything else, and a replay is refused too: whether a claim writes is not
- * known before it has read the key (README "Operations").
+ * known before it has read the key (doc/operations.md).
  */
 void
 IdemRequireReadWrite(FunctionCallInfo fcinfo)
