@@ -3,8 +3,8 @@
 #   make run            install what is missing, build, start a demo cluster
 #   make test           install what is missing, build, run every test suite
 #                       on throwaway clusters (PG_CONFIG=... for another server)
-#   make test-matrix    make test on PostgreSQL 15 and on 18 (built once into
-#                       a cache when missing)
+#   make test-matrix    make test on PostgreSQL 15, 17 and 18 (17 and 18 put
+#                       together once in a cache), then the Debian package
 #   make bench          install what is missing, build, run the benchmarks
 #   make stop           stop the demo cluster started by make run
 #
@@ -16,20 +16,27 @@
 #   make prove_installcheck  the TAP tests, on clusters of their own
 #   make dist                a release tarball made by git archive
 
+# The source tree: this Makefile's folder.  A build out of the tree
+# ("make -f ../Makefile VPATH=..", as Debian's pg_buildext runs it) finds the
+# sources there; every file name below is relative to it.
+SRCDIR := $(patsubst %/,%,$(if $(VPATH),$(VPATH),$(dir $(firstword $(MAKEFILE_LIST)))))
+# the files of the source tree matching the patterns $1, relative to it
+src_files = $(patsubst $(SRCDIR)/%,%,$(sort $(wildcard $(addprefix $(SRCDIR)/,$(1)))))
+
 EXTENSION = idempotency
-EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" idempotency.control)
+EXTVERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(SRCDIR)/idempotency.control)
 
 MODULE_big = idempotency
-OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
+OBJS = $(patsubst %.c,%.o,$(call src_files,src/*.c))
 
 # The install script of the current version is assembled from one file per
 # concern in sql/parts (in name order); scripts of released versions and the
 # upgrade scripts between them are kept as they are in sql/.
 DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
-DATA = $(filter-out $(DATA_built),$(wildcard sql/$(EXTENSION)--*.sql))
+DATA = $(filter-out $(DATA_built),$(call src_files,sql/$(EXTENSION)--*.sql))
 # A second, small extension for the proxy database of a deployment sharded
 # with PL/Proxy (README "Scaling out"): its control file and script.
-DATA += $(wildcard sql/plproxy/idempotency_plproxy*)
+DATA += $(call src_files,sql/plproxy/idempotency_plproxy*)
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -46,12 +53,13 @@ EXTRA_CLEAN = build test/expected.tmp src/.pg_server
 # (isolation tester), test/t/*.pl (TAP); expected output in test/expected.
 # Tests named nopreload_* need a server without the library preloaded: make
 # test runs them on a cluster of their own.
-REGRESS = $(filter-out nopreload_%,$(patsubst test/sql/%.sql,%,$(sort $(wildcard test/sql/*.sql))))
-REGRESS_OPTS = --inputdir=test
-ISOLATION = $(patsubst test/specs/%.spec,%,$(sort $(wildcard test/specs/*.spec)))
-ISOLATION_OPTS = --inputdir=test
+REGRESS = $(filter-out nopreload_%,$(patsubst test/sql/%.sql,%,$(call src_files,test/sql/*.sql)))
+REGRESS_OPTS = --inputdir=$(SRCDIR)/test
+ISOLATION = $(patsubst test/specs/%.spec,%,$(call src_files,test/specs/*.spec))
+ISOLATION_OPTS = --inputdir=$(SRCDIR)/test
 TAP_TESTS = 1
-PROVE_TESTS = $(sort $(wildcard test/t/*.pl))
+# run from the source tree (PGXS's prove_installcheck goes there first)
+PROVE_TESTS = $(call src_files,test/t/*.pl)
 
 ifneq ($(PGXS),)
 include $(PGXS)
@@ -62,14 +70,19 @@ all install:
 	@exit 1
 endif
 
-sql/$(EXTENSION)--$(EXTVERSION).sql: $(sort $(wildcard sql/parts/*.sql)) idempotency.control
-	cat $(sort $(wildcard sql/parts/*.sql)) > $@
+ifeq ($(EXTVERSION),)
+$(error no default_version found in $(SRCDIR)/idempotency.control)
+endif
+
+sql/$(EXTENSION)--$(EXTVERSION).sql: $(addprefix $(SRCDIR)/,$(call src_files,sql/parts/*.sql)) $(SRCDIR)/idempotency.control
+	@mkdir -p sql
+	cat $(filter %.sql,$^) > $@
 
 # Objects compiled against another server's headers are compiled again: the
 # stamp names the server, and changes only when the server does.
 $(OBJS) $(OBJS:.o=.bc): src/.pg_server
 src/.pg_server: FORCE
-	@s='$(VERSION) $(includedir_server)'; [ "$$(cat $@ 2>/dev/null)" = "$$s" ] || echo "$$s" > $@
+	@mkdir -p src; s='$(VERSION) $(includedir_server)'; [ "$$(cat $@ 2>/dev/null)" = "$$s" ] || echo "$$s" > $@
 .PHONY: FORCE
 
 # PGXS runs the TAP tests in "make installcheck"; this runs them alone.
@@ -86,26 +99,26 @@ prove_installcheck:
 # idempotency-VERSION.tar.gz.  META.json must give the control file's version.
 .PHONY: dist
 dist:
-	@test "$$(grep -c '"version": "$(EXTVERSION)"' META.json)" = 3 || \
+	@test "$$(grep -c '"version": "$(EXTVERSION)"' $(SRCDIR)/META.json)" = 3 || \
 		{ echo "META.json does not give version $(EXTVERSION) (the control file's) for the distribution and both extensions" >&2; exit 1; }
-	@grep -q "^default_version = '$(EXTVERSION)'" sql/plproxy/idempotency_plproxy.control && test -f sql/plproxy/idempotency_plproxy--$(EXTVERSION).sql || \
+	@grep -q "^default_version = '$(EXTVERSION)'" $(SRCDIR)/sql/plproxy/idempotency_plproxy.control && test -f $(SRCDIR)/sql/plproxy/idempotency_plproxy--$(EXTVERSION).sql || \
 		{ echo "idempotency_plproxy is not at version $(EXTVERSION) (its control file and script in sql/plproxy)" >&2; exit 1; }
-	git archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
-		-o $(EXTENSION)-$(EXTVERSION).tar.gz HEAD
+	git -C $(SRCDIR) archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
+		-o $(CURDIR)/$(EXTENSION)-$(EXTVERSION).tar.gz HEAD
 
 .PHONY: run test test-matrix bench stop
 run:
-	@scripts/run.sh
+	@$(SRCDIR)/scripts/run.sh
 
 stop:
-	@scripts/stop.sh
+	@$(SRCDIR)/scripts/stop.sh
 
 # PG_CONFIG named on the command line (or in the environment): that server
 test:
-	@TEST_PG_CONFIG='$(filter-out pg_config,$(PG_CONFIG))' scripts/test.sh
+	@TEST_PG_CONFIG='$(filter-out pg_config,$(PG_CONFIG))' $(SRCDIR)/scripts/test.sh
 
 test-matrix:
-	@scripts/test-matrix.sh
+	@$(SRCDIR)/scripts/test-matrix.sh
 
 bench:
-	@scripts/bench.sh
+	@$(SRCDIR)/scripts/bench.sh

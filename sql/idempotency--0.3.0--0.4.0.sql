@@ -7,6 +7,54 @@
 
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '0.4.0'" to load this file. \quit
 
+-- Replica identity of every table the extension writes (doc/operations.md,
+-- "Logical replication and blue/green switch-over"): lease updates and
+-- maintenance's deletes work under a publication FOR ALL TABLES and Citus
+-- moves shards online.  Partitions do not inherit it: the existing ones,
+-- made by maintenance or CREATE EXTENSION, each get their own; partitions of
+-- keys name their unique index on (key, endpoint, tenant), partitions of
+-- tombstones are FULL.
+ALTER TABLE idempotency.keys REPLICA IDENTITY FULL;
+ALTER TABLE idempotency.tombstones REPLICA IDENTITY FULL;
+DO $replica_identity$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT i.inhrelid::regclass AS part,
+               (SELECT x.indexrelid::regclass
+                FROM pg_catalog.pg_index x
+                WHERE x.indrelid = i.inhrelid AND x.indisunique AND x.indisvalid
+                  AND x.indpred IS NULL AND x.indexprs IS NULL AND x.indnkeyatts = 3
+                  AND (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attname)
+                       FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid = i.inhrelid
+                         AND a.attnum = ANY (x.indkey::int2[]))
+                      = ARRAY['endpoint', 'key', 'tenant']
+                ORDER BY x.indexrelid LIMIT 1) AS idx
+        FROM pg_catalog.pg_inherits i
+        WHERE i.inhparent = 'idempotency.keys'::regclass
+        ORDER BY 1
+    LOOP
+        IF r.idx IS NULL THEN
+            RAISE EXCEPTION 'partition % of idempotency.keys has no unique index on (key, endpoint, tenant)', r.part
+                USING ERRCODE = '55000',
+                      HINT = 'Every partition needs that index; partitions made by idem_maintenance() have it.';
+        END IF;
+        EXECUTE pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY USING INDEX %I',
+                                  r.part, (SELECT relname FROM pg_catalog.pg_class WHERE oid = r.idx));
+    END LOOP;
+    FOR r IN
+        SELECT i.inhrelid::regclass AS part
+        FROM pg_catalog.pg_inherits i
+        WHERE i.inhparent = 'idempotency.tombstones'::regclass
+        ORDER BY 1
+    LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY FULL', r.part);
+    END LOOP;
+END
+$replica_identity$;
+
 -- The tables defend themselves (doc/operations.md): the triggers of
 -- idempotency.endpoints fire under session_replication_role = replica too.
 ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_resolver;

@@ -121,6 +121,12 @@ typedef struct MaintTable
 	const char *prefix;			/* of its partitions' names: "keys_p" */
 	const char *table_extra;	/* more of CREATE TABLE (%s: partition name) */
 	const char *index_sql;		/* CREATE INDEX (%s: partition name, table) */
+	/*
+	 * The replica identity of its partitions (logical replication, Citus
+	 * shard moves): USING INDEX on the index named partition name + this,
+	 * or FULL when NULL.  Partitions do not inherit it from the parent.
+	 */
+	const char *identity_index;
 	Oid			(*relid) (void);
 	int64		(*width) (void);	/* partition width, microseconds */
 	/* how far beyond as_of + width partitions are made, microseconds */
@@ -163,6 +169,7 @@ static const MaintTable keys_table = {
 	"keys", "keys_default", "keys_p",
 	", UNIQUE (key, endpoint, tenant)",
 	"CREATE INDEX %s_lease_idx ON %s (locked_until) WHERE state = 'in_progress'",
+	"_key_endpoint_tenant_key",	/* the UNIQUE constraint's index */
 	IdemKeystoreRelid, IdemKeysWidth, IdemKeysAhead,
 	IdemKeystoreCountDefault, IdemKeystoreDefaultHasRows,
 	IdemKeystoreMoveDefaultRows, IdemKeystoreTombstones
@@ -172,6 +179,7 @@ static const MaintTable tombstones_table = {
 	"tombstones", "tombstones_default", "tombstones_p",
 	"",
 	"CREATE INDEX %s_scope_idx ON %s (scope_hash)",
+	NULL,						/* no unique index: FULL (four short columns) */
 	IdemTombstoneRelid, IdemTombstonesWidth, IdemTombstonesAhead,
 	IdemTombstoneCountDefault, IdemTombstoneDefaultHasRows,
 	IdemTombstoneMoveDefaultRows, NULL
@@ -558,6 +566,11 @@ IdemCreatePartition(MaintPass *p, void *arg)
 	resetStringInfo(&sql);
 	appendStringInfo(&sql, t->index_sql, a->name, qname);
 	IdemExecDDL(sql.data);
+	if (t->identity_index)
+		IdemExecDDL(psprintf("ALTER TABLE %s REPLICA IDENTITY USING INDEX %s", qname,
+							 quote_identifier(psprintf("%s%s", a->name, t->identity_index))));
+	else
+		IdemExecDDL(psprintf("ALTER TABLE %s REPLICA IDENTITY FULL", qname));
 
 	/*
 	 * Rows to move out of the default partition: a claim that had read the
@@ -1171,6 +1184,40 @@ IdemPassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
 }
 
 /*
+ * The name of a subscription of this database that replicates a table of
+ * the extension into it, or NULL.  Such a database is a logical replica
+ * (the green side of a blue/green switch-over, doc/operations.md): its
+ * keys are the publisher's, which its own maintenance must leave alone;
+ * and a dated partition made here would take rows whose deletes the
+ * subscription cannot find (they are routed by the replica identity, which
+ * holds no expires_at, to the default partition).  Runs in a step.
+ */
+static char *
+IdemSubscription(MaintPass *p)
+{
+	char	   *result = NULL;
+
+	if (SPI_execute("SELECT s.subname::text"
+					" FROM pg_catalog.pg_subscription_rel r"
+					" JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid"
+					" JOIN pg_catalog.pg_class c ON c.oid = r.srrelid"
+					" JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass"
+					"  AND d.objid = c.oid AND d.deptype = 'e'"
+					" JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid"
+					"  AND e.extname = 'idempotency'"
+					" ORDER BY 1 LIMIT 1", true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading pg_subscription_rel failed");
+	if (SPI_processed == 1)
+	{
+		MemoryContext old = MemoryContextSwitchTo(p->cxt);
+
+		result = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		MemoryContextSwitchTo(old);
+	}
+	return result;
+}
+
+/*
  * The steps.  In the Citus mode (README "Citus") stale leases and the
  * default partition's purge run on every node, on its own shards; only the
  * coordinator makes and drops partitions, which Citus carries to the shards.
@@ -1179,10 +1226,22 @@ static void
 IdemRunSteps(MaintPass *p)
 {
 	IdemKeysNode node;
+	char	   *subscription;
 
 	IdemStepBegin(p);
 	node = IdemKeystoreNode();
+	subscription = IdemSubscription(p);
 	IdemStepEnd(p);
+	if (subscription)
+	{
+		ereport(p->own_xacts ? LOG : NOTICE,
+				(errmsg("idempotency maintenance skipped: subscription \"%s\" replicates the extension's tables into this database",
+						subscription),
+				 errdetail("A logical replica keeps the publisher's keys as they come; maintenance runs here once the subscription is dropped."),
+				 errhint("At the switch-over, drop the subscription (doc/operations.md, \"Logical replication and blue/green switch-over\").")));
+		IdemEmit(p, "skipped", "subscription", -1);
+		return;
+	}
 	IdemStaleLeases(p);
 	/* tombstones land in dated partitions, made first */
 	IdemPremake(p, &tombstones_table);

@@ -95,6 +95,19 @@ CREATE UNIQUE INDEX keys_default_scope_idx
 SELECT pg_catalog.pg_extension_config_dump('idempotency.keys_default', '');
 
 /*
+ * Replica identity (doc/operations.md): a lease's finish, heartbeat, fail
+ * and release update or delete rows, which a database with a publication
+ * FOR ALL TABLES, or a Citus shard move, refuses on a table without one.
+ * Partitions do not inherit it: each partition of keys names its unique
+ * scope index (maintenance does so for the partitions it makes, see
+ * src/maintenance.c).  The parent is FULL, so that a publication with
+ * publish_via_partition_root marks every column as a key column, which
+ * covers each partition's index on the subscriber.
+ */
+ALTER TABLE idempotency.keys REPLICA IDENTITY FULL;
+ALTER TABLE idempotency.keys_default REPLICA IDENTITY USING INDEX keys_default_scope_idx;
+
+/*
  * Leased claims still in progress, for the maintenance pass that looks for
  * stale leases, which would otherwise read every live row.  Partial, so
  * that completed rows (nearly all of them) have no entry.  Every partition

@@ -21,6 +21,11 @@ CREATE TABLE idempotency.tombstones (
 CREATE TABLE idempotency.tombstones_default PARTITION OF idempotency.tombstones DEFAULT;
 CREATE INDEX tombstones_default_scope_idx ON idempotency.tombstones_default (scope_hash);
 SELECT pg_catalog.pg_extension_config_dump('idempotency.tombstones_default', '');
+-- Replica identity (doc/operations.md): maintenance deletes expired rows of
+-- the default partition.  No unique index: FULL, the four short columns
+-- (each partition maintenance makes too, src/maintenance.c).
+ALTER TABLE idempotency.tombstones REPLICA IDENTITY FULL;
+ALTER TABLE idempotency.tombstones_default REPLICA IDENTITY FULL;
 
 REVOKE ALL ON idempotency.tombstones, idempotency.tombstones_default FROM PUBLIC;
 

@@ -53,6 +53,12 @@ LANGUAGE sql AS $$
     SELECT 'event trigger', evtname, concat_ws(' ', evtevent, evtfoid::regprocedure, evtenabled, evttags::text)
     FROM pg_event_trigger
     UNION ALL
+    SELECT 'replica identity', c.relname,
+           concat_ws(' ', c.relreplident, (SELECT i.indexrelid::regclass::text FROM pg_index i
+                                           WHERE i.indrelid = c.oid AND i.indisreplident))
+    FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind IN ('r', 'p')
+      AND c.relname !~ '^(keys|tombstones)_p[0-9]'
+    UNION ALL
     SELECT 'member', classid::regclass::text, count(*)::text
     FROM pg_depend WHERE refclassid = 'pg_extension'::regclass AND deptype = 'e'
       AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
@@ -94,6 +100,13 @@ SELECT action FROM idempotency.idem_claim('acme', 'POST /up', 'up-3', sha256('th
 SELECT idempotency.idem_finish('acme', 'POST /up', 'up-3', 201, '{"id": 3}');
 COMMIT;
 SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /up', 'up-3', sha256('three'));
+
+-- the dated partitions made before the update have a replica identity too
+SELECT c.relname ~ '^keys_p' AS of_keys, c.relreplident, count(*) > 0 AS some
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent IN ('idempotency.keys'::regclass, 'idempotency.tombstones'::regclass)
+  AND c.relname ~ '_p[0-9]'
+GROUP BY 1, 2 ORDER BY 1, 2;
 
 -- the updated schema is the fresh one: no difference either way
 CREATE TEMP TABLE idem_updated AS SELECT * FROM pg_temp.idem_catalog();

@@ -11,6 +11,14 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $primary = PostgreSQL::Test::Cluster->new('primary');
+# The program that copies the cluster must be as new as its server (the
+# PostgreSQL 17 of scripts/pg17.sh is driven by PostgreSQL 15's clients).
+my ($server_major) = $primary->config_data('--version') =~ /(\d+)/;
+my ($client_major) = `pg_basebackup --version` =~ /(\d+)/;
+plan skip_all =>
+  "pg_basebackup $client_major cannot copy a PostgreSQL $server_major server"
+  if $client_major < $server_major;
+
 $primary->init(allows_streaming => 1);
 $primary->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'idempotency'

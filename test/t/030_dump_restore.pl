@@ -8,6 +8,14 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 my $node = PostgreSQL::Test::Cluster->new('dump');
+# The program that dumps the database must be as new as its server (the
+# PostgreSQL 17 of scripts/pg17.sh is driven by PostgreSQL 15's clients).
+my ($server_major) = $node->config_data('--version') =~ /(\d+)/;
+my ($client_major) = `pg_dump --version` =~ /(\d+)/;
+plan skip_all =>
+  "pg_dump $client_major cannot dump a PostgreSQL $server_major server"
+  if $client_major < $server_major;
+
 $node->init;
 $node->append_conf('postgresql.conf', qq{
 shared_preload_libraries = 'idempotency'

@@ -5,7 +5,11 @@
 # once, a claim for a tenant whose shard is elsewhere is refused (IK421), a
 # shard move carries the keys (and waits for a lease claim in progress),
 # maintenance partitions the whole cluster from the coordinator, and an
-# endpoint policy change reaches a worker backend that had cached it.
+# endpoint policy change reaches a worker backend that had cached it.  Then
+# online: a move in the default transfer mode (logical replication) with a
+# claim holding its lock when it starts and claims arriving while it runs,
+# citus_rebalance_start() under claims, and a worker killed with kill -9
+# during claims: no key executes twice, every retry replays.
 #
 # Citus is built once into a cache by scripts/citus.sh and copied into the
 # private PostgreSQL copy by make test; the test skips where that could not
@@ -29,7 +33,8 @@ plan skip_all =>
 my @workers = map { PostgreSQL::Test::Cluster->new("citus_worker$_") } 1 .. 2;
 for my $node ($coord, @workers)
 {
-	$node->init;
+	# logical replication: online shard moves (the default transfer mode)
+	$node->init(allows_streaming => 'logical');
 	# citus must come first; the nodes reach each other over their sockets
 	$node->append_conf('postgresql.conf', q{
 shared_preload_libraries = 'citus,idempotency'
@@ -339,6 +344,228 @@ WHERE r.success AND s.endpoint = 'POST /payments'}),
 is($coord->safe_psql('postgres', q{
 SELECT live_keys FROM idempotency.health WHERE endpoint = 'POST /policy'}),
 	'2', 'health on the coordinator counts the keys of every shard');
+
+
+# ---------------------------------------------------------------------
+# Online shard moves (the default transfer mode, logical replication; the
+# partitions of keys have a replica identity, the application's colocated
+# table needs one too), the rebalancer, and a worker killed with kill -9.
+# Each phase puts claims of one tenant on the coordinator, several clients
+# racing the same keys; a client that meets an error goes on with its next
+# key; afterwards every key is retried until it replays.
+# ---------------------------------------------------------------------
+$coord->safe_psql('postgres', 'ALTER TABLE payments REPLICA IDENTITY FULL');
+
+# a script claiming keys PREFIX-1 .. PREFIX-N of a tenant, printing "key
+# action" per key: in atomic mode (claim, business row and finish in one
+# transaction), or with $lease every other key in lease mode (the claim
+# commits; business row and finish, an update of the key, commit together)
+sub claims_script
+{
+	my ($tenant, $prefix, $n, $rotate, $lease) = @_;
+	my $path = "$dir/$prefix-$rotate.sql";
+	open(my $sfh, '>', $path) or die $!;
+	for my $j (0 .. $n - 1)
+	{
+		my $i = ($j + $rotate) % $n + 1;
+		my $k = "$prefix-$i";
+		if ($lease && $i % 2 == 0)
+		{
+			print $sfh qq{\\set exec false
+\\set action error
+SELECT action, action = 'execute' AS exec, coalesce(lease_token, 0) AS token FROM idempotency.idem_claim('$tenant', 'POST /payments', '$k', $fp, lease => '5 minutes') \\gset
+\\if :exec
+BEGIN;
+INSERT INTO payments VALUES ('$tenant', '$k', 1);
+SELECT idempotency.idem_finish('$tenant', 'POST /payments', '$k', 201, '{"k": "$k"}', lease_token => :token) \\gset
+COMMIT;
+\\endif
+\\echo $k :action
+};
+			next;
+		}
+		print $sfh qq{\\set exec false
+\\set action error
+BEGIN;
+SELECT action, action = 'execute' AS exec FROM idempotency.idem_claim('$tenant', 'POST /payments', '$k', $fp) \\gset
+\\if :exec
+INSERT INTO payments VALUES ('$tenant', '$k', 1);
+SELECT idempotency.idem_finish('$tenant', 'POST /payments', '$k', 201, '{"k": "$k"}') \\gset
+\\endif
+COMMIT;
+\\echo $k :action
+};
+	}
+	close $sfh;
+	return $path;
+}
+
+# start clients on the coordinator, each with the keys in another order
+sub start_clients
+{
+	my ($tenant, $prefix, $n, $clients, $lease) = @_;
+	my @started;
+	for my $c (1 .. $clients)
+	{
+		my ($o, $e) = ('', '');
+		my $h = IPC::Run::start(
+			[ 'psql', '-X', '-q', '-A', '-t', '-d', $coord->connstr('postgres'),
+			  '-f', claims_script($tenant, $prefix, $n, $c * 7, $lease) ],
+			'>', \$o, '2>', \$e, IPC::Run::timeout(300));
+		push @started, [ $h, \$o, \$e ];
+	}
+	return \@started;
+}
+
+# wait for them; the actions they saw, and their errors
+sub finish_clients
+{
+	my ($started) = @_;
+	my (%actions, @errors);
+	for my $r (@$started)
+	{
+		$r->[0]->finish;
+		$actions{$2}++ while ${ $r->[1] } =~ /^(\S+) (\S+)$/mg;
+		push @errors, grep { /\b(?:ERROR|FATAL):|psql: error/ } split /\n/, ${ $r->[2] };
+	}
+	return (\%actions, \@errors);
+}
+
+# retry every key once from one client; the actions seen
+sub retry_all
+{
+	my ($tenant, $prefix, $n, $lease) = @_;
+	my ($actions, $errors) = finish_clients(start_clients($tenant, $prefix, $n, 1, $lease));
+	diag(join("\n", @$errors)) if @$errors;
+	return join(' ', map { "$_=$actions->{$_}" } sort keys %$actions);
+}
+
+# the business rows of the keys: "rows distinct-keys"
+sub executions
+{
+	my ($tenant, $prefix) = @_;
+	return $coord->safe_psql('postgres', qq{
+SELECT count(*) || ' ' || count(DISTINCT k) FROM payments WHERE tenant = '$tenant' AND k LIKE '$prefix-%'});
+}
+
+# Move 1: a claim holds its lock when the move starts (its transaction has
+# claimed, inserted and finished, not committed), and claims arrive while
+# the move runs.
+my $n = 30;
+my $ot = 'online';
+my $from = node_of($ot);
+my ($to) = grep { $_ != $from } @workers;
+my $oshard = $coord->safe_psql('postgres',
+	qq{SELECT get_shard_id_for_distribution_column('idempotency.keys', '$ot')});
+my ($ho2, $he2) = ('', '');
+my $htimer2 = IPC::Run::timer(120);
+my $held = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $coord->connstr('postgres') ],
+	'<', \my $hin2, '>', \$ho2, '2>', \$he2, $htimer2);
+$hin2 = qq{BEGIN;
+SELECT action FROM idempotency.idem_claim('$ot', 'POST /payments', 'held', $fp);
+INSERT INTO payments VALUES ('$ot', 'held', 1);
+SELECT idempotency.idem_finish('$ot', 'POST /payments', 'held', 201, '{"held": true}');
+SELECT 'claimed';
+};
+$held->pump until $ho2 =~ /claimed/ || $he2 ne '' || $htimer2->is_expired;
+is($ho2 =~ s/\n+/ /gr, 'execute claimed ', 'a claim holds its lock, uncommitted');
+my ($mo2, $me2) = ('', '');
+my $online_move = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $coord->connstr('postgres'), '-c',
+	  "SELECT citus_move_shard_placement($oshard, '" . $from->host . "', " . $from->port . ", '"
+	  . $to->host . "', " . $to->port . ')' ],
+	'>', \$mo2, '2>', \$me2, IPC::Run::timeout(300));
+ok( $coord->poll_query_until('postgres', q{
+SELECT count(*) > 0 FROM pg_stat_activity WHERE query LIKE 'SELECT citus_move_shard_placement%' AND state = 'active'}),
+	'the move in the default transfer mode runs');
+my $racing = start_clients($ot, 'mv', $n, 4, 1);
+# the held claim commits while the move runs
+$hin2 .= "COMMIT;\n\\q\n";
+$held->finish;
+is($he2, '', 'the claim held when the move started commits');
+$online_move->finish;
+my ($racing_actions, $racing_errors) = finish_clients($racing);
+is($me2, '', 'citus_move_shard_placement in the default mode moves the shard of keys')
+  or diag($me2);
+is(node_of($ot)->port, $to->port, 'the tenant\'s shard is on the other worker now');
+note('claims during the move: ' . join(' ', map { "$_=$racing_actions->{$_}" } sort keys %$racing_actions)
+	  . '; errors: ' . scalar(@$racing_errors));
+diag(join("\n", @$racing_errors)) if @$racing_errors;
+retry_all($ot, 'mv', $n, 1);
+is(retry_all($ot, 'mv', $n, 1), "replay=$n", 'after the move, every key of the racing claims replays');
+is(executions($ot, 'mv'), "$n $n", 'each of them executed exactly once');
+is($coord->safe_psql('postgres', qq{
+SELECT action || ' ' || response_json::text FROM idempotency.idem_claim('$ot', 'POST /payments', 'held', $fp)}),
+	'replay {"held": true}', 'the claim held when the move started replays');
+is($coord->safe_psql('postgres', qq{SELECT count(*) FROM payments WHERE tenant = '$ot' AND k = 'held'}),
+	'1', 'and executed once');
+$coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
+
+# The rebalancer: three other shard groups moved onto one worker (blocking
+# writes, for speed) make the cluster uneven; citus_rebalance_start() then
+# moves shards in the default mode while claims race.
+my $rt = 'rebalanced';
+my $rw = node_of($rt);
+my ($rother) = grep { $_ != $rw } @workers;
+for my $sh (split /\n/, $coord->safe_psql('postgres', qq{
+SELECT s.shardid FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid)
+WHERE s.logicalrelid = 'payments'::regclass AND n.nodeport = } . $rother->port . qq{
+  AND s.shardid <> get_shard_id_for_distribution_column('payments', '$rt')
+ORDER BY 1 LIMIT 3}))
+{
+	$coord->safe_psql('postgres', "SELECT citus_move_shard_placement($sh, '" . $rother->host . "', "
+		  . $rother->port . ", '" . $rw->host . "', " . $rw->port . ", shard_transfer_mode => 'block_writes')");
+}
+$coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
+my $job = $coord->safe_psql('postgres', 'SELECT citus_rebalance_start()');
+like($job, qr/^\d+$/, 'citus_rebalance_start() starts a rebalance job');
+ok( $coord->poll_query_until('postgres', qq{
+SELECT count(*) > 0 FROM pg_dist_background_task WHERE job_id = $job AND status IN ('running', 'done')}),
+	'the rebalancer moves a shard');
+$racing = start_clients($rt, 'rb', $n, 4, 1);
+# bounded: a job whose tasks keep failing would be retried for ever
+$coord->safe_psql('postgres', q{SET statement_timeout = '300s'; SELECT citus_rebalance_wait()});
+($racing_actions, $racing_errors) = finish_clients($racing);
+is($coord->safe_psql('postgres', qq{
+SELECT state || ' ' || (SELECT count(*) > 0 FROM pg_dist_background_task t
+                         WHERE t.job_id = j.job_id AND t.status = 'done')
+FROM pg_dist_background_job j WHERE job_id = $job}),
+	'finished true', 'the rebalancer moved shards and finished');
+note('claims during the rebalance: ' . join(' ', map { "$_=$racing_actions->{$_}" } sort keys %$racing_actions)
+	  . '; errors: ' . scalar(@$racing_errors));
+diag(join("\n", @$racing_errors)) if @$racing_errors;
+retry_all($rt, 'rb', $n, 1);
+is(retry_all($rt, 'rb', $n, 1), "replay=$n", 'after the rebalance, every key replays');
+is(executions($rt, 'rb'), "$n $n", 'each executed exactly once');
+$coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
+
+# A worker killed with kill -9 during claims: claims of its tenants fail
+# with an error naming the lost connection, the other worker's tenants go
+# on; after its restart every key replays or executes once.
+my $kt = 'killed';
+my $victim = node_of($kt);
+my ($survivor) = grep { $_ != $victim } @workers;
+my ($st) = grep { node_of($_) == $survivor } map { "survives-$_" } 1 .. 20;
+$racing = start_clients($kt, 'kl', 200, 3);
+ok( $coord->poll_query_until('postgres',
+		qq{SELECT count(*) >= 10 FROM payments WHERE tenant = '$kt'}),
+	'claims run on the worker about to be killed');
+$victim->kill9;
+($racing_actions, $racing_errors) = finish_clients($racing);
+ok(@$racing_errors > 0, 'claims in flight fail when the worker dies (' . scalar(@$racing_errors) . ' errors)');
+note("the first: $racing_errors->[0]") if @$racing_errors;
+($ret, $out, $err) = $coord->psql('postgres', qq{
+SELECT action FROM idempotency.idem_claim('$kt', 'POST /payments', 'while-down', $fp)});
+like($err, qr/connection to the remote node [^ ]+:\d+ failed|could not connect|server closed the connection/,
+	'a claim of its tenant while it is down fails, naming the node') or diag($err);
+is($coord->safe_psql('postgres', qq{
+SELECT action FROM idempotency.idem_claim('$st', 'POST /payments', 'while-down', $fp, lease => '1 minute')}),
+	'execute', 'a tenant of the other worker claims meanwhile');
+$victim->start;
+retry_all($kt, 'kl', 200);
+is(retry_all($kt, 'kl', 200), 'replay=200', 'after the restart every key replays');
+is(executions($kt, 'kl'), '200 200', 'each executed exactly once');
 
 $_->stop for @workers, $coord;
 done_testing();
