@@ -635,6 +635,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	bool		expired_conflict;
 	bool		diagnostics;
 
+	IdemRequireReadWrite(fcinfo);
 	IdemGetScope(fcinfo, &scope, true);
 	fingerprint = PG_ARGISNULL(3) ? NULL : PG_GETARG_BYTEA_PP(3);
 	IdemCheckFingerprint(fingerprint);
@@ -1068,6 +1069,7 @@ IdemFinishWithBody(FunctionCallInfo fcinfo, IdemBodyKind kind)
 	IdemScope	scope;
 	IdemResponse resp;
 
+	IdemRequireReadWrite(fcinfo);
 	IdemGetScope(fcinfo, &scope, false);
 	IdemGetResponse(fcinfo, 3, 5, &resp);
 	if (kind == IDEM_BODY_REF && PG_ARGISNULL(4))
@@ -1156,6 +1158,7 @@ idem_fail(PG_FUNCTION_ARGS)
 	PendingClaim **link;
 	PendingClaim *pc;
 
+	IdemRequireReadWrite(fcinfo);
 	IdemGetScope(fcinfo, &scope, false);
 	outcome_str = PG_ARGISNULL(3) ? "unknown" : text_to_cstring(PG_GETARG_TEXT_PP(3));
 	if (strcmp(outcome_str, "failed") == 0)
@@ -1215,6 +1218,7 @@ idem_release(PG_FUNCTION_ARGS)
 	PendingClaim **link;
 	PendingClaim *pc;
 
+	IdemRequireReadWrite(fcinfo);
 	IdemGetScope(fcinfo, &scope, false);
 	pc = IdemFindPending(&scope, &link);
 	if (pc != NULL)
@@ -1255,6 +1259,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	TimestampTz until;
 	IdemKeyRow	row;
 
+	IdemRequireReadWrite(fcinfo);
 	IdemGetScope(fcinfo, &scope, false);
 	if (PG_ARGISNULL(4))
 		ereport(ERROR,
@@ -1297,6 +1302,7 @@ idem_resolve(PG_FUNCTION_ARGS)
 	TimestampTz now;
 	IdemKeyRow	row;
 
+	IdemRequireReadWrite(fcinfo);
 	IdemGetScope(fcinfo, &scope, false);
 	IdemGetResponse(fcinfo, 3, 5, &resp);
 	if (!PG_ARGISNULL(4))
@@ -1365,7 +1371,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 		IdemKeyRow	row;
 		TimestampTz now = GetCurrentTimestamp();
 
-		IdemKeystoreRead(&scope, now,
+		IdemKeystorePeek(&scope, now,
 						 now + (int64) idem_default_ttl * USECS_PER_SEC,
 						 &row, cxt);
 		if (row.found)

@@ -12,7 +12,9 @@
  *	      ExecInsertIndexTuples gained onlySummarizing.
  *	  17: makeJsonLexContext takes the context to initialize (NULL: a new
  *	      one is allocated) as its first argument.
- *	  18: index_beginscan takes an IndexScanInstrumentation (NULL: none).
+ *	  18: index_beginscan takes an IndexScanInstrumentation (NULL: none);
+ *	      the postmaster's list of registered background workers is a
+ *	      dlist (an slist before).
  *
  *-------------------------------------------------------------------------
  */
@@ -90,5 +92,38 @@
 #else
 #define IDEM_MY_LXID (MyProc->lxid)
 #endif
+
+/*
+ * The number of background workers registered so far (the postmaster's
+ * list; callers include postmaster/bgworker_internals.h), which a
+ * registration refused for want of max_worker_processes leaves unchanged.
+ */
+#include "lib/ilist.h"
+
+#if PG_VERSION_NUM >= 180000
+static inline int
+IdemBgWorkerListCount(dlist_head *head)
+{
+	dlist_iter	iter;
+	int			n = 0;
+
+	dlist_foreach(iter, head)
+		n++;
+	return n;
+}
+#else
+static inline int
+IdemBgWorkerListCount(slist_head *head)
+{
+	slist_iter	iter;
+	int			n = 0;
+
+	slist_foreach(iter, head)
+		n++;
+	return n;
+}
+#endif
+
+#define IdemRegisteredBgWorkers() IdemBgWorkerListCount(&BackgroundWorkerList)
 
 #endif							/* IDEM_COMPAT_H */

@@ -37,6 +37,7 @@ int			idem_max_claims_per_transaction = 1000;
 bool		idem_enable_worker = true;
 int			idem_maintenance_interval = 60;
 int			idem_resolver_timeout = 2000;
+bool		idem_ddl_guard_on = true;
 
 int			idem_stats_max_endpoints = 1000;
 bool		idem_log_transitions = false;
@@ -253,6 +254,14 @@ IdemGucInit(void)
 								1000, 1, 1000000,
 								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idempotency.ddl_guard",
+							 "Refuses DDL that would make claims wrong on the tables of keys and tombstones.",
+							 "Off lets a superuser repair the tables by hand; see doc/operations.md.",
+							 &idem_ddl_guard_on,
+							 true,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
 
 	DefineCustomBoolVariable("idempotency.log_transitions",
 							 "Logs one JSON line per state change of a key.",

@@ -27,6 +27,9 @@ extern bool idem_enable_worker;
 extern int	idem_maintenance_interval;
 extern int	idem_resolver_timeout;
 
+/* the DDL guard of the extension's tables (src/ddl_guard.c) */
+extern bool idem_ddl_guard_on;
+
 /* observability and response storage */
 extern int	idem_stats_max_endpoints;
 extern bool idem_log_transitions;

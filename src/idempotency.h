@@ -66,6 +66,12 @@ IdemIsTokenChar(unsigned char c)
 }
 
 /*
+ * Raise 25006 (read_only_sql_transaction) when the transaction is
+ * read-only: every function that writes key rows calls it first.
+ */
+extern void IdemRequireReadWrite(FunctionCallInfo fcinfo);
+
+/*
  * Raise unless the function was called by the trigger manager (a trigger
  * function called in SQL).
  */

@@ -46,9 +46,11 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_inherits.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "executor/executor.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
@@ -247,6 +249,67 @@ IdemKeystoreRelid(void)
 	return relid;
 }
 
+/*
+ * What claims cannot honour, since they write rows through the table access
+ * method (see the banner): a column they do not fill that must not be NULL
+ * or has a default, row triggers, rules, row security.  The DDL guard
+ * (ddl_guard.c) refuses the DDL that makes them; this catches what was made
+ * while it was off or before it existed, when the description is cached
+ * (at every change of the relation): claims are refused with a clear error
+ * rather than writing rows the table would not accept.
+ */
+static const char *const known_columns[] = {
+	"tenant", "endpoint", "key", "created_at", "fingerprint", "state",
+	"lease_token", "locked_until", "response_status", "response_headers",
+	"body_kind", "body_encrypted", "response_body", "body_ref", "fail_reason",
+	"completed_at", "expires_at", "request_digest"
+};
+
+static void
+IdemRefuseShape(Relation rel, const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("claims cannot write table %s: it has %s",
+					quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+											   RelationGetRelationName(rel)),
+					what),
+			 errdetail("Claims write key rows directly, not through the executor, so they would not honour it."),
+			 errhint("Remove it (as a superuser, with SET idempotency.ddl_guard = off); see doc/operations.md.")));
+}
+
+static void
+IdemCheckShape(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	for (int i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+		bool		known = false;
+
+		if (att->attisdropped)
+			continue;
+		for (int k = 0; k < (int) lengthof(known_columns); k++)
+			if (strcmp(NameStr(att->attname), known_columns[k]) == 0)
+				known = true;
+		if (!known && (att->attnotnull || att->atthasdef || att->attgenerated ||
+					   att->attidentity))
+			IdemRefuseShape(rel, psprintf("a column \"%s\" that claims do not fill",
+										  NameStr(att->attname)));
+	}
+	if (rel->trigdesc != NULL &&
+		(rel->trigdesc->trig_insert_before_row || rel->trigdesc->trig_insert_after_row ||
+		 rel->trigdesc->trig_insert_instead_row ||
+		 rel->trigdesc->trig_update_before_row || rel->trigdesc->trig_update_after_row ||
+		 rel->trigdesc->trig_delete_before_row || rel->trigdesc->trig_delete_after_row))
+		IdemRefuseShape(rel, "row triggers");
+	if (rel->rd_rules != NULL)
+		IdemRefuseShape(rel, "rules");
+	if (rel->rd_rel->relrowsecurity)
+		IdemRefuseShape(rel, "row level security enabled");
+}
+
 /* idempotency.keys (the parent), with its description cached */
 static Oid
 IdemKeysRelid(void)
@@ -260,6 +323,7 @@ IdemKeysRelid(void)
 		IdemRegisterInvalidation();
 		relid = IdemKeystoreRelid();
 		rel = table_open(relid, AccessShareLock);
+		IdemCheckShape(rel);
 		old = MemoryContextSwitchTo(CacheMemoryContext);
 		keys_desc = CreateTupleDescCopy(RelationGetDescr(rel));
 		MemoryContextSwitchTo(old);
@@ -652,6 +716,7 @@ IdemGetProbe(Oid partoid, Relation part)
 							RelationGetRelationName(rel)),
 					 errdetail("Claims read and write the partitions of idempotency.keys directly, which only ordinary tables allow."),
 					 errhint("Detach it; partitions made by idem_maintenance() are ordinary tables.")));
+		IdemCheckShape(rel);
 		indexoid = IdemScopeIndex(rel, scope_col);
 		lease_indexoid = IdemLeaseIndex(rel);
 		(void) IdemKeysRelid();
@@ -773,6 +838,7 @@ typedef struct ProbeState
 	TimestampTz now;
 	MemoryContext cxt;
 	bool		ended_too;		/* probe partitions whose range ended too */
+	LOCKMODE	lockmode;		/* on the parent and the partitions */
 } ProbeState;
 
 /*
@@ -932,7 +998,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 
 	relid = IdemKeystoreRelation(scope);
 	is_shard = relid != keys_relid;
-	parent = table_open(relid, AccessShareLock);
+	parent = table_open(relid, st->lockmode);
 	/* rows are taken in the layout of idempotency.keys, which a shard need not share */
 	layout = is_shard ? table_open(IdemKeystoreRelid(), AccessShareLock) : parent;
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
@@ -976,7 +1042,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 		 * file before it committed, and the lock held on the partition keeps
 		 * VACUUM from truncating the file.
 		 */
-		part = table_open(oids[i], AccessShareLock);
+		part = table_open(oids[i], st->lockmode);
 		if (part->rd_rel->relkind == RELKIND_RELATION &&
 			RelationGetNumberOfBlocks(part) == 0)
 		{
@@ -1385,10 +1451,20 @@ IdemScopeValues(const IdemScope *scope, TimestampTz now, Datum *values)
  * Probe each partition's unique index for the scope's rows, the partition
  * covering hint (where the live row is most likely) first, until the live
  * row is found: fill row with it, note whether expired ones exist.
+ *
+ * The reads of a call that may write (a claim, a lease-mode change) take
+ * the parent and each partition in ROW EXCLUSIVE before reading any index,
+ * as an INSERT or UPDATE would: a lock taken in ACCESS SHARE and raised to
+ * ROW EXCLUSIVE at the write deadlocks with DDL that takes SHARE on the
+ * partition and then ACCESS EXCLUSIVE on its index (REINDEX), since the
+ * DDL would hold what the write waits for, and wait for the index lock the
+ * read holds.  Taken in one mode from the start, the two queue on the
+ * partition instead (doc/operations.md).
  */
-void
-IdemKeystoreRead(const IdemScope *scope, TimestampTz now, TimestampTz hint,
-				 IdemKeyRow *row, MemoryContext cxt)
+static void
+IdemReadScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+			  IdemKeyRow *row, MemoryContext cxt, bool ended_too,
+			  LOCKMODE lockmode)
 {
 	ProbeState	st;
 
@@ -1396,10 +1472,18 @@ IdemKeystoreRead(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	st.row = row;
 	st.now = now;
 	st.cxt = cxt;
-	st.ended_too = false;
+	st.ended_too = ended_too;
+	st.lockmode = lockmode;
 	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
 					&row_attnums_generation);
 	IdemScanScope(scope, now, hint, &st);
+}
+
+void
+IdemKeystoreRead(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+				 IdemKeyRow *row, MemoryContext cxt)
+{
+	IdemReadScope(scope, now, hint, row, cxt, false, RowExclusiveLock);
 }
 
 void
@@ -1407,16 +1491,14 @@ IdemKeystoreReadWithExpired(const IdemScope *scope, TimestampTz now,
 							TimestampTz hint, IdemKeyRow *row,
 							MemoryContext cxt)
 {
-	ProbeState	st;
+	IdemReadScope(scope, now, hint, row, cxt, true, RowExclusiveLock);
+}
 
-	memset(row, 0, sizeof(*row));
-	st.row = row;
-	st.now = now;
-	st.cxt = cxt;
-	st.ended_too = true;
-	IdemKeysAttnums(row_columns, NUM_ROW_COLUMNS, row_attnums,
-					&row_attnums_generation);
-	IdemScanScope(scope, now, hint, &st);
+void
+IdemKeystorePeek(const IdemScope *scope, TimestampTz now, TimestampTz hint,
+				 IdemKeyRow *row, MemoryContext cxt)
+{
+	IdemReadScope(scope, now, hint, row, cxt, false, AccessShareLock);
 }
 
 /*
@@ -1476,8 +1558,13 @@ IdemKeystoreLock(const IdemScope *scope, TimestampTz now, IdemKeyRow *row,
 	 * sees the row where it was moved to, and the invalidations taken in with
 	 * the lock make the statement plan for the new partition.  A transaction
 	 * that already holds the lock keeps any move out until it ends.
+	 *
+	 * The parent and its partitions are locked in ROW EXCLUSIVE, parent
+	 * first, before the statement locks any index: the statement's FOR
+	 * UPDATE would take them in ROW SHARE and its UPDATE raise that to ROW
+	 * EXCLUSIVE, which deadlocks with REINDEX (see IdemReadScope).
 	 */
-	LockRelationOid(IdemKeystoreRelation(scope), AccessShareLock);
+	list_free(find_all_inheritors(IdemKeystoreRelation(scope), RowExclusiveLock, NULL));
 	if (IsolationIsSerializable())
 	{
 		IdemLockProbedRow(scope, now, row, cxt);

@@ -72,7 +72,10 @@ typedef struct IdemNewKeyRow
  * filled in cxt; a row whose expires_at is at or before now is expired.
  */
 
-/* Read the live row (no lock), probing the partition covering hint first. */
+/*
+ * Read the live row (no row lock), probing the partition covering hint
+ * first; for calls that may write (the tables are locked in ROW EXCLUSIVE).
+ */
 extern void IdemKeystoreRead(const IdemScope *scope, TimestampTz now,
 							 TimestampTz hint, IdemKeyRow *row,
 							 MemoryContext cxt);
@@ -85,6 +88,15 @@ extern void IdemKeystoreRead(const IdemScope *scope, TimestampTz now,
 extern void IdemKeystoreReadWithExpired(const IdemScope *scope, TimestampTz now,
 										TimestampTz hint, IdemKeyRow *row,
 										MemoryContext cxt);
+
+/*
+ * IdemKeystoreRead for a call that only reads (idem_lookup): the tables are
+ * locked in ACCESS SHARE, not ROW EXCLUSIVE, so that it runs in read-only
+ * transactions and on standbys.
+ */
+extern void IdemKeystorePeek(const IdemScope *scope, TimestampTz now,
+							 TimestampTz hint, IdemKeyRow *row,
+							 MemoryContext cxt);
 
 /* Read and lock (FOR UPDATE) the live row, for a change of it. */
 extern void IdemKeystoreLock(const IdemScope *scope, TimestampTz now,

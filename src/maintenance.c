@@ -71,6 +71,7 @@
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
 
+#include "ddl_guard.h"
 #include "idempotency.h"
 #include "audit.h"
 #include "endpoint.h"
@@ -296,7 +297,7 @@ IdemRunWithLockTimeout(MaintPass *p, bool dropping, const char *object,
 static void
 IdemExecDDL(const char *sql)
 {
-	int			rc = SPI_execute(sql, false, 0);
+	int			rc = IdemRunOwnDDL(sql);
 
 	if (rc < 0)
 		elog(ERROR, "idempotency maintenance: \"%s\" failed: %s",
@@ -1407,6 +1408,8 @@ idem_maintenance(PG_FUNCTION_ARGS)
 					 errhint("Pass preview => false to run the pass as if the clock read as_of, which drops keys and marks leases unknown that are live now.")));
 	}
 
+	if (!preview)
+		IdemRequireReadWrite(fcinfo);
 	InitMaterializedSRF(fcinfo, 0);
 	if (preview)
 		IdemMaintenancePreview(as_of, IdemEmitTuple, rsinfo);

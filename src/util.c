@@ -12,6 +12,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "commands/trigger.h"
@@ -19,6 +20,7 @@
 #include "miscadmin.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
@@ -39,6 +41,29 @@ IdemRequirePreload(const char *feature)
 				 errmsg("%s requires idempotency to be loaded via shared_preload_libraries",
 						feature),
 				 errhint("Add idempotency to shared_preload_libraries in postgresql.conf and restart the server.")));
+}
+
+/*
+ * Refuse, as PostgreSQL refuses any write (SQLSTATE 25006), a function that
+ * writes key rows when the transaction is read-only (SET TRANSACTION READ
+ * ONLY, default_transaction_read_only, a hot standby).  Claims write rows
+ * through the table access method, not the executor, which is where
+ * PostgreSQL checks this for a statement; so they check it here, before
+ * anything else, and a replay is refused too: whether a claim writes is not
+ * known before it has read the key (doc/operations.md).
+ */
+void
+IdemRequireReadWrite(FunctionCallInfo fcinfo)
+{
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot execute %s() in a read-only transaction",
+						get_func_name(fcinfo->flinfo->fn_oid)),
+				 RecoveryInProgress() ?
+				 errdetail("The server is a standby: keys are claimed and finished on the primary only.") :
+				 errdetail("The function writes the extension's tables, as an INSERT or UPDATE would."),
+				 errhint("Read a key without writing it with idem_lookup().")));
 }
 
 void

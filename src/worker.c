@@ -20,7 +20,10 @@
  *	  The launcher only ever sleeps on its latch: until the next round, or
  *	  until the postmaster reports that the worker of the current database
  *	  has exited (WaitForBackgroundWorkerShutdown).  When no worker slot is
- *	  free it warns once and waits for the next round.
+ *	  free it warns once and waits for the next round.  A launcher that
+ *	  cannot be registered at all (every slot taken at server start) is
+ *	  warned about here, since PostgreSQL's own line does not say whose
+ *	  worker it refused.
  *
  *-------------------------------------------------------------------------
  */
@@ -39,6 +42,7 @@
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
+#include "postmaster/bgworker_internals.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
@@ -49,6 +53,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "compat.h"
 #include "guc.h"
 #include "idempotency.h"
 #include "maintenance.h"
@@ -75,6 +80,7 @@ void
 IdemWorkerInit(void)
 {
 	BackgroundWorker worker;
+	int			registered;
 
 	if (!process_shared_preload_libraries_in_progress || IsBinaryUpgrade)
 		return;
@@ -82,7 +88,16 @@ IdemWorkerInit(void)
 	IdemFillWorker(&worker, "IdemLauncherMain", "idempotency maintenance launcher",
 				   IDEM_LAUNCHER_RESTART_SECS);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency maintenance launcher");
+	registered = IdemRegisteredBgWorkers();
 	RegisterBackgroundWorker(&worker);
+	/* refused, with a LOG line that does not name the extension */
+	if (IdemRegisteredBgWorkers() == registered)
+		ereport(WARNING,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("idempotency maintenance launcher could not be registered"),
+				 errdetail("The background workers registered before it take every slot of max_worker_processes (%d), so no maintenance pass runs until the server is restarted with more.",
+						   max_worker_processes),
+				 errhint("Increase max_worker_processes: the launcher takes a slot, and each maintenance worker one more for the time of its pass.")));
 }
 
 static void

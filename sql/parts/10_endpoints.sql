@@ -22,6 +22,12 @@ CREATE TRIGGER endpoints_resolver
     BEFORE INSERT OR UPDATE ON idempotency.endpoints
     FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_resolver();
 
+-- Both fire whatever session_replication_role says (a session set to
+-- replica, the apply worker of a logical subscription): the check of the
+-- resolver cannot be skipped, and backends reload changed policies.
+ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_resolver;
+ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_changed;
+
 CREATE FUNCTION idempotency.idem_key_valid(key text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_key_valid'

@@ -46,9 +46,12 @@ LANGUAGE sql AS $$
     SELECT 'privileges', c.relname, c.relacl::text
     FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname !~ '^(keys|tombstones)_p[0-9]'
     UNION ALL
-    SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(oid)
+    SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(oid) || ' ' || tgenabled::text
     FROM pg_trigger WHERE NOT tgisinternal
       AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace)
+    UNION ALL
+    SELECT 'event trigger', evtname, concat_ws(' ', evtevent, evtfoid::regprocedure, evtenabled, evttags::text)
+    FROM pg_event_trigger
     UNION ALL
     SELECT 'replica identity', c.relname,
            concat_ws(' ', c.relreplident, (SELECT i.indexrelid::regclass::text FROM pg_index i

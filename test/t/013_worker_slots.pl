@@ -1,6 +1,8 @@
 # The maintenance launcher when no background worker slot is free: a WARNING
 # with SQLSTATE 53400 and a hint naming max_worker_processes, given once for
-# the whole streak of failed rounds, not once per round.
+# the whole streak of failed rounds, not once per round.  And a launcher that
+# cannot even be registered at server start (every slot taken): a WARNING
+# naming max_worker_processes too.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -34,6 +36,19 @@ my $lines = () = slurp_file($node->logfile, $offset) =~ /idempotency/g;
 is($lines, 0, 'the rounds that follow write nothing to the log');
 my $warnings = () = slurp_file($node->logfile) =~ /no free background worker slot/g;
 is($warnings, 1, 'one warning for the whole streak');
+
+# no slot at all at server start: the launcher is never registered
+$node->stop;
+$node->append_conf('postgresql.conf', "max_worker_processes = 0\n");
+$offset = -s $node->logfile;
+$node->start;
+like(
+	slurp_file($node->logfile, $offset),
+	qr/WARNING:  53400: idempotency maintenance launcher could not be registered\n.*DETAIL:  The background workers registered before it take every slot of max_worker_processes \(0\), so no maintenance pass runs until the server is restarted with more\.\n.*HINT:  Increase max_worker_processes: the launcher takes a slot/,
+	'a launcher that cannot be registered is a WARNING naming max_worker_processes');
+is( $node->safe_psql('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type LIKE 'idempotency maintenance%'}),
+	'0', 'and indeed no launcher runs');
 
 $node->stop;
 done_testing();
