@@ -75,3 +75,22 @@ CREATE EVENT TRIGGER idempotency_ddl_guard ON ddl_command_start
                  'CREATE TRIGGER', 'CREATE RULE', 'CREATE POLICY',
                  'DROP TABLE', 'DROP INDEX')
     EXECUTE FUNCTION idempotency.idem_ddl_guard();
+
+-- idempotency.endpoints.resolver: text, not regprocedure.  pg_upgrade
+-- refuses a database with a reg* column that names functions (their OIDs are
+-- not kept); the resolver is now stored by its canonical name, checked and
+-- normalized by the trigger endpoints_resolver, and found again at each
+-- call.  The names are written with the search_path pg_catalog alone, so
+-- that every one is schema-qualified as the trigger writes them; a resolver
+-- whose function was dropped becomes its former OID in digits, which names
+-- no function (a call reports it, as it did before).
+DO $resolver_text$
+DECLARE
+    saved text := pg_catalog.current_setting('search_path');
+BEGIN
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true);
+    ALTER TABLE idempotency.endpoints
+        ALTER COLUMN resolver TYPE text USING resolver::text;
+    PERFORM pg_catalog.set_config('search_path', saved, true);
+END
+$resolver_text$;

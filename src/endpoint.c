@@ -100,9 +100,10 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		 * The columns of 0.3.0 (diagnostics, tombstone_ttl,
 		 * on_expired_reuse) are read through to_jsonb, so that the library
 		 * also works with a schema of 0.2.0, whose table lacks them, until
-		 * the extension is updated; a missing column reads as NULL.
+		 * the extension is updated; a missing column reads as NULL.  The
+		 * resolver is text from 0.4.0 on, regprocedure before.
 		 */
-		plan = SPI_prepare("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::oid,"
+		plan = SPI_prepare("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::text,"
 						   " max_response_bytes, store_response,"
 						   " (to_jsonb(e) -> 'diagnostics')::boolean,"
 						   " (to_jsonb(e) ->> 'tombstone_ttl')::interval > interval '0',"
@@ -141,7 +142,17 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		d = SPI_getbinval(tup, desc, 3, &isnull);
 		policy->resolve_on_expiry = !isnull && DatumGetBool(d);
 		d = SPI_getbinval(tup, desc, 4, &isnull);
-		policy->resolver = isnull ? InvalidOid : DatumGetObjectId(d);
+		policy->has_resolver = !isnull;
+		if (!isnull)
+		{
+			char	   *name = TextDatumGetCString(d);
+
+			/*
+			 * The trigger never stores one this long; a longer one, cut,
+			 * matches no row when the call reads the row again.
+			 */
+			strlcpy(policy->resolver_name, name, sizeof(policy->resolver_name));
+		}
 		d = SPI_getbinval(tup, desc, 5, &isnull);
 		policy->max_response_bytes = isnull ? -1 : DatumGetInt32(d);
 		d = SPI_getbinval(tup, desc, 6, &isnull);

@@ -10,6 +10,13 @@
 
 #include "datatype/timestamp.h"
 
+/*
+ * Longest resolver name kept: the trigger stores a schema-qualified name
+ * with its argument types, at most two quoted identifiers of NAMEDATALEN
+ * and "(text,text,text)".
+ */
+#define IDEM_RESOLVER_NAME_MAX 1023
+
 typedef struct IdemEndpointPolicy
 {
 	bool		found;			/* a row exists for the endpoint */
@@ -18,7 +25,9 @@ typedef struct IdemEndpointPolicy
 	bool		has_lease;
 	Interval	lease;
 	bool		resolve_on_expiry;	/* on_lease_expiry = 'resolve' */
-	Oid			resolver;		/* InvalidOid when none */
+	bool		has_resolver;	/* the row names a resolver */
+	/* its canonical name (regprocedure text), found again at each call */
+	char		resolver_name[IDEM_RESOLVER_NAME_MAX + 1];
 	int			max_response_bytes; /* -1: the setting applies */
 	bool		store_response;
 	bool		diagnostics;	/* keeps request digests (default true) */

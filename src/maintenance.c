@@ -836,7 +836,7 @@ static void
 IdemResolveLease(MaintPass *p, ResolveArgs *a)
 {
 	const IdemStaleLease *l = a->lease;
-	Oid			resolver = a->policy->resolver;
+	Oid			resolver;
 	FmgrInfo	flinfo;
 
 	LOCAL_FCINFO(fcinfo, 3);
@@ -851,9 +851,12 @@ IdemResolveLease(MaintPass *p, ResolveArgs *a)
 	Oid			role;
 	IdemUserSwitch user;
 
-	/* the function and its role may have changed since the row was written */
+	/*
+	 * The function is found again by its name at each call; it, and the
+	 * role, may have changed since the row was written.
+	 */
+	role = IdemResolverRole(l->endpoint, a->policy->resolver_name, &resolver);
 	IdemResolverCheckSignature(resolver, l->endpoint);
-	role = IdemResolverRole(l->endpoint, resolver);
 	IdemResolverCheckRole(resolver, role, l->endpoint);
 
 	fmgr_info(resolver, &flinfo);
@@ -906,6 +909,7 @@ IdemResolveLease(MaintPass *p, ResolveArgs *a)
 		char	   *headers_type = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4);
 		char	   *end = NULL;
 		long		status = 0;
+		Datum		body;
 
 		if (status_text != NULL)
 		{
@@ -928,15 +932,18 @@ IdemResolveLease(MaintPass *p, ResolveArgs *a)
 		if (headers_type != NULL && strcmp(headers_type, "object") == 0)
 			resp.headers = DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0],
 														SPI_tuptable->tupdesc, 5, &isnull));
-		resp.body = DatumGetByteaP(SPI_getbinval(SPI_tuptable->vals[0],
-												 SPI_tuptable->tupdesc, 6, &isnull));
+		/* no "body": NULL, which must not be detoasted */
+		body = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 6, &isnull);
 		if (isnull)
 		{
 			resp.body = NULL;
 			resp.body_kind = IDEM_BODY_NONE;
 		}
 		else
+		{
+			resp.body = DatumGetByteaP(body);
 			resp.body_kind = IDEM_BODY_JSON;
+		}
 	}
 
 	/* what the endpoint keeps of it (headers, size cap, encryption) */
@@ -1070,7 +1077,7 @@ IdemStaleLeasesPreview(MaintPass *p)
 	{
 		const IdemEndpointPolicy *policy = IdemGetEndpointPolicy(endpoints[i]);
 
-		IdemEmit(p, policy->resolve_on_expiry && OidIsValid(policy->resolver) ?
+		IdemEmit(p, policy->resolve_on_expiry && policy->has_resolver ?
 				 "lease_resolve" : "lease_unknown", endpoints[i], counts[i]);
 	}
 }
@@ -1102,7 +1109,7 @@ IdemStaleLeases(MaintPass *p)
 
 		CHECK_FOR_INTERRUPTS();
 
-		if (policy.resolve_on_expiry && OidIsValid(policy.resolver))
+		if (policy.resolve_on_expiry && policy.has_resolver)
 			outcome = IdemResolveLeaseGuarded(p, l, &policy, &status);
 		else
 			outcome = IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_UNKNOWN,

@@ -25,7 +25,10 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
+#include "lib/stringinfo.h"
 #include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/lsyscache.h"
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 
@@ -91,17 +94,39 @@ IdemResolverCheckRole(Oid resolver, Oid role, const char *endpoint)
 				 errhint("Grant EXECUTE on the function to the role, or name a resolver the role may execute.")));
 }
 
-Oid
-IdemResolverRole(const char *endpoint, Oid resolver)
+/*
+ * The function a canonical resolver name names, or InvalidOid.  A number is
+ * never taken for an OID: an OID is not kept by pg_upgrade, and a resolver
+ * stored as one (a regprocedure of a function dropped before 0.4.0) names
+ * no function.
+ */
+static Oid
+IdemResolverLookup(const char *name)
 {
-	Oid			argtypes[2] = {TEXTOID, OIDOID};
-	Datum		args[2] = {CStringGetTextDatum(endpoint), ObjectIdGetDatum(resolver)};
+	LOCAL_FCINFO(fcinfo, 1);
+	Datum		d;
+
+	if (name[0] == '\0' || (name[0] >= '0' && name[0] <= '9') ||
+		strcmp(name, "-") == 0)
+		return InvalidOid;
+	InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = CStringGetTextDatum(name);
+	fcinfo->args[0].isnull = false;
+	d = to_regprocedure(fcinfo);
+	return fcinfo->isnull ? InvalidOid : DatumGetObjectId(d);
+}
+
+Oid
+IdemResolverRole(const char *endpoint, const char *resolver_name, Oid *resolver)
+{
+	Oid			argtypes[2] = {TEXTOID, TEXTOID};
+	Datum		args[2] = {CStringGetTextDatum(endpoint), CStringGetTextDatum(resolver_name)};
 	bool		isnull = true;
 	Datum		d = (Datum) 0;
 	int			rc;
 
 	rc = SPI_execute_with_args("SELECT resolver_role::oid FROM idempotency.endpoints"
-							   " WHERE endpoint = $1 AND resolver::oid = $2",
+							   " WHERE endpoint = $1 AND resolver::text = $2",
 							   2, argtypes, args, NULL, true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "reading idempotency.endpoints failed: %s", SPI_result_code_string(rc));
@@ -113,10 +138,51 @@ IdemResolverRole(const char *endpoint, Oid resolver)
 				 errmsg("the resolver of endpoint \"%s\" changed during the maintenance pass",
 						endpoint),
 				 errdetail("The next maintenance pass uses the endpoint's current policy.")));
+
+	*resolver = IdemResolverLookup(resolver_name);
+	if (!OidIsValid(*resolver))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("resolver %s of endpoint \"%s\" does not exist",
+						resolver_name, endpoint),
+				 errdetail("No function has that name and those argument types: it was dropped, renamed or moved to another schema since the resolver was set."),
+				 errhint("Set the endpoint's resolver again.")));
 	return isnull ? InvalidOid : DatumGetObjectId(d);
 }
 
-/* An oid-like column (regprocedure, regrole) of a row; InvalidOid for NULL. */
+/*
+ * The canonical name of a resolver, as stored in idempotency.endpoints:
+ * schema-qualified, with its argument types (the text form of regprocedure
+ * whatever the search_path), so that it names the same function after a
+ * dump and restore or pg_upgrade, which do not keep function OIDs.
+ */
+static char *
+IdemResolverName(Oid resolver)
+{
+	HeapTuple	proctup = SearchSysCache1(PROCOID, ObjectIdGetDatum(resolver));
+	Form_pg_proc proc;
+	StringInfoData buf;
+	char	   *nspname;
+
+	if (!HeapTupleIsValid(proctup))
+		elog(ERROR, "cache lookup failed for function %u", resolver);
+	proc = (Form_pg_proc) GETSTRUCT(proctup);
+	nspname = get_namespace_name(proc->pronamespace);
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "%s(",
+					 quote_qualified_identifier(nspname, NameStr(proc->proname)));
+	for (int i = 0; i < proc->pronargs; i++)
+	{
+		if (i > 0)
+			appendStringInfoChar(&buf, ',');
+		appendStringInfoString(&buf, format_type_be(proc->proargtypes.values[i]));
+	}
+	appendStringInfoChar(&buf, ')');
+	ReleaseSysCache(proctup);
+	return buf.data;
+}
+
+/* An oid-like column (regrole) of a row; InvalidOid for NULL. */
 static Oid
 IdemOidAttr(HeapTuple tup, TupleDesc desc, int attnum)
 {
@@ -129,12 +195,31 @@ IdemOidAttr(HeapTuple tup, TupleDesc desc, int attnum)
 PG_FUNCTION_INFO_V1(idem_endpoints_resolver);
 
 /*
+ * The resolver column of a row as a string; NULL for NULL.  The column is
+ * text from 0.4.0 on, regprocedure in a schema not yet updated from 0.3.0.
+ */
+static char *
+IdemResolverAttr(HeapTuple tup, TupleDesc desc, int attnum)
+{
+	bool		isnull;
+	Datum		d = heap_getattr(tup, attnum, desc, &isnull);
+
+	if (isnull)
+		return NULL;
+	if (TupleDescAttr(desc, attnum - 1)->atttypid == REGPROCEDUREOID)
+		return DatumGetCString(DirectFunctionCall1(regprocedureout, d));
+	return TextDatumGetCString(d);
+}
+
+/*
  * BEFORE INSERT OR UPDATE row trigger on idempotency.endpoints.  When a row
  * names a resolver that is new (an INSERT, a changed resolver) or a new
- * resolver_role: resolver_role defaults to the current user, who must have
- * the privileges of the role named and EXECUTE on the function, and so
- * must the role; the function must have a resolver's signature.  Without a
- * resolver, resolver_role is NULL.
+ * resolver_role: the name must name a function, which must have a
+ * resolver's signature; resolver_role defaults to the current user, who
+ * must have the privileges of the role named and EXECUTE on the function,
+ * and so must the role.  The resolver is stored by its canonical name
+ * (IdemResolverName), found again at each call.  Without a resolver,
+ * resolver_role is NULL.
  */
 Datum
 idem_endpoints_resolver(PG_FUNCTION_ARGS)
@@ -147,15 +232,17 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	int			role_att;
 	int			endpoint_att;
 	bool		isnull;
+	char	   *name;
+	char	   *old_name = NULL;
 	Oid			resolver;
+	Oid			resolver_type;
 	Oid			role;
-	Oid			old_resolver = InvalidOid;
 	Oid			old_role = InvalidOid;
 	char	   *endpoint;
 	Oid			me = GetUserId();
-	int			cols[1];
-	Datum		values[1];
-	bool		nulls[1];
+	int			cols[2];
+	Datum		values[2];
+	bool		nulls[2];
 
 	IdemRequireTriggerCall(fcinfo, "idem_endpoints_resolver");
 	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
@@ -180,18 +267,22 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	if (resolver_att <= 0 || role_att <= 0 || endpoint_att <= 0)
 		elog(ERROR, "idem_endpoints_resolver: table %s lacks a column it needs",
 			 RelationGetRelationName(trigdata->tg_relation));
+	resolver_type = TupleDescAttr(desc, resolver_att - 1)->atttypid;
+	if (resolver_type != TEXTOID && resolver_type != REGPROCEDUREOID)
+		elog(ERROR, "idem_endpoints_resolver: column resolver of table %s is neither text nor regprocedure",
+			 RelationGetRelationName(trigdata->tg_relation));
 
-	resolver = IdemOidAttr(newtup, desc, resolver_att);
+	name = IdemResolverAttr(newtup, desc, resolver_att);
 	role = IdemOidAttr(newtup, desc, role_att);
 	if (oldtup != NULL)
 	{
-		old_resolver = IdemOidAttr(oldtup, desc, resolver_att);
+		old_name = IdemResolverAttr(oldtup, desc, resolver_att);
 		old_role = IdemOidAttr(oldtup, desc, role_att);
 	}
 
 	cols[0] = role_att;
 	nulls[0] = false;
-	if (!OidIsValid(resolver))
+	if (name == NULL)
 	{
 		/* no resolver, no role */
 		if (!OidIsValid(role))
@@ -202,7 +293,8 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	}
 
 	/* an unchanged resolver run by an unchanged role was checked before */
-	if (oldtup != NULL && resolver == old_resolver && role == old_role)
+	if (oldtup != NULL && old_name != NULL && strcmp(name, old_name) == 0 &&
+		role == old_role)
 		return PointerGetDatum(newtup);
 
 	/* a new resolver without a new role runs as whoever set it */
@@ -210,6 +302,22 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 		role = me;
 
 	endpoint = TextDatumGetCString(heap_getattr(newtup, endpoint_att, desc, &isnull));
+
+	/* a name with its argument types, as regprocedure reads it; no OID */
+	if (name[0] >= '0' && name[0] <= '9')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("resolver \"%s\" of endpoint \"%s\" is not a function name",
+						name, endpoint),
+				 errdetail("A resolver is named by its name and argument types, such as \"my_resolver(text,text,text)\", not by an OID.")));
+	resolver = DatumGetObjectId(DirectFunctionCall1(regprocedurein,
+													CStringGetDatum(name)));
+	if (!OidIsValid(resolver))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_FUNCTION),
+				 errmsg("resolver \"%s\" of endpoint \"%s\" names no function",
+						name, endpoint)));
+
 	IdemResolverCheckSignature(resolver, endpoint);
 	if (!IdemMayExecute(resolver, me))
 		ereport(ERROR,
@@ -228,5 +336,10 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	IdemResolverCheckRole(resolver, role, endpoint);
 
 	values[0] = ObjectIdGetDatum(role);
-	return PointerGetDatum(heap_modify_tuple_by_cols(newtup, desc, 1, cols, values, nulls));
+	cols[1] = resolver_att;
+	nulls[1] = false;
+	values[1] = resolver_type == TEXTOID ?
+		CStringGetTextDatum(IdemResolverName(resolver)) :
+		ObjectIdGetDatum(resolver);
+	return PointerGetDatum(heap_modify_tuple_by_cols(newtup, desc, 2, cols, values, nulls));
 }

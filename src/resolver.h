@@ -16,10 +16,12 @@ extern void IdemResolverCheckSignature(Oid resolver, const char *endpoint);
 extern void IdemResolverCheckRole(Oid resolver, Oid role, const char *endpoint);
 
 /*
- * The resolver_role of the endpoint whose resolver is resolver, read with
- * SPI (connected by the caller); InvalidOid when it has none.  Raises when
- * the endpoint no longer names that resolver.
+ * The resolver_role of the endpoint whose resolver is resolver_name (its
+ * canonical name), read with SPI (connected by the caller); InvalidOid when
+ * it has none.  Sets *resolver to the function the name names now.  Raises
+ * when the endpoint no longer names that resolver, or the name no function.
  */
-extern Oid	IdemResolverRole(const char *endpoint, Oid resolver);
+extern Oid	IdemResolverRole(const char *endpoint, const char *resolver_name,
+							 Oid *resolver);
 
 #endif							/* IDEM_RESOLVER_H */

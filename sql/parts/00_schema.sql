@@ -22,7 +22,11 @@ CREATE TABLE idempotency.endpoints (
     lease               interval CHECK (lease > interval '0'),
     on_lease_expiry     text NOT NULL DEFAULT 'unknown'
                         CHECK (on_lease_expiry IN ('unknown', 'resolve')),
-    resolver            regprocedure,
+    -- the resolver by its canonical name, such as
+    -- public.my_resolver(text,text,text): the trigger endpoints_resolver
+    -- checks and normalizes it, a call finds the function again by it
+    -- (text, not regprocedure: pg_upgrade keeps no function OIDs)
+    resolver            text,
     max_response_bytes  integer CHECK (max_response_bytes >= 0),
     store_response      boolean NOT NULL DEFAULT true,
     CHECK (on_lease_expiry = 'unknown' OR resolver IS NOT NULL),

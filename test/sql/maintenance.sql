@@ -233,6 +233,59 @@ DELETE FROM idempotency.keys WHERE endpoint = 'slow';
 DELETE FROM idempotency.endpoints WHERE endpoint = 'slow';
 DROP FUNCTION public.slow_lookup(text, text, text);
 
+-- The resolver is stored as text, by its canonical name (schema-qualified,
+-- with its argument types), whatever form it was given in: pg_upgrade keeps
+-- no function OIDs.  Each call finds the function again by that name: one
+-- renamed or dropped since is reported at the call, and its keys stay
+-- in_progress; renamed back, it runs again.
+CREATE SCHEMA resolvers;
+CREATE FUNCTION resolvers."Named Lookup"(tenant text, endpoint text, key text)
+RETURNS jsonb LANGUAGE sql AS $$ SELECT '{"status": 200}'::jsonb $$;
+SET search_path = resolvers, public;
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('named', 'resolve', '"Named Lookup"( text, TEXT, pg_catalog.text )');
+-- a regprocedure value, as applications wrote it before 0.4.0
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('named-reg', 'resolve', '"Named Lookup"(text,text,text)'::regprocedure);
+RESET search_path;
+SELECT endpoint, resolver, pg_typeof(resolver), resolver::regprocedure::oid = 'resolvers."Named Lookup"(text,text,text)'::regprocedure::oid AS same
+FROM idempotency.endpoints WHERE endpoint LIKE 'named%' ORDER BY endpoint;
+-- a name must name a function, by name and argument types, not by OID
+\set VERBOSITY default
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('e', 'resolve', 'public.no_such_lookup(text,text,text)');
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('e', 'resolve', '12345');
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('e', 'resolve', '-');
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('e', 'resolve', 'resolvers."Named Lookup"');
+UPDATE idempotency.endpoints SET resolver = 'public.no_such_lookup(text,text,text)'
+WHERE endpoint = 'named';
+\set VERBOSITY terse
+SELECT pg_temp.put('t1', 'named', 'n1', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
+WHERE object LIKE 'named%' ORDER BY kind, object;
+ALTER FUNCTION resolvers."Named Lookup"(text, text, text) RENAME TO renamed_lookup;
+SELECT pg_temp.put('t1', 'named', 'n2', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
+-- editing what is not the resolver keeps the name, which names nothing now
+UPDATE idempotency.endpoints SET ttl = '1 day' WHERE endpoint = 'named';
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
+WHERE object LIKE 'named%' ORDER BY kind, object;
+SELECT key, state FROM idempotency.keys WHERE endpoint = 'named' ORDER BY key;
+ALTER FUNCTION resolvers.renamed_lookup(text, text, text) RENAME TO "Named Lookup";
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
+WHERE object LIKE 'named%' ORDER BY kind, object;
+SELECT key, state FROM idempotency.keys WHERE endpoint = 'named' ORDER BY key;
+DROP FUNCTION resolvers."Named Lookup"(text, text, text);
+SELECT pg_temp.put('t1', 'named', 'n3', 'in_progress', '2030-02-03 00:00+00', '2030-01-28 00:00+00');
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-29 00:00+00', preview => false)
+WHERE object LIKE 'named%' ORDER BY kind, object;
+SELECT key, state FROM idempotency.keys WHERE endpoint = 'named' ORDER BY key;
+DELETE FROM idempotency.keys WHERE endpoint = 'named';
+DELETE FROM idempotency.endpoints WHERE endpoint LIKE 'named%';
+DROP SCHEMA resolvers;
+
 -- With the core's own functions: a claim in lease mode whose holder vanished.
 -- Once maintenance saw the lease expire, a duplicate gets outcome_pending
 -- instead of running the operation a second time.

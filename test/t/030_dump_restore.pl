@@ -58,7 +58,7 @@ my $snapshot = q{
 };
 my $before = $node->safe_psql('postgres', $snapshot);
 like($before, qr/keys_default\/far\//, 'a row sits in the default partition');
-like($before, qr{charge/-/-/find_charge\(text,text,text\)/oncall}, 'an endpoint\'s resolver runs as oncall');
+like($before, qr{charge/-/-/public\.find_charge\(text,text,text\)/oncall}, 'an endpoint\'s resolver runs as oncall');
 
 my $dump = $node->basedir . '/idem.dump';
 $node->command_ok(
