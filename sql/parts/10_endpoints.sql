@@ -22,6 +22,18 @@ CREATE TRIGGER endpoints_resolver
     BEFORE INSERT OR UPDATE ON idempotency.endpoints
     FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_resolver();
 
+-- The ranges of ttl and lease (positive, at most 100 years) and the
+-- pointers of diagnostics_redact, refused with 22023 naming the column
+-- (src/endpoint.c).  Named to fire before endpoints_resolver.
+CREATE FUNCTION idempotency.idem_endpoints_check()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_endpoints_check'
+LANGUAGE C;
+
+CREATE TRIGGER endpoints_check
+    BEFORE INSERT OR UPDATE ON idempotency.endpoints
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_check();
+
 CREATE FUNCTION idempotency.idem_key_valid(key text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_key_valid'

@@ -37,7 +37,7 @@ COMMENT ON FUNCTION idempotency.idem_downstream_key(text, text, text, text) IS
 CREATE FUNCTION idempotency.idem_key_hash(tenant text, endpoint text, key text)
 RETURNS text
 AS 'MODULE_PATHNAME', 'idem_key_hash'
-LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION idempotency.idem_key_hash(text, text, text) IS
     'What logs and idempotency.events show instead of a key';
 
@@ -61,6 +61,7 @@ CREATE FUNCTION idempotency.idem_stats(
     OUT resolved bigint,
     OUT diagnosed bigint,
     OUT tombstone_hits bigint,
+    OUT diagnoses_withheld bigint,
     OUT reset_at timestamptz)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'idem_stats'
@@ -77,10 +78,12 @@ COMMENT ON FUNCTION idempotency.idem_stats_reset() IS
 
 -- One row per endpoint counted, then the endpoints that found the table of
 -- counters full (endpoint NULL, untracked), then the totals (endpoint NULL).
+-- Columns added by a later version come after reset_at.
 CREATE VIEW idempotency.stats AS
 SELECT endpoint, untracked, claims, executes, replays, in_progress,
        mismatches, pending, finishes, releases, fails, invalid_keys,
-       leases_expired, resolved, diagnosed, tombstone_hits, reset_at
+       leases_expired, resolved, diagnosed, tombstone_hits, reset_at,
+       diagnoses_withheld
 FROM idempotency.idem_stats()
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;
 
@@ -119,7 +122,8 @@ SELECT coalesce(l.endpoint, c.endpoint) AS endpoint,
            AS conflict_ratio,
        round(c.mismatches::numeric / nullif(c.claims, 0), 4) AS mismatch_ratio,
        c.tombstone_hits,
-       c.reset_at AS counters_since
+       c.reset_at AS counters_since,
+       c.diagnoses_withheld
 FROM live l
 FULL JOIN counters c ON c.endpoint = l.endpoint
 ORDER BY 1;
