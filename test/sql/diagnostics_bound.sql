@@ -93,6 +93,7 @@ SELECT store('k-bound', req('0421', 1234));
 SELECT * FROM guess('k-bound');
 SELECT mismatches, diagnosed, diagnoses_withheld
 FROM idempotency.stats WHERE endpoint = 'POST /pay';
+SELECT mismatch_ratio, diagnoses_withheld FROM idempotency.health WHERE endpoint = 'POST /pay';
 
 -- The counts live outside the transactions: rolled-back claims count, and
 -- the fourth mismatch names nothing.
