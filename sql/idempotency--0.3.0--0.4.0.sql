@@ -27,7 +27,7 @@ BEGIN
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'idempotency.endpoints holds a ttl or lease out of range'
             USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = pg_catalog.format('Endpoints %s have a ttl or lease that is not positive or longer than 100 years, which 0.4.0 refuses.', bad),
+                  DETAIL = pg_catalog.format('Endpoints whose ttl or lease is not positive or longer than 100 years, which 0.4.0 refuses: %s.', bad),
                   HINT = 'Set their ttl and lease to values from 1 microsecond to 100 years (or NULL for the settings), then run ALTER EXTENSION idempotency UPDATE again.';
     END IF;
 END
