@@ -35,6 +35,7 @@
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 
+#include "compat.h"
 #include "diag_bound.h"
 #include "guc.h"
 #include "idempotency.h"
