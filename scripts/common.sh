@@ -112,8 +112,8 @@ stage_tests() {
     ln -s ../expected "$STAGE/test/expected"
     # a copy of the sources, for the test that runs "make run" as a new user
     mkdir -p "$STAGE/project"
-    (cd "$PROJECT_DIR" && cp -r Makefile idempotency.control README.md src sql scripts \
-        examples test expected "$STAGE/project/")
+    (cd "$PROJECT_DIR" && cp -r Makefile idempotency.control README.md CHANGELOG.md \
+        CONTRIBUTING.md doc src sql scripts examples test expected "$STAGE/project/")
     rm -f "$STAGE"/project/src/*.o "$STAGE"/project/src/*.bc
     own_dir "$STAGE"
 }

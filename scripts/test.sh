@@ -30,6 +30,10 @@ else
     ensure_deps
     PGC=$SYS_PG_CONFIG
 fi
+# the driver of the model-based test (test/model/idem_model.py)
+if selected 062_model; then
+    ensure_deps "python3-psycopg python3-hypothesis"
+fi
 build_local_install "$PGC"
 # what the scale-out TAP tests need besides the extension, when they run:
 # copied into the private copy, or a reason to skip, which they print

@@ -475,7 +475,7 @@ IdemCitusShard(const text *tenant)
 						text_to_cstring(tenant)),
 				 errdetail("idempotency.keys is a Citus distributed table, and the shard %lld that holds the tenant's keys has no placement on this node.",
 						   (long long) shardid),
-				 errhint("Call the function on the coordinator as a statement of its own (SELECT * FROM idempotency.idem_claim(...)), so that Citus delegates it to the tenant's node; see README \"Citus\".")));
+				 errhint("Call the function on the coordinator as a statement of its own (SELECT * FROM idempotency.idem_claim(...)), so that Citus delegates it to the tenant's node; see doc/scaling.md, \"Citus: which calls are delegated\".")));
 	return shard_relid;
 }
 
