@@ -40,12 +40,12 @@ ensure_deps() {
     local cmd="apt-get update && apt-get install -y ${missing[*]}"
     if is_root; then
         say "installing ${missing[*]}"
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
     elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
         say "installing ${missing[*]} (sudo)"
-        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+        sudo -n env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
     else
         die "missing packages: ${missing[*]}. Install them with: sudo sh -c '$cmd'"
     fi

@@ -47,6 +47,36 @@ if selected 071_citus; then
     SKIP_REASON=
     { ensure_citus "$PGC" && install_citus "$PGC" "$PGROOT"; } || SKIP_CITUS=${SKIP_REASON:-copying Citus into $PGROOT failed}
 fi
+# 080_pg_upgrade upgrades a cluster of this server to PostgreSQL 18: on an
+# older server, the extension is built for 18 too (the cached build, made
+# once when missing, see pgcache.sh; PG18_CONFIG names another, as for make
+# test-matrix) into a private copy of its own, whose bindir the test gets.
+# Otherwise the test gets the reason it cannot run: it skips with it, or
+# fails under CI (CI=true), where PostgreSQL 18 must be available.
+PG_UPGRADE_BINDIR= SKIP_PG_UPGRADE= FAIL_PG_UPGRADE=
+if selected 080_pg_upgrade; then
+    if [ "$("$PGC" --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')" -ge 18 ]; then
+        SKIP_PG_UPGRADE="it upgrades from an older server to PostgreSQL 18, and runs in the PostgreSQL 15 run (make test)"
+    else
+        SKIP_REASON= rc=0
+        if [ -n "${PG18_CONFIG:-}" ]; then PG18_PG_CONFIG=$PG18_CONFIG; else ensure_pg18 || rc=$?; fi
+        if [ $rc -eq 0 ]; then
+            # in a subshell: PGBIN, PATH and PERL5LIB stay this server's
+            set +e
+            (set -e; build_local_install "$PG18_PG_CONFIG"; echo "$PGBIN" >"$BUILD_DIR/pg-upgrade-bindir")
+            rc=$?
+            set -e
+            [ $rc -eq 0 ] || { rc=2; SKIP_REASON="building the extension for $PG18_PG_CONFIG failed"; }
+        fi
+        if [ $rc -eq 0 ]; then
+            PG_UPGRADE_BINDIR=$(cat "$BUILD_DIR/pg-upgrade-bindir")
+        elif [ "${CI:-}" = true ] || [ $rc -eq 2 ] || [ -n "${PG18_CONFIG:-}" ]; then
+            FAIL_PG_UPGRADE=$SKIP_REASON
+        else
+            SKIP_PG_UPGRADE="$SKIP_REASON (make test PG18_CONFIG=/path/to/pg_config names a PostgreSQL 18)"
+        fi
+    fi
+fi
 stage_tests
 # the suites run in a copy of the project of their own: 002_make_run copies
 # $STAGE/project, which must hold the sources only
@@ -147,6 +177,8 @@ run_tap() {
     set +e
     as_pg env "${stage_env[@]}" PATH="$PGBIN:$PATH" \
         IDEM_SKIP_PLPROXY="$SKIP_PLPROXY" IDEM_SKIP_CITUS="$SKIP_CITUS" \
+        IDEM_PG_UPGRADE_BINDIR="$PG_UPGRADE_BINDIR" IDEM_SKIP_PG_UPGRADE="$SKIP_PG_UPGRADE" \
+        IDEM_FAIL_PG_UPGRADE="$FAIL_PG_UPGRADE" CI="${CI:-}" \
         make -C "$SUITE" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" \
         PROVE_TESTS="${tests[*]}" prove_installcheck >"$dir/run.log" 2>&1
     set -e

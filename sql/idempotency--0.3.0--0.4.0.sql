@@ -63,13 +63,12 @@ GRANT EXECUTE ON FUNCTION idempotency.idem_endpoints_check() TO idempotency_admi
 -- idem_key_hash checks its scope as the claim does: NULL is IK400 too
 ALTER FUNCTION idempotency.idem_key_hash(text, text, text) CALLED ON NULL INPUT;
 
--- the counter diagnoses_withheld: idem_stats gains a column, its views are
--- made again with their columns in place and the new one last
-DROP VIEW idempotency.health;
-DROP VIEW idempotency.stats;
-DROP FUNCTION idempotency.idem_stats(boolean);
-
-CREATE FUNCTION idempotency.idem_stats(
+-- the counter diagnoses_withheld: idem_stats keeps its columns (and its
+-- OID: an update changes no result type an application or monitoring
+-- query depends on); the new function idem_counters has every counter, and
+-- the views, made again in place over it (CREATE OR REPLACE keeps them and
+-- their privileges), gain the new column last
+CREATE FUNCTION idempotency.idem_counters(
     missing_ok boolean DEFAULT false,
     OUT endpoint text,
     OUT untracked boolean,
@@ -92,20 +91,20 @@ CREATE FUNCTION idempotency.idem_stats(
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'idem_stats'
 LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION idempotency.idem_stats(boolean) IS
-    'Counters per endpoint and in total (endpoint NULL) since reset_at';
-REVOKE EXECUTE ON FUNCTION idempotency.idem_stats(boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.idem_stats(boolean) TO idempotency_admin;
+COMMENT ON FUNCTION idempotency.idem_counters(boolean) IS
+    'Every counter per endpoint and in total (endpoint NULL) since reset_at';
+REVOKE EXECUTE ON FUNCTION idempotency.idem_counters(boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_counters(boolean) TO idempotency_admin;
 
 -- One row per endpoint counted, then the endpoints that found the table of
 -- counters full (endpoint NULL, untracked), then the totals (endpoint NULL).
 -- Columns added by a later version come after reset_at.
-CREATE VIEW idempotency.stats AS
+CREATE OR REPLACE VIEW idempotency.stats AS
 SELECT endpoint, untracked, claims, executes, replays, in_progress,
        mismatches, pending, finishes, releases, fails, invalid_keys,
        leases_expired, resolved, diagnosed, tombstone_hits, reset_at,
        diagnoses_withheld
-FROM idempotency.idem_stats()
+FROM idempotency.idem_counters()
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;
 
 -- Health per endpoint, from the live rows of the table, with the ratios of
@@ -113,7 +112,7 @@ ORDER BY endpoint IS NULL, untracked DESC, endpoint;
 -- before the first claim).  Alert on a rising mismatch_ratio (a client
 -- reusing keys), a rising conflict_ratio (contention or slow handlers), any
 -- old in_progress row, and any unknown row.
-CREATE VIEW idempotency.health AS
+CREATE OR REPLACE VIEW idempotency.health AS
 WITH live AS (
     SELECT endpoint,
            count(*) AS live_keys,
@@ -128,7 +127,7 @@ WITH live AS (
     WHERE expires_at > now()
     GROUP BY endpoint
 ), counters AS (
-    SELECT * FROM idempotency.idem_stats(true) WHERE endpoint IS NOT NULL
+    SELECT * FROM idempotency.idem_counters(true) WHERE endpoint IS NOT NULL
 )
 SELECT coalesce(l.endpoint, c.endpoint) AS endpoint,
        coalesce(l.live_keys, 0) AS live_keys,

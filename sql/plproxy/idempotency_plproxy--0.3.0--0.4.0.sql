@@ -7,8 +7,9 @@
 
 -- the counter diagnoses_withheld of the shards (0.4.0): idem_stats and
 -- idem_health gain it, and the views are made again with their columns in
--- place and the new one last.  PL/Proxy maps the shards' columns by name:
--- update the shards and the proxy together.
+-- place and the new one last.  PL/Proxy maps the shards' columns by name,
+-- and the shards' idem_counters (0.4.0) has the new one: update the shards
+-- and the proxy together.
 DROP VIEW idempotency.health;
 DROP VIEW idempotency.stats;
 DROP FUNCTION idempotency.idem_stats(boolean);
@@ -41,7 +42,7 @@ LANGUAGE plproxy AS $$
     RUN ON ALL;
     SELECT pg_catalog.current_database() || ':' || pg_catalog.current_setting('port') AS shard,
            s.*
-    FROM idempotency.idem_stats(missing_ok) s;
+    FROM idempotency.idem_counters(missing_ok) s;
 $$;
 
 CREATE FUNCTION idempotency.idem_health()

@@ -224,7 +224,7 @@ LANGUAGE plproxy AS $$
     RUN ON ALL;
     SELECT pg_catalog.current_database() || ':' || pg_catalog.current_setting('port') AS shard,
            s.*
-    FROM idempotency.idem_stats(missing_ok) s;
+    FROM idempotency.idem_counters(missing_ok) s;
 $$;
 
 CREATE FUNCTION idempotency.idem_stats_reset(OUT shard text, OUT reset_at timestamptz)
