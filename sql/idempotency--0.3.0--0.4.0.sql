@@ -94,3 +94,269 @@ BEGIN
     PERFORM pg_catalog.set_config('search_path', saved, true);
 END
 $resolver_text$;
+
+-- Reliability round 3: what mismatch answers teach, bad inputs, ranges.
+--
+-- idempotency.endpoints: diagnostics_redact (pointers never named in a
+-- mismatch answer), and the trigger endpoints_check, which refuses a ttl
+-- or lease outside (0, 100 years] and malformed pointers.  Rows stored
+-- before with a ttl or lease out of that range (every claim of such an
+-- endpoint without its own ttl failed) stop the update, which then
+-- changes nothing: set them to what was meant, then update again.
+DO $$
+DECLARE
+    bad text;
+BEGIN
+    SELECT pg_catalog.string_agg(pg_catalog.format('%L', e.endpoint), ', ' ORDER BY e.endpoint)
+    INTO bad
+    FROM idempotency.endpoints e
+    WHERE e.ttl <= interval '0' OR e.ttl > interval '100 years'
+       OR e.lease <= interval '0' OR e.lease > interval '100 years';
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'idempotency.endpoints holds a ttl or lease out of range'
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = pg_catalog.format('Endpoints whose ttl or lease is not positive or longer than 100 years, which 0.4.0 refuses: %s.', bad),
+                  HINT = 'Set their ttl and lease to values from 1 microsecond to 100 years (or NULL for the settings), then run ALTER EXTENSION idempotency UPDATE again.';
+    END IF;
+END
+$$;
+
+ALTER TABLE idempotency.endpoints ADD COLUMN diagnostics_redact text[];
+
+-- in the Citus mode endpoints is a reference table, whose triggers Citus
+-- accepts only so (as idem_citus_setup makes them), until the update ends
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+    END IF;
+END
+$$;
+
+-- The ranges of ttl and lease (positive, at most 100 years) and the
+-- pointers of diagnostics_redact, refused with 22023 naming the column
+-- (src/endpoint.c).  Named to fire before endpoints_resolver.
+CREATE FUNCTION idempotency.idem_endpoints_check()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_endpoints_check'
+LANGUAGE C;
+
+CREATE TRIGGER endpoints_check
+    BEFORE INSERT OR UPDATE ON idempotency.endpoints
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_check();
+ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_check;
+
+REVOKE EXECUTE ON FUNCTION idempotency.idem_endpoints_check() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_endpoints_check() TO idempotency_admin;
+
+-- idem_key_hash checks its scope as the claim does: NULL is IK400 too
+ALTER FUNCTION idempotency.idem_key_hash(text, text, text) CALLED ON NULL INPUT;
+
+-- the counter diagnoses_withheld: idem_stats keeps its columns (and its
+-- OID: an update changes no result type an application or monitoring
+-- query depends on); the new function idem_counters has every counter, and
+-- the views, made again in place over it (CREATE OR REPLACE keeps them and
+-- their privileges), gain the new column last
+CREATE FUNCTION idempotency.idem_counters(
+    missing_ok boolean DEFAULT false,
+    OUT endpoint text,
+    OUT untracked boolean,
+    OUT claims bigint,
+    OUT executes bigint,
+    OUT replays bigint,
+    OUT in_progress bigint,
+    OUT mismatches bigint,
+    OUT pending bigint,
+    OUT finishes bigint,
+    OUT releases bigint,
+    OUT fails bigint,
+    OUT invalid_keys bigint,
+    OUT leases_expired bigint,
+    OUT resolved bigint,
+    OUT diagnosed bigint,
+    OUT tombstone_hits bigint,
+    OUT diagnoses_withheld bigint,
+    OUT reset_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION idempotency.idem_counters(boolean) IS
+    'Every counter per endpoint and in total (endpoint NULL) since reset_at';
+REVOKE EXECUTE ON FUNCTION idempotency.idem_counters(boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_counters(boolean) TO idempotency_admin;
+
+-- One row per endpoint counted, then the endpoints that found the table of
+-- counters full (endpoint NULL, untracked), then the totals (endpoint NULL).
+-- Columns added by a later version come after reset_at.
+CREATE OR REPLACE VIEW idempotency.stats AS
+SELECT endpoint, untracked, claims, executes, replays, in_progress,
+       mismatches, pending, finishes, releases, fails, invalid_keys,
+       leases_expired, resolved, diagnosed, tombstone_hits, reset_at,
+       diagnoses_withheld
+FROM idempotency.idem_counters()
+ORDER BY endpoint IS NULL, untracked DESC, endpoint;
+
+-- Health per endpoint, from the live rows of the table, with the ratios of
+-- the counters since their reset (NULL without shared_preload_libraries or
+-- before the first claim).  Alert on a rising mismatch_ratio (a client
+-- reusing keys), a rising conflict_ratio (contention or slow handlers), any
+-- old in_progress row, and any unknown row.
+CREATE OR REPLACE VIEW idempotency.health AS
+WITH live AS (
+    SELECT endpoint,
+           count(*) AS live_keys,
+           count(*) FILTER (WHERE state = 'in_progress') AS in_progress,
+           now() - min(created_at) FILTER (WHERE state = 'in_progress')
+               AS oldest_in_progress_age,
+           count(*) FILTER (WHERE state = 'unknown') AS unknown,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
+           coalesce(sum(pg_catalog.pg_column_size(response_body)), 0)::bigint
+               AS stored_bytes
+    FROM idempotency.keys
+    WHERE expires_at > now()
+    GROUP BY endpoint
+), counters AS (
+    SELECT * FROM idempotency.idem_counters(true) WHERE endpoint IS NOT NULL
+)
+SELECT coalesce(l.endpoint, c.endpoint) AS endpoint,
+       coalesce(l.live_keys, 0) AS live_keys,
+       coalesce(l.in_progress, 0) AS in_progress,
+       l.oldest_in_progress_age,
+       coalesce(l.unknown, 0) AS unknown,
+       coalesce(l.failed, 0) AS failed,
+       coalesce(l.stored_bytes, 0) AS stored_bytes,
+       c.claims,
+       round(c.replays::numeric / nullif(c.claims, 0), 4) AS replay_ratio,
+       round((c.in_progress + c.pending)::numeric / nullif(c.claims, 0), 4)
+           AS conflict_ratio,
+       round(c.mismatches::numeric / nullif(c.claims, 0), 4) AS mismatch_ratio,
+       c.tombstone_hits,
+       c.reset_at AS counters_since,
+       c.diagnoses_withheld
+FROM live l
+FULL JOIN counters c ON c.endpoint = l.endpoint
+ORDER BY 1;
+GRANT SELECT ON idempotency.stats, idempotency.health TO idempotency_admin;
+
+-- idem_import_keys: an infinite expires_at, or one beyond
+-- idempotency.max_ttl from now, refused; a request_digest dropped
+CREATE OR REPLACE FUNCTION idempotency.idem_import_keys(keys jsonb, on_conflict text DEFAULT 'error')
+RETURNS TABLE (outcome text, rows bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    items jsonb := idem_import_keys.keys;
+    item jsonb;
+    pos bigint := 0;
+    r idempotency.keys;
+    cur idempotency.keys;
+    n_inserted bigint := 0;
+    n_unchanged bigint := 0;
+    n_kept bigint := 0;
+    n_expired bigint := 0;
+    max_ttl interval;
+BEGIN
+    IF on_conflict IS NULL OR on_conflict NOT IN ('error', 'keep') THEN
+        RAISE EXCEPTION 'invalid value for on_conflict: "%"', on_conflict
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Valid values are "error" and "keep".';
+    END IF;
+    IF items IS NULL THEN
+        RAISE EXCEPTION 'keys to import must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.jsonb_typeof(items) = 'object' THEN
+        items := pg_catalog.jsonb_build_array(items);
+    ELSIF pg_catalog.jsonb_typeof(items) <> 'array' THEN
+        RAISE EXCEPTION 'keys to import must be a JSON array or object'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass what idem_export_keys returns: one object per key, or an array of them (jsonb_agg).';
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'idem_import_keys must run at isolation level READ COMMITTED'
+            USING ERRCODE = 'active_sql_transaction',
+                  DETAIL = 'The import must see every key committed before it took its lock, which a transaction snapshot taken earlier would hide.';
+    END IF;
+
+    LOCK TABLE ONLY idempotency.keys IN ACCESS EXCLUSIVE MODE;
+
+    FOR item IN SELECT e.value FROM pg_catalog.jsonb_array_elements(items) e
+    LOOP
+        pos := pos + 1;
+        IF pg_catalog.jsonb_typeof(item) <> 'object' THEN
+            RAISE EXCEPTION 'element % of the keys to import is not a JSON object', pos
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        r := pg_catalog.jsonb_populate_record(NULL::idempotency.keys, item);
+        PERFORM idempotency.idem_transfer_check_tenant(r.tenant);
+        IF r.endpoint IS NULL OR r.endpoint = ''
+           OR NOT coalesce(idempotency.idem_key_valid(r.key), false) THEN
+            RAISE EXCEPTION 'element % of the keys to import has no valid endpoint and key', pos
+                USING ERRCODE = 'IK400',
+                      DETAIL = 'Every key is scoped by tenant and endpoint; neither may be empty, and the key must be well-formed.';
+        END IF;
+        IF r.expires_at IS NULL OR r.created_at IS NULL THEN
+            RAISE EXCEPTION 'element % of the keys to import has no created_at or expires_at', pos
+                USING ERRCODE = 'IK400';
+        END IF;
+        IF NOT pg_catalog.isfinite(r.expires_at) THEN
+            RAISE EXCEPTION 'expires_at of element % of the keys to import is infinite', pos
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = 'A key must expire within idempotency.max_ttl of its claim.';
+        END IF;
+        -- the setting in seconds, read once the library is loaded (the
+        -- checks above call it)
+        IF max_ttl IS NULL THEN
+            SELECT pg_catalog.make_interval(secs => s.setting::double precision) INTO max_ttl
+            FROM pg_catalog.pg_settings s WHERE s.name = 'idempotency.max_ttl';
+        END IF;
+        IF r.expires_at > pg_catalog.now() + max_ttl THEN
+            RAISE EXCEPTION 'expires_at of element % of the keys to import is beyond idempotency.max_ttl from now', pos
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = pg_catalog.format('It is %s; keys may be kept until %s at the latest.',
+                                                 r.expires_at, pg_catalog.now() + max_ttl),
+                      HINT = 'Raise idempotency.max_ttl in this database to what the source database allowed.';
+        END IF;
+        -- a digest is keyed with the source database's secret: dropped
+        r.request_digest := NULL;
+
+        IF r.expires_at <= pg_catalog.now() THEN
+            n_expired := n_expired + 1;
+            CONTINUE;
+        END IF;
+
+        SELECT * INTO cur
+        FROM idempotency.keys k
+        WHERE k.key = r.key AND k.endpoint = r.endpoint AND k.tenant = r.tenant
+          AND k.expires_at > pg_catalog.now();
+        IF FOUND THEN
+            IF pg_catalog.to_jsonb(cur) OPERATOR(pg_catalog.-) 'request_digest'
+               = pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.-) 'request_digest' THEN
+                n_unchanged := n_unchanged + 1;
+            ELSIF on_conflict = 'keep' THEN
+                n_kept := n_kept + 1;
+            ELSE
+                RAISE EXCEPTION 'element % of the keys to import differs from the live key of its scope', pos
+                    USING ERRCODE = 'IK409',
+                          DETAIL = pg_catalog.format('Key %s of tenant "%s" and endpoint "%s" is %s here; the import never overwrites a live key.',
+                                                     idempotency.idem_key_hash(r.tenant, r.endpoint, r.key),
+                                                     r.tenant, r.endpoint, cur.state),
+                          HINT = 'Compare the two with idem_lookup, or pass on_conflict => ''keep'' to keep the keys already here.';
+            END IF;
+            CONTINUE;
+        END IF;
+
+        -- an expired row of the scope would hold its partition's unique index
+        DELETE FROM idempotency.keys k
+        WHERE k.key = r.key AND k.endpoint = r.endpoint AND k.tenant = r.tenant;
+        INSERT INTO idempotency.keys SELECT r.*;
+        n_inserted := n_inserted + 1;
+    END LOOP;
+
+    RETURN QUERY VALUES ('inserted', n_inserted), ('unchanged', n_unchanged),
+                        ('kept', n_kept), ('expired', n_expired);
+END
+$$;
+COMMENT ON FUNCTION idempotency.idem_import_keys(jsonb, text) IS
+    'Write keys exported by idem_export_keys, keeping expires_at; never overwrites a live key with other content';

@@ -66,6 +66,7 @@
 #include "audit.h"
 #include "canonical_json.h"
 #include "claim.h"
+#include "diag_bound.h"
 #include "diagnostics.h"
 #include "endpoint.h"
 #include "guc.h"
@@ -150,7 +151,8 @@ IdemWaitMs(const Interval *iv)
 /*
  * ts + iv, where iv is the argument named what.  No ttl, lease or extension
  * is meant to last a century: a longer one (or an infinite one) is refused
- * as out of range before the sum could overflow the timestamp type.
+ * as an invalid argument, naming it, before the sum could overflow the
+ * timestamp type.
  */
 #define IDEM_MAX_INTERVAL_YEARS 100
 
@@ -165,7 +167,7 @@ IdemAddInterval(TimestampTz ts, const Interval *iv, const char *what)
 		iv->time > max_days * USECS_PER_DAY ||
 		iv->time < -max_days * USECS_PER_DAY)
 		ereport(ERROR,
-				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s is out of range", what),
 				 errdetail("An interval of more than %d years, or an infinite one, is not accepted.",
 						   IDEM_MAX_INTERVAL_YEARS)));
@@ -634,6 +636,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	bool		tombstones;
 	bool		expired_conflict;
 	bool		diagnostics;
+	IdemDiagRedaction *redact;
 
 	IdemRequireReadWrite(fcinfo);
 	IdemGetScope(fcinfo, &scope, true);
@@ -642,6 +645,7 @@ idem_claim(PG_FUNCTION_ARGS)
 
 	policy = IdemGetEndpointPolicy(scope.endpoint_str);
 	diagnostics = policy->diagnostics;
+	redact = IdemDiagRedactionCopy(policy->diagnostics_redact);
 	now = GetCurrentTimestamp();
 	/* copied, like the lifetimes below */
 	tombstones = IdemTombstonesOn(policy);
@@ -750,8 +754,16 @@ idem_claim(PG_FUNCTION_ARGS)
 			{
 				MemoryContext old = MemoryContextSwitchTo(cxt);
 
-				r.mismatch = IdemDiagnose(row.request_digest, digest);
+				r.mismatch = IdemDiagnose(row.request_digest, digest, redact);
 				MemoryContextSwitchTo(old);
+
+				/*
+				 * the key's bound (diag_bound.c): past it the answer names
+				 * nothing; counted in shared memory, the row left alone
+				 */
+				if (r.mismatch != NULL &&
+					!IdemDiagBoundAllow(&scope, row.created_at, row.expires_at, now))
+					r.mismatch = NULL;
 				if (r.mismatch != NULL)
 					IdemStatsCount(scope.endpoint_str, IDEM_COUNT_DIAGNOSED);
 			}

@@ -608,6 +608,37 @@ typedef struct DiagParsed
 	int			n;
 } DiagParsed;
 
+/*
+ * A member name as a digest holds it (canonical, without quotes) that a
+ * JSON Pointer can be made of: no NUL byte, escapes that undo to a
+ * character other than NUL or a lone surrogate, and valid UTF-8 once they
+ * are undone.  A digest made here never holds another; a forged one might.
+ */
+static bool
+IdemDiagNameValid(const char *name, int len)
+{
+	StringInfoData buf;
+	bool		valid = true;
+
+	if (memchr(name, '\\', len) == NULL)
+		return memchr(name, '\0', len) == NULL &&
+			pg_verify_mbstr(PG_UTF8, name, len, true);
+	initStringInfo(&buf);
+	for (const char *p = name, *end = name + len; valid && p < end; p++)
+	{
+		if (*p == '\0')
+			valid = false;
+		else if (*p != '\\')
+			appendStringInfoChar(&buf, *p);
+		else
+			valid = IdemJsonUnescape(&p, end, &buf);
+	}
+	valid = valid && memchr(buf.data, '\0', buf.len) == NULL &&
+		pg_verify_mbstr(PG_UTF8, buf.data, buf.len, true);
+	pfree(buf.data);
+	return valid;
+}
+
 /* Read a digest; false when it is malformed. */
 static bool
 IdemDiagRead(const bytea *digest, DiagParsed *p)
@@ -706,7 +737,8 @@ IdemDiagRead(const bytea *digest, DiagParsed *p)
 				namelen = ((s[pos] & 0x7F) << 8) | s[pos + 1];
 				pos += 2;
 			}
-			if (pos + namelen > len)
+			if (pos + namelen > len ||
+				!IdemDiagNameValid((const char *) s + pos, namelen))
 				return false;
 			e->name = (const char *) s + pos;
 			e->namelen = namelen;
@@ -770,6 +802,7 @@ typedef struct DiagCompare
 {
 	const DiagParsed *a;		/* stored: the first request */
 	const DiagParsed *b;		/* given: the reused key's request */
+	const IdemDiagRedaction *redact;	/* never named; or NULL */
 	List	   *changed;		/* JSON Pointers, in the database encoding */
 	List	   *added;
 	List	   *removed;
@@ -815,20 +848,86 @@ IdemDiagPush(List **list, StringInfo ptr)
 	*list = lappend(*list, s == ptr->data ? pstrdup(s) : s);
 }
 
+#define DIAG_REDACT_NONE	0
+#define DIAG_REDACT_ABOVE	1	/* a redacted member lies below it */
+#define DIAG_REDACT_UNDER	2	/* at or under a redacted pointer */
+
+/*
+ * Where the member at ptr (RFC 6901, UTF-8) stands to the redacted
+ * pointers: compared token by token, "*" in a redacted pointer matching
+ * any one token.
+ */
+static int
+IdemDiagRedactedAt(const IdemDiagRedaction *r, const char *ptr, int len)
+{
+	int			result = DIAG_REDACT_NONE;
+
+	for (int i = 0; r != NULL && i < r->n; i++)
+	{
+		const char *a = ptr;
+		const char *aend = ptr + len;
+		const char *b = r->pointers[i];
+		const char *bend = b + strlen(b);
+
+		for (;;)
+		{
+			const char *ta;
+			const char *tb;
+
+			if (b >= bend)
+				return DIAG_REDACT_UNDER;
+			if (a >= aend)
+			{
+				result = DIAG_REDACT_ABOVE;
+				break;
+			}
+			/* both at a "/" */
+			ta = memchr(a + 1, '/', aend - a - 1);
+			tb = memchr(b + 1, '/', bend - b - 1);
+			if (ta == NULL)
+				ta = aend;
+			if (tb == NULL)
+				tb = bend;
+			if (!(tb - b == 2 && b[1] == '*') &&
+				(ta - a != tb - b || memcmp(a, b, ta - a) != 0))
+				break;
+			a = ta;
+			b = tb;
+		}
+	}
+	return result;
+}
+
+/* Push ptr onto list unless it is at or under a redacted pointer. */
+static void
+IdemDiagPushNamed(DiagCompare *c, List **list, StringInfo ptr)
+{
+	if (IdemDiagRedactedAt(c->redact, ptr->data, ptr->len) != DIAG_REDACT_UNDER)
+		IdemDiagPush(list, ptr);
+}
+
 static void
 IdemDiagCompareNodes(DiagCompare *c, int ia, int ib, StringInfo ptr)
 {
 	const DiagEntry *a = &c->a->e[ia];
 	const DiagEntry *b = &c->b->e[ib];
 	int			base = ptr->len;
+	int			redacted = IdemDiagRedactedAt(c->redact, ptr->data, ptr->len);
 
 	check_stack_depth();
 	CHECK_FOR_INTERRUPTS();
-	if (memcmp(a->mac, b->mac, IDEM_DIAG_MAC_LEN) == 0)
+	if (redacted == DIAG_REDACT_UNDER ||
+		memcmp(a->mac, b->mac, IDEM_DIAG_MAC_LEN) == 0)
 		return;
 	if (!(a->flags & DIAG_LISTED) || !(b->flags & DIAG_LISTED) ||
 		DIAG_KIND(a->flags) != DIAG_KIND(b->flags))
 	{
+		/*
+		 * not listed on both sides: the difference may be in a redacted
+		 * member below, and naming this one would tell whether it is
+		 */
+		if (redacted == DIAG_REDACT_ABOVE)
+			return;
 		IdemDiagPush(&c->changed, ptr);
 		if (DIAG_KIND(a->flags) != 0 && DIAG_KIND(a->flags) == DIAG_KIND(b->flags))
 			c->truncated = true;	/* somewhere inside a summarised member */
@@ -850,12 +949,12 @@ IdemDiagCompareNodes(DiagCompare *c, int ia, int ib, StringInfo ptr)
 			else if (ca >= 0)
 			{
 				IdemDiagAppendToken(ptr, &c->a->e[ca], index);
-				IdemDiagPush(&c->removed, ptr);
+				IdemDiagPushNamed(c, &c->removed, ptr);
 			}
 			else
 			{
 				IdemDiagAppendToken(ptr, &c->b->e[cb], index);
-				IdemDiagPush(&c->added, ptr);
+				IdemDiagPushNamed(c, &c->added, ptr);
 			}
 			ptr->len = base;
 			ptr->data[base] = '\0';
@@ -891,7 +990,7 @@ IdemDiagCompareNodes(DiagCompare *c, int ia, int ib, StringInfo ptr)
 				IdemDiagCompareNodes(c, ca, cb, ptr);
 			}
 			else
-				IdemDiagPush(&c->removed, ptr);
+				IdemDiagPushNamed(c, &c->removed, ptr);
 			ptr->len = base;
 			ptr->data[base] = '\0';
 		}
@@ -900,7 +999,7 @@ IdemDiagCompareNodes(DiagCompare *c, int ia, int ib, StringInfo ptr)
 			if (matched[k])
 				continue;
 			IdemDiagAppendToken(ptr, &c->b->e[cb], 0);
-			IdemDiagPush(&c->added, ptr);
+			IdemDiagPushNamed(c, &c->added, ptr);
 			ptr->len = base;
 			ptr->data[base] = '\0';
 		}
@@ -956,8 +1055,24 @@ IdemDiagPutSame(JsonbParseState **state, const char *key,
 	(void) pushJsonbValue(state, WJB_VALUE, &v);
 }
 
+IdemDiagRedaction *
+IdemDiagRedactionCopy(const IdemDiagRedaction *r)
+{
+	IdemDiagRedaction *copy;
+
+	if (r == NULL || r->n == 0)
+		return NULL;
+	copy = palloc(sizeof(IdemDiagRedaction));
+	copy->n = r->n;
+	copy->pointers = palloc(sizeof(char *) * r->n);
+	for (int i = 0; i < r->n; i++)
+		copy->pointers[i] = pstrdup(r->pointers[i]);
+	return copy;
+}
+
 Jsonb *
-IdemDiagnose(const bytea *stored, const bytea *given)
+IdemDiagnose(const bytea *stored, const bytea *given,
+			 const IdemDiagRedaction *redact)
 {
 	DiagParsed	a;
 	DiagParsed	b;
@@ -973,6 +1088,7 @@ IdemDiagnose(const bytea *stored, const bytea *given)
 	memset(&c, 0, sizeof(c));
 	c.a = &a;
 	c.b = &b;
+	c.redact = redact;
 	initStringInfo(&ptr);
 	if ((a.flags & DIAG_HAS_BODY) && (b.flags & DIAG_HAS_BODY))
 		IdemDiagCompareNodes(&c, 0, 0, &ptr);

@@ -12,6 +12,7 @@
 
 #include "utils/jsonb.h"
 
+#include "endpoint.h"
 #include "scope.h"
 
 /* the longest digest a claim accepts: the largest the setting allows */
@@ -28,8 +29,18 @@ extern void IdemDiagnosticsCheck(const IdemScope *scope, const bytea *digest);
  * reused key's request, as a jsonb object {"changed": [...], "added":
  * [...], "removed": [...], "method": bool, "path": bool, "truncated":
  * bool}; NULL when the two cannot be compared (made for another scope or
- * under another secret).
+ * under another secret).  Members at or under a pointer of redact are
+ * never named, and a member above one is not named for a difference its
+ * digests cannot place outside the redacted member.
  */
-extern Jsonb *IdemDiagnose(const bytea *stored, const bytea *given);
+extern Jsonb *IdemDiagnose(const bytea *stored, const bytea *given,
+						   const IdemDiagRedaction *redact);
+
+/*
+ * A copy of an endpoint's redacted pointers in the current memory context
+ * (the policy cache may be emptied while a claim runs); NULL for none.
+ * Members at or under them are never named: see IdemDiagnose.
+ */
+extern IdemDiagRedaction *IdemDiagRedactionCopy(const IdemDiagRedaction *r);
 
 #endif							/* IDEM_DIAGNOSTICS_H */

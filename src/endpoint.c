@@ -23,7 +23,11 @@
 #include "catalog/namespace.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
+#include "catalog/pg_type.h"
 #include "fmgr.h"
+#include "mb/pg_wchar.h"
+#include "access/htup_details.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
@@ -31,6 +35,8 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "canonical_json.h"
+#include "diagnostics.h"
 #include "endpoint.h"
 #include "idempotency.h"
 #include "keys.h"
@@ -45,6 +51,7 @@ typedef struct EndpointCacheEntry
 } EndpointCacheEntry;
 
 static HTAB *endpoint_cache = NULL;
+static MemoryContext endpoint_cxt = NULL;	/* the cache and what it points to */
 static EndpointCacheEntry *endpoint_last = NULL;	/* the last one asked for */
 static bool endpoint_callback_registered = false;
 static SPIPlanPtr endpoint_plan = NULL;
@@ -53,11 +60,12 @@ static Oid	endpoints_relid = InvalidOid;	/* once known */
 static void
 IdemEndpointCacheEmpty(void)
 {
-	if (endpoint_cache != NULL)
+	if (endpoint_cxt != NULL)
 	{
-		hash_destroy(endpoint_cache);
-		endpoint_cache = NULL;
+		MemoryContextDelete(endpoint_cxt);
+		endpoint_cxt = NULL;
 	}
+	endpoint_cache = NULL;
 	endpoint_last = NULL;
 }
 
@@ -72,8 +80,43 @@ IdemEndpointCacheReset(Datum arg, Oid relid)
 	endpoints_relid = InvalidOid;
 }
 
+/* The pointers of diagnostics_redact, in UTF-8, in cxt; NULL for none. */
+static IdemDiagRedaction *
+IdemEndpointRedaction(ArrayType *arr, MemoryContext cxt)
+{
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	int			k = 0;
+	IdemDiagRedaction *r;
+
+	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &elems, &nulls, &n);
+	if (n == 0)
+		return NULL;
+	r = MemoryContextAlloc(cxt, sizeof(IdemDiagRedaction));
+	r->pointers = MemoryContextAlloc(cxt, sizeof(char *) * n);
+	for (int i = 0; i < n; i++)
+	{
+		char	   *s;
+		char	   *u;
+
+		if (nulls[i])
+			continue;			/* the endpoints trigger refuses them */
+		s = TextDatumGetCString(elems[i]);
+		u = pg_server_to_any(s, strlen(s), PG_UTF8);
+		r->pointers[k++] = MemoryContextStrdup(cxt, u);
+	}
+	r->n = k;
+	return r;
+}
+
+/*
+ * The policy of an endpoint, read as the table's owner; what it points to
+ * is allocated in cxt.
+ */
 static void
-IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
+IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy,
+				 MemoryContext cxt)
 {
 	IdemOwnerSection section;
 	Datum		arg;
@@ -107,7 +150,10 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 						   " max_response_bytes, store_response,"
 						   " (to_jsonb(e) -> 'diagnostics')::boolean,"
 						   " (to_jsonb(e) ->> 'tombstone_ttl')::interval > interval '0',"
-						   " (to_jsonb(e) ->> 'on_expired_reuse') = 'conflict'"
+						   " (to_jsonb(e) ->> 'on_expired_reuse') = 'conflict',"
+						   " CASE WHEN pg_catalog.jsonb_typeof(to_jsonb(e) -> 'diagnostics_redact') = 'array'"
+						   " THEN ARRAY(SELECT pg_catalog.jsonb_array_elements_text(to_jsonb(e) -> 'diagnostics_redact'))"
+						   " END"
 						   " FROM idempotency.endpoints e WHERE endpoint = $1",
 						   1, argtypes);
 		if (plan == NULL)
@@ -164,6 +210,9 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy)
 		policy->tombstones_on = !isnull && DatumGetBool(d);
 		d = SPI_getbinval(tup, desc, 9, &isnull);
 		policy->expired_conflict = !isnull && DatumGetBool(d);
+		d = SPI_getbinval(tup, desc, 10, &isnull);
+		if (!isnull)
+			policy->diagnostics_redact = IdemEndpointRedaction(DatumGetArrayTypeP(d), cxt);
 	}
 	IdemEndOwnerSection(&section);
 	SPI_finish();
@@ -190,9 +239,12 @@ IdemGetEndpointPolicy(const char *endpoint)
 	{
 		HASHCTL		ctl;
 
+		endpoint_cxt = AllocSetContextCreate(CacheMemoryContext,
+											 "idempotency endpoint policies",
+											 ALLOCSET_SMALL_SIZES);
 		ctl.keysize = sizeof(keybuf);
 		ctl.entrysize = sizeof(EndpointCacheEntry);
-		ctl.hcxt = CacheMemoryContext;
+		ctl.hcxt = endpoint_cxt;
 		endpoint_cache = hash_create("idempotency endpoint policies", 64, &ctl,
 									 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
 	}
@@ -205,9 +257,16 @@ IdemGetEndpointPolicy(const char *endpoint)
 		IdemEndpointPolicy policy;
 
 		/* load first: an error must not leave a half-made entry behind */
-		IdemEndpointLoad(keybuf, &policy);
+		IdemEndpointLoad(keybuf, &policy, CurrentMemoryContext);
 		if (endpoint_cache == NULL)
 			return IdemGetEndpointPolicy(endpoint);	/* reset meanwhile */
+		if (policy.diagnostics_redact != NULL)
+		{
+			MemoryContext old = MemoryContextSwitchTo(endpoint_cxt);
+
+			policy.diagnostics_redact = IdemDiagRedactionCopy(policy.diagnostics_redact);
+			MemoryContextSwitchTo(old);
+		}
 		entry = hash_search(endpoint_cache, keybuf, HASH_ENTER, &found);
 		entry->policy = policy;
 	}
@@ -241,4 +300,89 @@ idem_endpoints_changed(PG_FUNCTION_ARGS)
 	if (OidIsValid(named) && named != relid)
 		CacheInvalidateRelcacheByRelid(named);
 	return PointerGetDatum(NULL);
+}
+
+/* The longest ttl or lease an endpoint may set: what a claim accepts. */
+#define IDEM_ENDPOINT_MAX_YEARS	100
+#define IDEM_ENDPOINT_MAX_REDACT	64
+
+/* Refuse column name of the new row unless it is NULL or in (0, 100 years]. */
+static void
+IdemEndpointCheckInterval(HeapTuple tup, TupleDesc desc, const char *name,
+						  const char *endpoint)
+{
+	int			attnum = SPI_fnumber(desc, name);
+	Interval	zero;
+	Interval	max;
+	Datum		d;
+	bool		isnull;
+
+	if (attnum <= 0)
+		return;
+	d = heap_getattr(tup, attnum, desc, &isnull);
+	if (isnull)
+		return;
+	memset(&zero, 0, sizeof(zero));
+	memset(&max, 0, sizeof(max));
+	max.month = IDEM_ENDPOINT_MAX_YEARS * MONTHS_PER_YEAR;
+	if (!DatumGetBool(DirectFunctionCall2(interval_gt, d, IntervalPGetDatum(&zero))) ||
+		DatumGetBool(DirectFunctionCall2(interval_gt, d, IntervalPGetDatum(&max))))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s of endpoint \"%s\" is out of range", name, endpoint),
+				 errdetail("An endpoint's %s must be positive and at most %d years, or NULL.",
+						   name, IDEM_ENDPOINT_MAX_YEARS),
+				 errhint("A claim also refuses a ttl longer than idempotency.max_ttl.")));
+}
+
+PG_FUNCTION_INFO_V1(idem_endpoints_check);
+
+/*
+ * Row trigger on idempotency.endpoints, before an insert or update: the
+ * ranges of ttl and lease, and the pointers of diagnostics_redact, checked
+ * with errors that name the column (22023).
+ */
+Datum
+idem_endpoints_check(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	HeapTuple	tup;
+	TupleDesc	desc;
+	int			attnum;
+	char	   *endpoint;
+	Datum		d;
+	bool		isnull;
+
+	IdemRequireTriggerCall(fcinfo, "idem_endpoints_check");
+	tup = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
+		trigdata->tg_newtuple : trigdata->tg_trigtuple;
+	desc = RelationGetDescr(trigdata->tg_relation);
+	endpoint = SPI_getvalue(tup, desc, SPI_fnumber(desc, "endpoint"));
+	if (endpoint == NULL)
+		endpoint = pstrdup("");
+
+	IdemEndpointCheckInterval(tup, desc, "ttl", endpoint);
+	IdemEndpointCheckInterval(tup, desc, "lease", endpoint);
+
+	attnum = SPI_fnumber(desc, "diagnostics_redact");
+	d = attnum > 0 ? heap_getattr(tup, attnum, desc, &isnull) : (Datum) 0;
+	if (attnum > 0 && !isnull)
+	{
+		ArrayType  *arr = DatumGetArrayTypeP(d);
+		IdemExclusions *ex;
+		int			n = ArrayGetNItems(ARR_NDIM(arr), ARR_DIMS(arr));
+
+		if (n > IDEM_ENDPOINT_MAX_REDACT)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("diagnostics_redact of endpoint \"%s\" has too many pointers", endpoint),
+					 errdetail("It has %d; at most %d are allowed.", n, IDEM_ENDPOINT_MAX_REDACT)));
+		if (!IdemTryParseExclusions(arr, &ex))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("diagnostics_redact of endpoint \"%s\" holds a NULL or malformed JSON pointer", endpoint),
+					 errdetail("Each element must be an RFC 6901 pointer such as \"/card/number\" or \"/items/*/card\", with \"~0\" for \"~\" and \"~1\" for \"/\"."),
+					 errhint("To name no member at all, set diagnostics to false.")));
+	}
+	return PointerGetDatum(tup);
 }

@@ -17,6 +17,17 @@
  */
 #define IDEM_RESOLVER_NAME_MAX 1023
 
+/*
+ * JSON Pointers of members that mismatch answers never name
+ * (idempotency.endpoints.diagnostics_redact): RFC 6901 text in UTF-8, "*"
+ * as a whole token for any member or element.
+ */
+typedef struct IdemDiagRedaction
+{
+	int			n;
+	char	  **pointers;
+} IdemDiagRedaction;
+
 typedef struct IdemEndpointPolicy
 {
 	bool		found;			/* a row exists for the endpoint */
@@ -34,6 +45,7 @@ typedef struct IdemEndpointPolicy
 	bool		has_tombstone_ttl;	/* tombstone_ttl is set */
 	bool		tombstones_on;	/* tombstone_ttl > 0 */
 	bool		expired_conflict;	/* on_expired_reuse = 'conflict' */
+	IdemDiagRedaction *diagnostics_redact;	/* NULL: none */
 } IdemEndpointPolicy;
 
 /*

@@ -46,6 +46,8 @@ int			idem_max_response_bytes = 256 * 1024;
 char	   *idem_extra_sensitive_headers = NULL;
 char	   *idem_encryption_key = "";
 int			idem_diagnostics_max_bytes = 1024;
+int			idem_diagnostics_max_mismatches = 3;
+int			idem_diagnostics_tracked_keys = 10000;
 int			idem_tombstone_ttl = 30 * 24 * 60 * 60;
 int			idem_tombstone_partition_interval = 7 * 24 * 60 * 60;
 
@@ -254,6 +256,14 @@ IdemGucInit(void)
 								1000, 1, 1000000,
 								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("idempotency.diagnostics_tracked_keys",
+								"Number of keys whose diagnosed mismatches are counted in shared memory.",
+								"When every entry holds a live key, mismatches of other keys are answered without member names.",
+								&idem_diagnostics_tracked_keys,
+								10000, 100, 10000000,
+								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
 
 	DefineCustomBoolVariable("idempotency.ddl_guard",
 							 "Refuses DDL that would make claims wrong on the tables of keys and tombstones.",
@@ -311,6 +321,14 @@ IdemGucInit(void)
 							&idem_diagnostics_max_bytes,
 							1024, 64, 65536,
 							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.diagnostics_max_mismatches",
+							"Diagnosed mismatches one key gets before its mismatch answers name no members.",
+							"0 means that mismatch answers never name members.",
+							&idem_diagnostics_max_mismatches,
+							3, 0, 1000,
+							PGC_SUSET, 0,
 							NULL, NULL, NULL);
 
 	prev_emit_log_hook = emit_log_hook;

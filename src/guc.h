@@ -38,6 +38,8 @@ extern int	idem_max_response_bytes;
 extern char *idem_extra_sensitive_headers;
 extern char *idem_encryption_key;
 extern int	idem_diagnostics_max_bytes;
+extern int	idem_diagnostics_max_mismatches;
+extern int	idem_diagnostics_tracked_keys;
 
 extern void IdemGucInit(void);
 

@@ -14,6 +14,7 @@
 
 #include "idempotency.h"
 #include "claim.h"
+#include "diag_bound.h"
 #include "guc.h"
 #include "stats.h"
 #include "worker.h"
@@ -31,6 +32,7 @@ _PG_init(void)
 
 	IdemGucInit();
 	IdemStatsInit();
+	IdemDiagBoundInit();
 	IdemClaimInit();
 	IdemWorkerInit();
 }

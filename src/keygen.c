@@ -310,15 +310,20 @@ idem_downstream_key(PG_FUNCTION_ARGS)
  * idem_key_hash(tenant text, endpoint text, key text) RETURNS text
  *		What logs and idempotency.events show instead of a key: the hex of
  *		the first 8 bytes of the SHA-256 of the three strings, each preceded
- *		by its length as 4 bytes big-endian.
+ *		by its length as 4 bytes big-endian.  The scope is checked as the
+ *		claim checks its form (IK400); the session's tenant is not, since
+ *		the hash tells nothing the caller did not pass.
  */
 Datum
 idem_key_hash(PG_FUNCTION_ARGS)
 {
-	text	   *tenant = PG_GETARG_TEXT_PP(0);
-	text	   *endpoint = PG_GETARG_TEXT_PP(1);
-	text	   *key = PG_GETARG_TEXT_PP(2);
+	text	   *tenant = PG_ARGISNULL(0) ? NULL : PG_GETARG_TEXT_PP(0);
+	text	   *endpoint = PG_ARGISNULL(1) ? NULL : PG_GETARG_TEXT_PP(1);
+	text	   *key = PG_ARGISNULL(2) ? NULL : PG_GETARG_TEXT_PP(2);
 	char		out[IDEM_KEY_HASH_LEN + 1];
+
+	IdemCheckKey(key);
+	IdemCheckScope(tenant, endpoint);
 
 	IdemKeyHash(VARDATA_ANY(tenant), VARSIZE_ANY_EXHDR(tenant),
 				VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint),

@@ -249,9 +249,13 @@ idem_stats(PG_FUNCTION_ARGS)
 	}
 	IdemStatsRequire("idem_stats()");
 	InitMaterializedSRF(fcinfo, 0);
-	/* 0.2.0's declaration lacks the last counter, diagnosed */
+	/*
+	 * older declarations lack the last counters: 0.3.0's diagnoses_withheld,
+	 * 0.2.0's also diagnosed and tombstone_hits
+	 */
 	if (rsinfo->setDesc->natts != IDEM_COUNT_NUM + 3 &&
-		rsinfo->setDesc->natts != IDEM_COUNT_NUM + 2)
+		rsinfo->setDesc->natts != IDEM_COUNT_NUM + 2 &&
+		rsinfo->setDesc->natts != IDEM_COUNT_NUM)
 		elog(ERROR, "idem_stats() is declared with %d columns, expected %d",
 			 rsinfo->setDesc->natts, IDEM_COUNT_NUM + 3);
 

@@ -26,6 +26,9 @@ typedef enum IdemCounter
 	IDEM_COUNT_DIAGNOSED,		/* a mismatch that named what differs */
 	IDEM_COUNT_TOMBSTONE_HITS,	/* a claim without a live row met an expired
 								 * key of its scope (row or tombstone) */
+	IDEM_COUNT_DIAGNOSES_WITHHELD,	/* a mismatch that could have named what
+									 * differs, answered without names (the
+									 * key's bound, diag_bound.c) */
 	IDEM_COUNT_NUM
 } IdemCounter;
 

@@ -44,7 +44,11 @@ CREATE TABLE idempotency.endpoints (
                         CHECK (tombstone_ttl >= interval '0' AND tombstone_ttl <= interval '10 years'),
     on_expired_reuse    text NOT NULL DEFAULT 'execute'
                         CONSTRAINT endpoints_on_expired_reuse_check
-                        CHECK (on_expired_reuse IN ('execute', 'conflict'))
+                        CHECK (on_expired_reuse IN ('execute', 'conflict')),
+    -- JSON Pointers of members that mismatch answers never name (card
+    -- data); checked, with ttl and lease, by the trigger endpoints_check
+    -- (sql/parts/10_endpoints.sql)
+    diagnostics_redact  text[]
 );
 SELECT pg_catalog.pg_extension_config_dump('idempotency.endpoints', '');
 

@@ -22,9 +22,22 @@ CREATE TRIGGER endpoints_resolver
     BEFORE INSERT OR UPDATE ON idempotency.endpoints
     FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_resolver();
 
--- Both fire whatever session_replication_role says (a session set to
--- replica, the apply worker of a logical subscription): the check of the
--- resolver cannot be skipped, and backends reload changed policies.
+-- The ranges of ttl and lease (positive, at most 100 years) and the
+-- pointers of diagnostics_redact, refused with 22023 naming the column
+-- (src/endpoint.c).  Named to fire before endpoints_resolver.
+CREATE FUNCTION idempotency.idem_endpoints_check()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_endpoints_check'
+LANGUAGE C;
+
+CREATE TRIGGER endpoints_check
+    BEFORE INSERT OR UPDATE ON idempotency.endpoints
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_check();
+
+-- All three fire whatever session_replication_role says (a session set to
+-- replica, the apply worker of a logical subscription): the checks of the
+-- ranges and of the resolver cannot be skipped, and backends reload changed policies.
+ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_check;
 ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_resolver;
 ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_changed;
 

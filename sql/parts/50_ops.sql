@@ -37,7 +37,7 @@ COMMENT ON FUNCTION idempotency.idem_downstream_key(text, text, text, text) IS
 CREATE FUNCTION idempotency.idem_key_hash(tenant text, endpoint text, key text)
 RETURNS text
 AS 'MODULE_PATHNAME', 'idem_key_hash'
-LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION idempotency.idem_key_hash(text, text, text) IS
     'What logs and idempotency.events show instead of a key';
 
@@ -68,6 +68,35 @@ LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION idempotency.idem_stats(boolean) IS
     'Counters per endpoint and in total (endpoint NULL) since reset_at';
 
+-- Every counter, the ones added since 0.3.0 included (before reset_at); the
+-- views read it.  idem_stats keeps the columns of 0.3.0, so that an update
+-- changes no result type an application or monitoring query depends on.
+CREATE FUNCTION idempotency.idem_counters(
+    missing_ok boolean DEFAULT false,
+    OUT endpoint text,
+    OUT untracked boolean,
+    OUT claims bigint,
+    OUT executes bigint,
+    OUT replays bigint,
+    OUT in_progress bigint,
+    OUT mismatches bigint,
+    OUT pending bigint,
+    OUT finishes bigint,
+    OUT releases bigint,
+    OUT fails bigint,
+    OUT invalid_keys bigint,
+    OUT leases_expired bigint,
+    OUT resolved bigint,
+    OUT diagnosed bigint,
+    OUT tombstone_hits bigint,
+    OUT diagnoses_withheld bigint,
+    OUT reset_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION idempotency.idem_counters(boolean) IS
+    'Every counter per endpoint and in total (endpoint NULL) since reset_at';
+
 CREATE FUNCTION idempotency.idem_stats_reset()
 RETURNS timestamptz
 AS 'MODULE_PATHNAME', 'idem_stats_reset'
@@ -77,11 +106,13 @@ COMMENT ON FUNCTION idempotency.idem_stats_reset() IS
 
 -- One row per endpoint counted, then the endpoints that found the table of
 -- counters full (endpoint NULL, untracked), then the totals (endpoint NULL).
+-- Columns added by a later version come after reset_at.
 CREATE VIEW idempotency.stats AS
 SELECT endpoint, untracked, claims, executes, replays, in_progress,
        mismatches, pending, finishes, releases, fails, invalid_keys,
-       leases_expired, resolved, diagnosed, tombstone_hits, reset_at
-FROM idempotency.idem_stats()
+       leases_expired, resolved, diagnosed, tombstone_hits, reset_at,
+       diagnoses_withheld
+FROM idempotency.idem_counters()
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;
 
 -- Health per endpoint, from the live rows of the table, with the ratios of
@@ -104,7 +135,7 @@ WITH live AS (
     WHERE expires_at > now()
     GROUP BY endpoint
 ), counters AS (
-    SELECT * FROM idempotency.idem_stats(true) WHERE endpoint IS NOT NULL
+    SELECT * FROM idempotency.idem_counters(true) WHERE endpoint IS NOT NULL
 )
 SELECT coalesce(l.endpoint, c.endpoint) AS endpoint,
        coalesce(l.live_keys, 0) AS live_keys,
@@ -119,7 +150,8 @@ SELECT coalesce(l.endpoint, c.endpoint) AS endpoint,
            AS conflict_ratio,
        round(c.mismatches::numeric / nullif(c.claims, 0), 4) AS mismatch_ratio,
        c.tombstone_hits,
-       c.reset_at AS counters_since
+       c.reset_at AS counters_since,
+       c.diagnoses_withheld
 FROM live l
 FULL JOIN counters c ON c.endpoint = l.endpoint
 ORDER BY 1;

@@ -59,7 +59,10 @@ COMMENT ON FUNCTION idempotency.idem_export_keys(text) IS
 -- (so that an import can run twice), one already expired is skipped, and a
 -- live row with other content is never overwritten: an error (IK409), or
 -- with on_conflict => 'keep' counted and left as it is.  One row per
--- outcome: inserted, unchanged, kept, expired.
+-- outcome: inserted, unchanged, kept, expired.  An infinite expires_at, or
+-- one later than idempotency.max_ttl from now, is refused (22023); a
+-- request_digest in the JSON is dropped (digests are keyed with this
+-- database's secret, and the export leaves them out).
 --
 -- Claims serialise on a lock of their scope that SQL cannot take; the
 -- import locks idempotency.keys instead (ACCESS EXCLUSIVE, until the
@@ -81,6 +84,7 @@ DECLARE
     n_unchanged bigint := 0;
     n_kept bigint := 0;
     n_expired bigint := 0;
+    max_ttl interval;
 BEGIN
     IF on_conflict IS NULL OR on_conflict NOT IN ('error', 'keep') THEN
         RAISE EXCEPTION 'invalid value for on_conflict: "%"', on_conflict
@@ -125,6 +129,26 @@ BEGIN
             RAISE EXCEPTION 'element % of the keys to import has no created_at or expires_at', pos
                 USING ERRCODE = 'IK400';
         END IF;
+        IF NOT pg_catalog.isfinite(r.expires_at) THEN
+            RAISE EXCEPTION 'expires_at of element % of the keys to import is infinite', pos
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = 'A key must expire within idempotency.max_ttl of its claim.';
+        END IF;
+        -- the setting in seconds, read once the library is loaded (the
+        -- checks above call it)
+        IF max_ttl IS NULL THEN
+            SELECT pg_catalog.make_interval(secs => s.setting::double precision) INTO max_ttl
+            FROM pg_catalog.pg_settings s WHERE s.name = 'idempotency.max_ttl';
+        END IF;
+        IF r.expires_at > pg_catalog.now() + max_ttl THEN
+            RAISE EXCEPTION 'expires_at of element % of the keys to import is beyond idempotency.max_ttl from now', pos
+                USING ERRCODE = 'invalid_parameter_value',
+                      DETAIL = pg_catalog.format('It is %s; keys may be kept until %s at the latest.',
+                                                 r.expires_at, pg_catalog.now() + max_ttl),
+                      HINT = 'Raise idempotency.max_ttl in this database to what the source database allowed.';
+        END IF;
+        -- a digest is keyed with the source database's secret: dropped
+        r.request_digest := NULL;
 
         IF r.expires_at <= pg_catalog.now() THEN
             n_expired := n_expired + 1;

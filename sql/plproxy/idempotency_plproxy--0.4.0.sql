@@ -216,6 +216,7 @@ CREATE FUNCTION idempotency.idem_stats(
     OUT resolved bigint,
     OUT diagnosed bigint,
     OUT tombstone_hits bigint,
+    OUT diagnoses_withheld bigint,
     OUT reset_at timestamptz)
 RETURNS SETOF record
 LANGUAGE plproxy AS $$
@@ -223,7 +224,7 @@ LANGUAGE plproxy AS $$
     RUN ON ALL;
     SELECT pg_catalog.current_database() || ':' || pg_catalog.current_setting('port') AS shard,
            s.*
-    FROM idempotency.idem_stats(missing_ok) s;
+    FROM idempotency.idem_counters(missing_ok) s;
 $$;
 
 CREATE FUNCTION idempotency.idem_stats_reset(OUT shard text, OUT reset_at timestamptz)
@@ -240,7 +241,8 @@ RETURNS TABLE (shard text, endpoint text, live_keys bigint, in_progress bigint,
                oldest_in_progress_age interval, unknown bigint, failed bigint,
                stored_bytes bigint, claims bigint, replay_ratio numeric,
                conflict_ratio numeric, mismatch_ratio numeric,
-               tombstone_hits bigint, counters_since timestamptz)
+               tombstone_hits bigint, counters_since timestamptz,
+               diagnoses_withheld bigint)
 LANGUAGE plproxy AS $$
     CLUSTER 'idempotency';
     RUN ON ALL;
@@ -260,7 +262,8 @@ SELECT endpoint, untracked,
        sum(fails)::bigint AS fails, sum(invalid_keys)::bigint AS invalid_keys,
        sum(leases_expired)::bigint AS leases_expired,
        sum(resolved)::bigint AS resolved, sum(diagnosed)::bigint AS diagnosed,
-       sum(tombstone_hits)::bigint AS tombstone_hits, min(reset_at) AS reset_at
+       sum(tombstone_hits)::bigint AS tombstone_hits, min(reset_at) AS reset_at,
+       sum(diagnoses_withheld)::bigint AS diagnoses_withheld
 FROM idempotency.idem_stats()
 GROUP BY endpoint, untracked
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;

@@ -105,6 +105,10 @@ SELECT label, bi.t(stmt) FROM (VALUES
   ('lease > ttl',        $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), ttl => '1 hour', lease => '2 hours')$$),
   ('lease huge',         $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), lease => '178000000 years')$$),
   ('lease huge negative', $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), lease => '-178000000 years')$$),
+  ('ttl 100 years',      $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), ttl => '100 years')$$),
+  ('lease 100 years',    $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), lease => '100 years')$$),
+  ('lease 101 years',    $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), lease => '101 years')$$),
+  ('lease 36525 days',   $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), lease => '36525 days')$$),
   ('wait negative',      $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), wait => '-1 second')$$),
   ('wait zero',          $$SELECT action FROM idempotency.idem_claim('t', 'POST /lease', 'k-leased', sha256('x'), wait => '0')$$),
   ('wait 1 month -31 d', $$SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'k1', sha256('x'), wait => '1 month -31 days')$$),
@@ -241,6 +245,7 @@ SELECT label, bi.t(replace(stmt, 'TOKEN', (SELECT token::text FROM bi.tok))) FRO
   ('extend huge',        $$SELECT idempotency.idem_heartbeat('t', 'POST /lease', 'k-leased', TOKEN, '178000000 years') > now()$$),
   ('extend huge negative', $$SELECT idempotency.idem_heartbeat('t', 'POST /lease', 'k-leased', TOKEN, '-178000000 years') > now()$$),
   ('extend 101 years',   $$SELECT idempotency.idem_heartbeat('t', 'POST /lease', 'k-leased', TOKEN, '101 years') > now()$$),
+  ('extend 100 years',   $$SELECT idempotency.idem_heartbeat('t', 'POST /lease', 'k-leased', TOKEN, '100 years') > now()$$),
   ('completed key',      $$SELECT idempotency.idem_heartbeat('t', 'POST /pay', 'k-done', 1, '1 minute') > now()$$)
 ) AS v(label, stmt);
 
@@ -360,7 +365,11 @@ SELECT label, bi.t(stmt) FROM (VALUES
   ('key_hash endpoint NULL',       $$SELECT idempotency.idem_key_hash('t', NULL, 'k')$$),
   ('key_hash key NULL',            $$SELECT idempotency.idem_key_hash('t', 'e', NULL)$$),
   ('key_hash empty',               $$SELECT idempotency.idem_key_hash('', '', '')$$),
-  ('key_hash key 256',             $$SELECT idempotency.idem_key_hash('t', 'e', repeat('k', 256))$$)
+  ('key_hash key 256',             $$SELECT idempotency.idem_key_hash('t', 'e', repeat('k', 256))$$),
+  ('key_hash key 255',             $$SELECT idempotency.idem_key_hash('t', 'e', repeat('k', 255))$$),
+  ('key_hash key space',           $$SELECT idempotency.idem_key_hash('t', 'e', 'k 1')$$),
+  ('key_hash tenant 256',          $$SELECT idempotency.idem_key_hash(repeat('t', 256), 'e', 'k')$$),
+  ('key_hash endpoint empty',      $$SELECT idempotency.idem_key_hash('t', '', 'k')$$)
 ) AS v(label, stmt);
 
 -- counters, maintenance, and the trigger functions called directly
@@ -388,7 +397,24 @@ SELECT label, bi.t(stmt) FROM (VALUES
   ('on_lease_expiry bogus',        $$INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry) VALUES ('e', 'x') RETURNING endpoint$$),
   ('resolve without resolver',     $$INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry) VALUES ('e', 'resolve') RETURNING endpoint$$),
   ('resolver of wrong signature',  $$INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver) VALUES ('e', 'resolve', 'pg_catalog.now()') RETURNING endpoint$$),
-  ('ttl huge',                     $$INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('e', '178000000 years') RETURNING endpoint$$)
+  ('ttl huge',                     $$INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('e', '178000000 years') RETURNING endpoint$$),
+  ('ttl 1 microsecond',            $$INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('e', '1 microsecond') RETURNING endpoint$$),
+  ('ttl 100 years',                $$INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('e', '100 years') RETURNING endpoint$$),
+  ('ttl 100 years 1 us',           $$INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('e', '100 years 1 microsecond') RETURNING endpoint$$),
+  ('ttl 1 month -31 days',         $$INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('e', '1 month -31 days') RETURNING endpoint$$),
+  ('lease zero',                   $$INSERT INTO idempotency.endpoints (endpoint, lease) VALUES ('e', '0') RETURNING endpoint$$),
+  ('lease 100 years',              $$INSERT INTO idempotency.endpoints (endpoint, lease) VALUES ('e', '100 years') RETURNING endpoint$$),
+  ('lease 100 years 1 us',         $$INSERT INTO idempotency.endpoints (endpoint, lease) VALUES ('e', '100 years 1 microsecond') RETURNING endpoint$$),
+  ('lease huge, by update',        $$UPDATE idempotency.endpoints SET lease = '178000000 years' WHERE endpoint = 'POST /lease' RETURNING endpoint$$),
+  ('redact ok',                    $$INSERT INTO idempotency.endpoints (endpoint, diagnostics_redact) VALUES ('e', '{/card/number,/items/*/pan,/a~1b}') RETURNING endpoint$$),
+  ('redact empty array',           $$INSERT INTO idempotency.endpoints (endpoint, diagnostics_redact) VALUES ('e', '{}') RETURNING endpoint$$),
+  ('redact NULL element',          $$INSERT INTO idempotency.endpoints (endpoint, diagnostics_redact) VALUES ('e', '{/a,NULL}') RETURNING endpoint$$),
+  ('redact empty pointer',         $$INSERT INTO idempotency.endpoints (endpoint, diagnostics_redact) VALUES ('e', '{""}') RETURNING endpoint$$),
+  ('redact without /',             $$INSERT INTO idempotency.endpoints (endpoint, diagnostics_redact) VALUES ('e', '{card}') RETURNING endpoint$$),
+  ('redact bad ~',                 $$INSERT INTO idempotency.endpoints (endpoint, diagnostics_redact) VALUES ('e', '{/a~2}') RETURNING endpoint$$),
+  ('redact 64 pointers',           $$INSERT INTO idempotency.endpoints (endpoint, diagnostics_redact) VALUES ('e', (SELECT array_agg('/p' || g) FROM generate_series(1, 64) g)) RETURNING endpoint$$),
+  ('redact 65 pointers',           $$INSERT INTO idempotency.endpoints (endpoint, diagnostics_redact) VALUES ('e', (SELECT array_agg('/p' || g) FROM generate_series(1, 65) g)) RETURNING endpoint$$),
+  ('check called',                 $$SELECT idempotency.idem_endpoints_check()$$)
 ) AS v(label, stmt);
 
 -- nothing of the above stayed

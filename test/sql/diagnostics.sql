@@ -7,6 +7,9 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;
+-- Keys are compared here many times over, to show the comparison: the
+-- bound on diagnosed mismatches per key (diagnostics_bound.sql) is raised.
+SET idempotency.diagnostics_max_mismatches = 1000;
 CREATE SCHEMA diag_test;
 SET search_path = diag_test, public;
 
@@ -200,6 +203,20 @@ SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), d
 -- an entry flagged as a member of an array under an object
 SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                overlay(dg('m1', '{"a": 1}') PLACING '\x0102'::bytea FROM 37 FOR 2)));
+-- member names that are not UTF-8, or hold NUL, in place of a name of the
+-- same length (the first member's name starts at byte 40): refused too,
+-- before any member is read
+SELECT n AS forged_name,
+       try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+                  overlay(dg('m1', jsonb_build_object(repeat('x', length(n)), 1)) PLACING n FROM 40 FOR length(n))))
+FROM (VALUES ('\xfffe'::bytea), ('\x610062'), ('\xc3'), ('\xeda080'), ('\x5c7530303030'), ('\x5c7564383030')) AS v(n);
+-- such a digest stored with a key (written there by hand: no claim keeps
+-- one) is not compared: a reuse of the key gets its 422, mismatch NULL
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at, request_digest)
+VALUES ('t', 'POST /pay', 'm-forged', fp('{"a": 1}'), 'completed', now(), now() + interval '1 hour',
+        overlay(dg('m-forged', '{"xy": 1}') PLACING '\xfffe'::bytea FROM 40 FOR 2));
+SELECT * FROM again('m-forged', '{"xy": 2}');
+DELETE FROM idempotency.keys WHERE key = 'm-forged';
 -- a digest made for another key, endpoint or tenant
 SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                dg('m2', '{}')));

@@ -332,7 +332,8 @@ BEGIN
         END;
     END LOOP;
 END $$;
-SELECT total_bytes < 1024 * 1024 AS cache_bounded
+-- (the cache's context and its hash table's, which has the same name)
+SELECT sum(total_bytes) < 1024 * 1024 AS cache_bounded
 FROM pg_backend_memory_contexts
 WHERE 'idempotency endpoint policies' IN (name, ident);  -- PostgreSQL 15, 18
 

@@ -112,6 +112,27 @@ SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
     (SELECT doc - 'expires_at' || '{"key": "k-new"}' FROM xf_export WHERE n = 1))$$);
 SELECT * FROM idempotency.idem_import_keys('[]');
 
+-- expires_at infinite (either sign), or later than idempotency.max_ttl
+-- (7 days here) from now, is refused (22023), naming the element; nothing
+-- of the import stays
+SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
+    (SELECT jsonb_build_array(doc || '{"key": "k-fine"}', doc || '{"key": "k-inf", "expires_at": "infinity"}') FROM xf_export WHERE n = 1))$$);
+SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
+    (SELECT doc || '{"key": "k-inf", "expires_at": "-infinity"}' FROM xf_export WHERE n = 1))$$);
+SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
+    (SELECT doc || jsonb_build_object('key', 'k-far', 'expires_at', now() + interval '7 days 1 second') FROM xf_export WHERE n = 1))$$);
+SELECT count(*) AS nothing_imported FROM idempotency.keys WHERE key IN ('k-fine', 'k-inf', 'k-far');
+-- at the limit: imported
+SELECT * FROM idempotency.idem_import_keys(
+    (SELECT doc || jsonb_build_object('key', 'k-far', 'expires_at', now() + interval '7 days') FROM xf_export WHERE n = 1));
+-- a request_digest in the JSON is dropped: digests are keyed with the
+-- source database's secret (and the export leaves them out)
+SELECT * FROM idempotency.idem_import_keys(
+    (SELECT doc || '{"key": "k-digest", "request_digest": "\\x0102030405060708090a"}' FROM xf_export WHERE n = 1));
+SELECT key, request_digest IS NULL AS digest_dropped FROM idempotency.keys
+WHERE tenant = 'xf-a' AND key IN ('k-far', 'k-digest') ORDER BY key;
+DELETE FROM idempotency.keys WHERE tenant = 'xf-a' AND key IN ('k-far', 'k-digest');
+
 -- the import reads with a statement snapshot: READ COMMITTED only
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys('[]')$$);

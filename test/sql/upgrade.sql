@@ -83,8 +83,19 @@ ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 DROP VIEW public.regress_idem_my_keys;
 
+-- so does an endpoint whose ttl or lease 0.4.0 refuses (here: longer than
+-- 100 years, which made every claim of it fail), named in the error; set
+-- to what was meant, the update goes through
+INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('POST /forever', '178000000 years');
+\set SHOW_CONTEXT never
+ALTER EXTENSION idempotency UPDATE;
+\set SHOW_CONTEXT errors
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+UPDATE idempotency.endpoints SET ttl = '1 day' WHERE endpoint = 'POST /forever';
+
 ALTER EXTENSION idempotency UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+DELETE FROM idempotency.endpoints WHERE endpoint = 'POST /forever';
 
 -- the keys answer as before, from the partitions they were stored in
 SELECT action, response_status, response_json FROM idempotency.idem_claim('acme', 'POST /up', 'up-1', sha256('one'));
