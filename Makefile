@@ -81,6 +81,9 @@ sql/$(EXTENSION)--$(EXTVERSION).sql: $(addprefix $(SRCDIR)/,$(call src_files,sql
 # Objects compiled against another server's headers are compiled again: the
 # stamp names the server, and changes only when the server does.
 $(OBJS) $(OBJS:.o=.bc): src/.pg_server
+# PGXS tracks no header: every object is compiled again when a header
+# changes (a struct's layout may have changed under it).
+$(OBJS) $(OBJS:.o=.bc): $(call src_files,src/*.h)
 src/.pg_server: FORCE
 	@mkdir -p src; s='$(VERSION) $(includedir_server)'; [ "$$(cat $@ 2>/dev/null)" = "$$s" ] || echo "$$s" > $@
 .PHONY: FORCE
