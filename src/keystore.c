@@ -1564,7 +1564,13 @@ IdemKeystoreLock(const IdemScope *scope, TimestampTz now, IdemKeyRow *row,
 	 * UPDATE would take them in ROW SHARE and its UPDATE raise that to ROW
 	 * EXCLUSIVE, which deadlocks with REINDEX (see IdemReadScope).
 	 */
-	list_free(find_all_inheritors(IdemKeystoreRelation(scope), RowExclusiveLock, NULL));
+	{
+		Oid			parent = IdemKeystoreRelation(scope);
+
+		/* find_all_inheritors locks the partitions only: the parent first */
+		LockRelationOid(parent, RowExclusiveLock);
+		list_free(find_all_inheritors(parent, RowExclusiveLock, NULL));
+	}
 	if (IsolationIsSerializable())
 	{
 		IdemLockProbedRow(scope, now, row, cxt);
