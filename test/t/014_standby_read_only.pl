@@ -9,6 +9,14 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+# The program that copies the cluster must be as new as its server (the
+# PostgreSQL 17 of scripts/pg17.sh is driven by PostgreSQL 15's clients).
+my ($server_major) = PostgreSQL::Test::Cluster->new('version_probe')->config_data('--version') =~ /(\d+)/;
+my ($client_major) = `pg_basebackup --version` =~ /(\d+)/;
+plan skip_all =>
+  "pg_basebackup $client_major cannot copy a PostgreSQL $server_major server"
+  if $client_major < $server_major;
+
 my $primary = PostgreSQL::Test::Cluster->new('ro_primary');
 $primary->init(allows_streaming => 1);
 $primary->append_conf('postgresql.conf', qq{

@@ -14,6 +14,14 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+# The program that dumps the tables must be as new as its server (the
+# PostgreSQL 17 of scripts/pg17.sh is driven by PostgreSQL 15's clients).
+my ($server_major) = PostgreSQL::Test::Cluster->new('version_probe')->config_data('--version') =~ /(\d+)/;
+my ($client_major) = `pg_dump --version` =~ /(\d+)/;
+plan skip_all =>
+  "pg_dump $client_major cannot dump a PostgreSQL $server_major server"
+  if $client_major < $server_major;
+
 my $node = PostgreSQL::Test::Cluster->new('dumpt');
 $node->init;
 $node->append_conf('postgresql.conf', qq{
