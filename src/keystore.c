@@ -59,6 +59,7 @@
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "storage/proc.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
@@ -1971,24 +1972,64 @@ IdemKeystorePurgeDefaultToTombstones(TimestampTz as_of, int64 *tombstoned)
 }
 
 int64
-IdemKeystoreTombstones(Oid relid, TimestampTz as_of, bool count_only)
+IdemKeystoreTombstones(Oid relid, TimestampTz as_of, bool count_only,
+					   Snapshot snapshot, List *tids)
 {
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1] = {TimestampTzGetDatum(as_of)};
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIDARRAYOID};
+	Datum		args[2];
 	/* expired at as_of: every row of a partition whose range has ended */
-	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at <= $1)",
-								  IdemRelationName(relid));
+	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at <= $1%s)",
+								  IdemRelationName(relid),
+								  tids != NIL ? " AND ctid = ANY ($2)" : "");
+	int			nargs = tids != NIL ? 2 : 1;
 	bool		isnull;
 	int64		n;
 
+	args[0] = TimestampTzGetDatum(as_of);
+	if (tids != NIL)
+	{
+		Datum	   *elems = palloc(sizeof(Datum) * list_length(tids));
+		ListCell   *lc;
+		int			i = 0;
+
+		foreach(lc, tids)
+			elems[i++] = PointerGetDatum(lfirst(lc));
+		args[1] = PointerGetDatum(construct_array(elems, i, TIDOID,
+												  sizeof(ItemPointerData),
+												  false, TYPALIGN_SHORT));
+	}
 	if (!count_only)
-		return (int64) IdemSpiExec(psprintf(IDEM_TOMBSTONE_INSERT_SQL "%s",
-											IdemTombstoneSourceSql(source)),
-								   1, argtypes, args, NULL, false, SPI_OK_INSERT);
+	{
+		SPIPlanPtr	plan;
+		int			rc;
+
+		if (snapshot == NULL)
+			return (int64) IdemSpiExec(psprintf(IDEM_TOMBSTONE_INSERT_SQL "%s",
+												IdemTombstoneSourceSql(source)),
+									   nargs, argtypes, args, NULL, false,
+									   SPI_OK_INSERT);
+		/* read with the caller's snapshot, whatever the isolation level */
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		plan = SPI_prepare(psprintf(IDEM_TOMBSTONE_INSERT_SQL "%s",
+									IdemTombstoneSourceSql(source)),
+						   nargs, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "preparing the tombstones of %s failed: %s",
+				 source, SPI_result_code_string(SPI_result));
+		rc = SPI_execute_snapshot(plan, args, NULL, snapshot, InvalidSnapshot,
+								  false, true, 0);
+		if (rc != SPI_OK_INSERT)
+			elog(ERROR, "writing the tombstones of %s failed: %s",
+				 source, SPI_result_code_string(rc));
+		n = (int64) SPI_processed;
+		SPI_finish();
+		return n;
+	}
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	if (SPI_execute_with_args(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),
-							  1, argtypes, args, NULL, true, 1) != SPI_OK_SELECT ||
+							  nargs, argtypes, args, NULL, true, 1) != SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "counting the tombstones of %s failed", source);
 	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],

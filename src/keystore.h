@@ -10,7 +10,9 @@
 #define IDEM_KEYSTORE_H
 
 #include "datatype/timestamp.h"
+#include "nodes/pg_list.h"
 #include "storage/itemptr.h"
+#include "utils/snapshot.h"
 
 #include "response.h"
 #include "scope.h"
@@ -181,12 +183,15 @@ extern int64 IdemKeystorePurgeDefault(TimestampTz as_of);
  * many were deleted, *tombstoned how many tombstones were written), or of
  * the rows of the partition relid expired at as_of (every row of one about
  * to be dropped; returns how many tombstones were written).  With count_only, only counts the tombstones
- * that would be written.
+ * that would be written.  snapshot, when not NULL, is the one the rows are
+ * read with (else the statement's own); tids, when not NIL, limits them to
+ * the rows at those ItemPointers.
  */
 extern int64 IdemKeystorePurgeDefaultToTombstones(TimestampTz as_of,
 												  int64 *tombstoned);
 extern int64 IdemKeystoreTombstones(Oid relid, TimestampTz as_of,
-									bool count_only);
+									bool count_only, Snapshot snapshot,
+									List *tids);
 
 /*
  * For a partition being made for [lo, hi): whether the default partition

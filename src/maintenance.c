@@ -43,6 +43,8 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
@@ -51,6 +53,7 @@
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "executor/tuptable.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -137,7 +140,8 @@ typedef struct MaintTable
 	int64		(*move_default_rows) (TimestampTz lo, TimestampTz hi,
 									  const char *qname);
 	/* tombstones of a partition about to be dropped, or NULL */
-	int64		(*tombstones) (Oid relid, TimestampTz as_of, bool count_only);
+	int64		(*tombstones) (Oid relid, TimestampTz as_of, bool count_only,
+							   Snapshot snapshot, List *tids);
 } MaintTable;
 
 static int64
@@ -645,6 +649,43 @@ typedef struct DropArgs
 } DropArgs;
 
 /*
+ * The rows of relation relid that the snapshot seen did not see: those of
+ * transactions that committed after it was taken (a new version of a row
+ * that seen saw, too).  Read with the latest snapshot, under a lock that
+ * keeps every writer out.
+ */
+static List *
+IdemRowsNotSeen(Oid relid, Snapshot seen)
+{
+	Relation	rel = table_open(relid, AccessShareLock);
+	Snapshot	latest = RegisterSnapshot(GetLatestSnapshot());
+	TableScanDesc scan = table_beginscan(rel, latest, 0, NULL);
+	TupleTableSlot *slot = table_slot_create(rel, NULL);
+	TupleTableSlot *check = table_slot_create(rel, NULL);
+	List	   *tids = NIL;
+
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		ItemPointerData tid = slot->tts_tid;
+
+		CHECK_FOR_INTERRUPTS();
+		if (!table_tuple_fetch_row_version(rel, &tid, seen, check))
+		{
+			ItemPointer copy = palloc(sizeof(ItemPointerData));
+
+			ItemPointerCopy(&tid, copy);
+			tids = lappend(tids, copy);
+		}
+	}
+	ExecDropSingleTupleTableSlot(check);
+	ExecDropSingleTupleTableSlot(slot);
+	table_endscan(scan);
+	UnregisterSnapshot(latest);
+	table_close(rel, NoLock);
+	return tids;
+}
+
+/*
  * Drop partitions whose range has ended.  Dropping a partition takes ACCESS
  * EXCLUSIVE on the parent: it is taken once, with the short lock_timeout,
  * for all of them, in the last step of the pass.  The tombstones of a
@@ -653,6 +694,14 @@ typedef struct DropArgs
  * they are written (the partition's rows are all expired, and a claim that
  * has no live row reads them or their tombstones), and when the lock is
  * not granted, they go with the partition's drop.
+ *
+ * A transaction that wrote into the partition may commit between that
+ * reading and the lock (one still open past its key's expiry, or any with
+ * a pass as of a later time): once the lock is held, no writer is left
+ * (every write of keys holds ROW EXCLUSIVE on the parent until its
+ * transaction ends), and the rows the first reading did not see are read
+ * again with the latest snapshot and get their tombstones too, so that no
+ * committed key is dropped without one.
  */
 static void
 IdemDropPartitions(MaintPass *p, void *arg)
@@ -660,8 +709,14 @@ IdemDropPartitions(MaintPass *p, void *arg)
 	DropArgs   *a = arg;
 	const MaintTable *t = a->table;
 	ListCell   *lc;
+	ListCell   *lc2;
 	StringInfoData sql;
 	MemoryContext old;
+	Snapshot	seen = NULL;
+	List	   *relids = NIL;
+
+	if (t->tombstones != NULL && IdemTombstonesActive())
+		seen = RegisterSnapshot(GetLatestSnapshot());
 
 	initStringInfo(&sql);
 	appendStringInfoString(&sql, "DROP TABLE ");
@@ -675,11 +730,12 @@ IdemDropPartitions(MaintPass *p, void *arg)
 
 		if (relname == NULL || nspname == NULL)
 			continue;			/* dropped meanwhile */
-		if (t->tombstones != NULL && IdemTombstonesActive())
-			tombstoned = t->tombstones(r->relid, p->as_of, false);
+		if (seen != NULL)
+			tombstoned = t->tombstones(r->relid, p->as_of, false, seen, NIL);
 		if (a->names != NIL)
 			appendStringInfoString(&sql, ", ");
 		appendStringInfoString(&sql, quote_qualified_identifier(nspname, relname));
+		relids = lappend_oid(relids, r->relid);
 
 		old = MemoryContextSwitchTo(p->cxt);
 		a->names = lappend(a->names, pstrdup(relname));
@@ -692,6 +748,25 @@ IdemDropPartitions(MaintPass *p, void *arg)
 
 	IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
 						 t->name));
+
+	if (seen != NULL)
+	{
+		forboth(lc, relids, lc2, a->tombstoned)
+		{
+			List	   *tids = IdemRowsNotSeen(lfirst_oid(lc), seen);
+
+			if (tids != NIL)
+			{
+				Snapshot	latest = RegisterSnapshot(GetLatestSnapshot());
+
+				*(int64 *) lfirst(lc2) +=
+					t->tombstones(lfirst_oid(lc), p->as_of, false, latest, tids);
+				UnregisterSnapshot(latest);
+			}
+			list_free_deep(tids);
+		}
+		UnregisterSnapshot(seen);
+	}
 
 	/* one statement: one dependency walk for all of them */
 	if (a->names != NIL)
@@ -725,7 +800,7 @@ IdemRetention(MaintPass *p, const MaintTable *t)
 				continue;
 			if (t->tombstones != NULL && IdemTombstonesActive())
 			{
-				int64		n = t->tombstones(r->relid, p->as_of, true);
+				int64		n = t->tombstones(r->relid, p->as_of, true, NULL, NIL);
 
 				if (n > 0)
 					IdemEmit(p, "tombstone", relname, n);
@@ -771,7 +846,7 @@ IdemPurgeDefault(MaintPass *p)
 		if (n > 0)
 			tombstoned = IdemKeystoreTombstones(get_relname_relid("keys_default",
 																  get_namespace_oid(IDEM_SCHEMA, false)),
-												p->as_of, true);
+												p->as_of, true, NULL, NIL);
 	}
 	else
 		n = IdemKeystorePurgeDefaultToTombstones(p->as_of, &tombstoned);
