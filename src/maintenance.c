@@ -132,8 +132,12 @@ typedef struct MaintTable
 	const char *identity_index;
 	Oid			(*relid) (void);
 	int64		(*width) (void);	/* partition width, microseconds */
-	/* how far beyond as_of + width partitions are made, microseconds */
-	int64		(*ahead) (void);
+	/*
+	 * Where the rows written before the next pass land, as windows
+	 * [from[i], to[i]) relative to as_of, microseconds, sorted by from:
+	 * partitions are made for those (in p->cxt; returns how many)
+	 */
+	int			(*windows) (MaintPass *p, int64 **from, int64 **to);
 	/* rows of the default partition: see keystore.h */
 	int64		(*count_default) (const TimestampTz *lo, TimestampTz hi);
 	bool		(*default_has_rows) (TimestampTz lo, TimestampTz hi);
@@ -150,10 +154,15 @@ IdemKeysWidth(void)
 	return (int64) idem_partition_interval * USECS_PER_SEC;
 }
 
-static int64
-IdemKeysAhead(void)
+/* a key expires up to max_ttl ahead */
+static int
+IdemKeysWindows(MaintPass *p, int64 **from, int64 **to)
 {
-	return (int64) idem_max_ttl * USECS_PER_SEC;
+	*from = MemoryContextAlloc(p->cxt, sizeof(int64));
+	*to = MemoryContextAlloc(p->cxt, sizeof(int64));
+	(*from)[0] = 0;
+	(*to)[0] = (int64) idem_max_ttl * USECS_PER_SEC + IdemKeysWidth();
+	return 1;
 }
 
 static int64
@@ -162,11 +171,35 @@ IdemTombstonesWidth(void)
 	return (int64) idem_tombstone_partition_interval * USECS_PER_SEC;
 }
 
-/* a key expires up to max_ttl ahead, its tombstone up to the longest ttl later */
-static int64
-IdemTombstonesAhead(void)
+/*
+ * A tombstone expires its ttl after its key: the keys expiring from now to
+ * max_ttl ahead (those of a partition whose range has ended are still
+ * there until its drop: one partition width earlier) leave tombstones
+ * expiring one such window after each tombstone_ttl in use.  Only those
+ * windows get partitions: with a ttl of years, the slots in between would
+ * hold nothing before later passes (which make them as time comes), and
+ * one endpoint's long ttl would otherwise make thousands of partitions,
+ * every one of which a claim probes.  A tombstone that finds no partition
+ * lands in the default partition and moves when its slot is made.
+ */
+static int
+IdemTombstonesWindows(MaintPass *p, int64 **from, int64 **to)
 {
-	return ((int64) idem_max_ttl + IdemTombstoneMaxTtl()) * USECS_PER_SEC;
+	int64	   *ttls;
+	int			n = IdemTombstoneTtls(&ttls);
+	int			i;
+
+	*from = MemoryContextAlloc(p->cxt, sizeof(int64) * Max(n, 1));
+	*to = MemoryContextAlloc(p->cxt, sizeof(int64) * Max(n, 1));
+	for (i = 0; i < n; i++)
+	{
+		int64		ttl = ttls[i] * USECS_PER_SEC;
+
+		(*from)[i] = ttl - IdemKeysWidth();
+		(*to)[i] = ttl + (int64) idem_max_ttl * USECS_PER_SEC +
+			IdemKeysWidth() + IdemTombstonesWidth();
+	}
+	return n;
 }
 
 static const MaintTable keys_table = {
@@ -174,7 +207,7 @@ static const MaintTable keys_table = {
 	", UNIQUE (key, endpoint, tenant)",
 	"CREATE INDEX %s_lease_idx ON %s (locked_until) WHERE state = 'in_progress'",
 	"_key_endpoint_tenant_key",	/* the UNIQUE constraint's index */
-	IdemKeystoreRelid, IdemKeysWidth, IdemKeysAhead,
+	IdemKeystoreRelid, IdemKeysWidth, IdemKeysWindows,
 	IdemKeystoreCountDefault, IdemKeystoreDefaultHasRows,
 	IdemKeystoreMoveDefaultRows, IdemKeystoreTombstones
 };
@@ -184,7 +217,7 @@ static const MaintTable tombstones_table = {
 	"",
 	"CREATE INDEX %s_scope_idx ON %s (scope_hash)",
 	NULL,						/* no unique index: FULL (four short columns) */
-	IdemTombstoneRelid, IdemTombstonesWidth, IdemTombstonesAhead,
+	IdemTombstoneRelid, IdemTombstonesWidth, IdemTombstonesWindows,
 	IdemTombstoneCountDefault, IdemTombstoneDefaultHasRows,
 	IdemTombstoneMoveDefaultRows, NULL
 };
@@ -462,52 +495,66 @@ IdemListPartitions(MaintPass *p, const MaintTable *t)
 }
 
 /*
- * The ranges to make so that [as_of, as_of + max_ttl + one interval) is
- * covered: every partition_interval slot, less what existing partitions
- * already cover (they may have another width when the setting changed).
+ * The ranges to make so that the windows of t (see MaintTable) are covered:
+ * every partition_interval slot that meets one, less what existing
+ * partitions already cover (they may have another width when the setting
+ * changed).
  */
+/* the most partitions of one table a pass in one transaction makes */
+#define IDEM_PREMAKE_PER_TRANSACTION 64
+
 static List *
 IdemPlanPremake(MaintPass *p, const MaintTable *t, List *existing)
 {
 	int64		width = t->width();
-	TimestampTz horizon = p->as_of + t->ahead() + width;
-	TimestampTz slot;
+	int64	   *from;
+	int64	   *to;
+	int			nwindows = t->windows(p, &from, &to);
+	TimestampTz next = DT_NOBEGIN;	/* slots before it are planned */
 	List	   *plan = NIL;
+	int			w;
 	MemoryContext old = MemoryContextSwitchTo(p->cxt);
 
-	for (slot = IdemSlotStart(p->as_of, width); slot < horizon; slot += width)
+	for (w = 0; w < nwindows; w++)
 	{
-		TimestampTz cur = slot;
-		TimestampTz end = slot + width;
-		ListCell   *lc;
+		TimestampTz slot = Max(IdemSlotStart(p->as_of + from[w], width), next);
+		TimestampTz horizon = p->as_of + to[w];
 
-		foreach(lc, existing)
+		for (; slot < horizon; slot += width)
 		{
-			MaintRange *r = lfirst(lc);
+			TimestampTz cur = slot;
+			TimestampTz end = slot + width;
+			ListCell   *lc;
 
-			if (cur >= end)
-				break;
-			if (!r->hi_inf && r->hi <= cur)
-				continue;		/* wholly before */
-			if (!r->lo_inf && r->lo >= end)
-				break;			/* wholly after, as are the rest */
-			if (!r->lo_inf && r->lo > cur)
+			foreach(lc, existing)
+			{
+				MaintRange *r = lfirst(lc);
+
+				if (cur >= end)
+					break;
+				if (!r->hi_inf && r->hi <= cur)
+					continue;	/* wholly before */
+				if (!r->lo_inf && r->lo >= end)
+					break;		/* wholly after, as are the rest */
+				if (!r->lo_inf && r->lo > cur)
+				{
+					MaintRange *m = palloc0(sizeof(MaintRange));
+
+					m->lo = cur;
+					m->hi = r->lo;
+					plan = lappend(plan, m);
+				}
+				cur = r->hi_inf ? end : Max(cur, r->hi);
+			}
+			if (cur < end)
 			{
 				MaintRange *m = palloc0(sizeof(MaintRange));
 
 				m->lo = cur;
-				m->hi = r->lo;
+				m->hi = end;
 				plan = lappend(plan, m);
 			}
-			cur = r->hi_inf ? end : Max(cur, r->hi);
-		}
-		if (cur < end)
-		{
-			MaintRange *m = palloc0(sizeof(MaintRange));
-
-			m->lo = cur;
-			m->hi = end;
-			plan = lappend(plan, m);
+			next = end;
 		}
 	}
 	MemoryContextSwitchTo(old);
@@ -612,11 +659,7 @@ IdemPremake(MaintPass *p, const MaintTable *t)
 	ListCell   *lc;
 
 	IdemStepBegin(p);
-	/* no tombstone is kept anywhere: none of their partitions either */
-	if (t == &tombstones_table && IdemTombstoneMaxTtl() <= 0)
-		plan = NIL;
-	else
-		plan = IdemPlanPremake(p, t, IdemListPartitions(p, t));
+	plan = IdemPlanPremake(p, t, IdemListPartitions(p, t));
 	IdemStepEnd(p);
 
 	foreach(lc, plan)
@@ -624,6 +667,22 @@ IdemPremake(MaintPass *p, const MaintTable *t)
 		CreateArgs	a;
 		MemoryContext old;
 
+		/*
+		 * One transaction holds the locks of every partition it makes until
+		 * it ends: a pass in one transaction (idem_maintenance()) makes a
+		 * bounded number, and the next pass makes the rest.
+		 */
+		if (!p->own_xacts && !p->preview &&
+			foreach_current_index(lc) >= IDEM_PREMAKE_PER_TRANSACTION)
+		{
+			ereport(NOTICE,
+					(errmsg("maintenance made %d partitions of idempotency.%s, the most one transaction makes",
+							IDEM_PREMAKE_PER_TRANSACTION, t->name),
+					 errdetail("%d more are planned; the next pass makes them.",
+							   list_length(plan) - IDEM_PREMAKE_PER_TRANSACTION),
+					 errhint("Rows whose partition is not made yet go to the default partition and move when it is made.")));
+			break;
+		}
 		IdemStepBegin(p);
 		a.table = t;
 		a.range = lfirst(lc);

@@ -362,28 +362,44 @@ IdemTombstoneSourceSql(const char *source)
 					source, idem_tombstone_ttl);
 }
 
-/* Seconds of the longest tombstone_ttl: the setting's or an endpoint's. */
-int64
-IdemTombstoneMaxTtl(void)
+/*
+ * The distinct tombstone_ttl in use, in seconds, in ascending order (in the
+ * current memory context): the setting's, and every endpoint's, those above
+ * 0 only.  Returns how many; 0 when no tombstone is kept anywhere.
+ */
+int
+IdemTombstoneTtls(int64 **ttls)
 {
-	int64		result = idem_tombstone_ttl;
-	bool		isnull;
-	Datum		d;
+	MemoryContext caller = CurrentMemoryContext;
+	int			n = 0;
+	uint64		i;
 
+	*ttls = NULL;
 	if (!IdemTombstonesActive())
 		return 0;
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (SPI_execute("SELECT pg_catalog.ceil(pg_catalog.date_part('epoch',"
-					" pg_catalog.max(tombstone_ttl)))::bigint FROM idempotency.endpoints",
-					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+	if (SPI_execute_with_args("SELECT DISTINCT t FROM (SELECT $1::bigint AS t UNION ALL"
+							  " SELECT pg_catalog.ceil(pg_catalog.date_part('epoch',"
+							  " tombstone_ttl))::bigint FROM idempotency.endpoints) s"
+							  " WHERE t > 0 ORDER BY t",
+							  1, (Oid[]) {INT8OID},
+							  (Datum[]) {Int64GetDatum(idem_tombstone_ttl)},
+							  NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "reading idempotency.endpoints failed");
-	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	if (!isnull)
-		result = Max(result, DatumGetInt64(d));
+	if (SPI_processed > 0)
+		*ttls = MemoryContextAlloc(caller, sizeof(int64) * SPI_processed);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		(*ttls)[n++] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													SPI_tuptable->tupdesc, 1,
+													&isnull));
+	}
 	SPI_finish();
-	return result;
+	return n;
 }
 
 int64

@@ -51,13 +51,13 @@ extern char *IdemTombstoneSourceSql(const char *source);
 	" s.fingerprint, s.expires_at, s.expires_at + t.ttl"
 
 /*
- * For maintenance: the table, the longest tombstone_ttl in seconds (the
- * setting's or an endpoint's), and the rows of the default partition (as
+ * For maintenance: the table, the distinct tombstone_ttl in use (the
+ * setting's and the endpoints'), and the rows of the default partition (as
  * for the keys, see keystore.h).
  */
 extern Oid	IdemTombstoneRelid(void);
 extern bool IdemTombstoneTableExists(void);	/* false before 0.3.0 */
-extern int64 IdemTombstoneMaxTtl(void);
+extern int	IdemTombstoneTtls(int64 **ttls);
 extern int64 IdemTombstoneCountDefault(const TimestampTz *lo, TimestampTz hi);
 extern int64 IdemTombstonePurgeDefault(TimestampTz as_of);
 extern bool IdemTombstoneDefaultHasRows(TimestampTz lo, TimestampTz hi);

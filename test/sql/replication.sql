@@ -74,7 +74,7 @@ UPDATE idempotency.keys SET locked_until = now() - interval '1 minute'
 WHERE tenant = 'acme' AND endpoint = 'pay' AND key = 'l3';
 INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
 VALUES ('acme', 'pay', 'old', sha256('o'), 'completed', now() - interval '2 days', now() - interval '1 hour');
-INSERT INTO idempotency.tombstones VALUES ('\x00', sha256('f'), now() - interval '3 days', now() - interval '2 days');
+INSERT INTO idempotency.tombstones VALUES ('\x00', sha256('f'), now() - interval '1 day', now() + interval '30 days');
 SELECT tableoid::regclass, count(*) FROM idempotency.keys GROUP BY 1
 UNION ALL
 SELECT tableoid::regclass, count(*) FROM idempotency.tombstones GROUP BY 1;
@@ -84,7 +84,7 @@ GROUP BY 1, 2 ORDER BY 1, 2;
 SELECT key, state, tableoid::regclass::text ~ '^idempotency.keys_p' AS in_dated_partition
 FROM idempotency.keys WHERE tenant = 'acme' ORDER BY key;
 SELECT scope_hash = idempotency.idem_tombstone_hash('acme', 'pay', 'old') AS of_old
-FROM idempotency.tombstones;
+FROM idempotency.tombstones ORDER BY 1;
 SELECT * FROM pg_temp.identities();
 
 -- lease mode on a dated partition

@@ -255,3 +255,37 @@ UPDATE idempotency.endpoints SET tombstone_ttl = '-1 s' WHERE endpoint = 'off';
 UPDATE idempotency.endpoints SET on_expired_reuse = 'replay' WHERE endpoint = 'off';
 UPDATE idempotency.endpoints SET on_expired_reuse = NULL WHERE endpoint = 'off';
 
+
+-- Partitions of tombstones are made where tombstones land before the next
+-- pass only (a ttl's window), not in every slot up to the longest ttl: with
+-- 'off' at a ten-year tombstone_ttl and one-day tombstone partitions, a
+-- pass plans tens of partitions, not thousands, some ten years ahead.
+SET idempotency.tombstone_partition_interval = '1d';
+SELECT count(*) BETWEEN 10 AND 40 AS tens,
+       count(*) FILTER (WHERE object >= 'tombstones_p' || to_char(now() + interval '3640 days', 'YYYYMMDD')) > 0 AS ten_years_ahead
+FROM idempotency.idem_maintenance(now(), preview => true)
+WHERE kind = 'create' AND object LIKE 'tombstones_p%';
+-- One transaction makes at most 64 partitions of a table (their locks are
+-- held until it ends); the next pass makes the rest.  With one-minute
+-- partitions, ten years ahead:
+CREATE TEMP TABLE before_pass AS SELECT inhrelid FROM pg_inherits
+WHERE inhparent = 'idempotency.tombstones'::regclass;
+SET idempotency.tombstone_partition_interval = '60';
+\set VERBOSITY terse
+SELECT count(*) AS made FROM idempotency.idem_maintenance(now(), preview => false)
+WHERE kind = 'create' AND object LIKE 'tombstones_p%';
+\set VERBOSITY default
+DO $$
+DECLARE
+    part regclass;
+BEGIN
+    -- the partitions made above, dropped by hand: the DDL guard is off for it
+    PERFORM set_config('idempotency.ddl_guard', 'off', true);
+    FOR part IN SELECT inhrelid::regclass FROM pg_inherits
+                WHERE inhparent = 'idempotency.tombstones'::regclass
+                  AND inhrelid NOT IN (SELECT inhrelid FROM before_pass)
+    LOOP
+        EXECUTE format('DROP TABLE %s', part);
+    END LOOP;
+END $$;
+RESET idempotency.tombstone_partition_interval;
