@@ -360,3 +360,9 @@ END
 $$;
 COMMENT ON FUNCTION idempotency.idem_import_keys(jsonb, text) IS
     'Write keys exported by idem_export_keys, keeping expires_at; never overwrites a live key with other content';
+
+-- the documentation moved from the README to doc/
+COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb) IS
+'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body (see doc/fingerprints.md)';
+COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb, text[]) IS
+'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body without the members named in exclude (see doc/fingerprints.md)';

@@ -659,7 +659,11 @@ IdemPremake(MaintPass *p, const MaintTable *t)
 	ListCell   *lc;
 
 	IdemStepBegin(p);
-	plan = IdemPlanPremake(p, t, IdemListPartitions(p, t));
+	/* a schema older than 0.3.0 has no tombstones */
+	if (t == &tombstones_table && !IdemTombstonesActive())
+		plan = NIL;
+	else
+		plan = IdemPlanPremake(p, t, IdemListPartitions(p, t));
 	IdemStepEnd(p);
 
 	foreach(lc, plan)

@@ -74,9 +74,9 @@ RETURNS bytea
 AS 'MODULE_PATHNAME', 'idem_fingerprint'
 LANGUAGE C IMMUTABLE PARALLEL SAFE;
 COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb) IS
-'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body (see README)';
+'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body (see doc/fingerprints.md)';
 COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb, text[]) IS
-'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body without the members named in exclude (see README)';
+'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body without the members named in exclude (see doc/fingerprints.md)';
 
 CREATE FUNCTION idempotency.idem_number_text(value float8)
 RETURNS text

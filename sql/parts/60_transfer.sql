@@ -1,5 +1,5 @@
 -- idempotency install script: moving a tenant's keys between databases,
--- for re-partitioning a sharded deployment (README "Scaling out").
+-- for re-partitioning a sharded deployment (doc/scaling.md).
 --
 -- idem_export_keys returns one jsonb object per live key of a tenant (the
 -- row of idempotency.keys as to_jsonb writes it); idem_import_keys writes

@@ -1,5 +1,5 @@
--- idempotency install script: the Citus mode (README "Scaling out",
--- "Citus").  citus_distribute makes idempotency.keys a distributed
+-- idempotency install script: the Citus mode (doc/scaling.md, the
+-- "Citus" sections).  citus_distribute makes idempotency.keys a distributed
 -- table colocated by tenant with the application's tables, endpoints a
 -- reference table, and the per-key functions distributed functions, so that
 -- a claim runs on the node that holds the tenant's shard (src/keystore.c

@@ -1,5 +1,5 @@
--- idempotency install script: tombstones of expired keys (README
--- "Tombstones for expired keys").
+-- idempotency install script: tombstones of expired keys
+-- (doc/tombstones.md).
 --
 -- When maintenance drops a partition of idempotency.keys whose range has
 -- ended, or purges expired rows of its default partition, it first keeps
