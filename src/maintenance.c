@@ -517,7 +517,9 @@ IdemPlanPremake(MaintPass *p, const MaintTable *t, List *existing)
 
 	for (w = 0; w < nwindows; w++)
 	{
-		TimestampTz slot = Max(IdemSlotStart(p->as_of + from[w], width), next);
+		/* a slot that has ended by as_of would be dropped at once */
+		TimestampTz slot = Max(IdemSlotStart(p->as_of + Max(from[w], 0), width),
+							   next);
 		TimestampTz horizon = p->as_of + to[w];
 
 		for (; slot < horizon; slot += width)

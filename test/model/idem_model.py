@@ -118,7 +118,6 @@ INSERT INTO idempotency.endpoints (endpoint, ttl, lease, tombstone_ttl, on_expir
   ('ep_resolve', NULL, '30 minutes', NULL, 'execute', 'resolve',
    'public.model_resolver(text, text, text)')
 """
-TOMB_MAX_TTL = max(TOMBSTONE_TTL, max(p['tomb'] or 0 for p in ENDPOINTS.values()))
 
 TENANTS = ['t1', 't1', 't1', 't2']
 KEYS = ['k1', 'k2']
@@ -201,29 +200,41 @@ def part_name(prefix, lo):
     return '%s%s' % (prefix, d.strftime('%Y%m%dt%H%M'))
 
 
-def plan_premake(parts, as_of, ahead, width):
-    """maintenance.c IdemPlanPremake: the ranges to make so that
-    [as_of, as_of + ahead + width) is covered."""
+def plan_premake(parts, as_of, windows, width):
+    """maint_partitions.c IdemPlanPremake: the ranges to make so that the
+    windows [as_of + lo, as_of + hi) (sorted by lo) are covered, from the
+    slot of as_of on."""
     plan = []
-    horizon = as_of + ahead + width
-    slot = slot_start(as_of, width)
+    nxt = None
     existing = sorted(parts)
-    while slot < horizon:
-        cur, end = slot, slot + width
-        for lo, hi in existing:
-            if cur >= end:
-                break
-            if hi <= cur:
-                continue
-            if lo >= end:
-                break
-            if lo > cur:
-                plan.append((cur, lo))
-            cur = max(cur, hi)
-        if cur < end:
-            plan.append((cur, end))
-        slot += width
+    for w_lo, w_hi in windows:
+        slot = slot_start(as_of + max(w_lo, 0), width)
+        if nxt is not None:
+            slot = max(slot, nxt)
+        horizon = as_of + w_hi
+        while slot < horizon:
+            cur, end = slot, slot + width
+            for lo, hi in existing:
+                if cur >= end:
+                    break
+                if hi <= cur:
+                    continue
+                if lo >= end:
+                    break
+                if lo > cur:
+                    plan.append((cur, lo))
+                cur = max(cur, hi)
+            if cur < end:
+                plan.append((cur, end))
+            slot += width
+            nxt = slot
     return plan
+
+
+def tomb_windows():
+    """IdemTombstonesWindows: one window per tombstone ttl in use."""
+    ttls = sorted({TOMBSTONE_TTL} | {p['tomb'] for p in ENDPOINTS.values() if p['tomb']})
+    return [(t - KEYS_WIDTH, t + MAX_TTL + KEYS_WIDTH + TOMB_WIDTH) for t in ttls if t > 0]
 
 
 def covering(parts, t):
@@ -677,7 +688,7 @@ class Model:
                         r.state, r.locked_until, kind = 'failed', None, 'lease_failed'
                     out[(kind, scope[1])] = out.get((kind, scope[1]), 0) + 1
         # 2. premake of the tombstones
-        for lo, hi in plan_premake(self.tomb_parts, as_of, MAX_TTL + TOMB_MAX_TTL, TOMB_WIDTH):
+        for lo, hi in plan_premake(self.tomb_parts, as_of, tomb_windows(), TOMB_WIDTH):
             moved = sum(1 for t in self.tombs if lo <= t.expires_at < hi
                         and covering(self.tomb_parts, t.expires_at) is None)
             self.tomb_parts.append((lo, hi))
@@ -707,7 +718,7 @@ class Model:
         if purged:
             out[('purge', 'keys_default')] = purged
         # 4. premake of the keys
-        for lo, hi in plan_premake(self.keys_parts, as_of, MAX_TTL, KEYS_WIDTH):
+        for lo, hi in plan_premake(self.keys_parts, as_of, [(0, MAX_TTL + KEYS_WIDTH)], KEYS_WIDTH):
             moved = sum(1 for rows in self.rows.values() for r in rows
                         if lo <= r.expires_at < hi and covering(self.keys_parts, r.expires_at) is None)
             self.keys_parts.append((lo, hi))
