@@ -7,6 +7,8 @@
 #                       together once in a cache), then the Debian package
 #   make bench          install what is missing, build, run the benchmarks
 #   make stop           stop the demo cluster started by make run
+#   make include-graph  the modules of src/ in layers, from their #include
+#                       lines (make test fails on a cycle among them)
 #
 # The standard PGXS targets work as for any extension:
 #
@@ -109,7 +111,7 @@ dist:
 	git -C $(SRCDIR) archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
 		-o $(CURDIR)/$(EXTENSION)-$(EXTVERSION).tar.gz HEAD
 
-.PHONY: run test test-matrix bench stop
+.PHONY: run test test-matrix bench stop include-graph
 run:
 	@$(SRCDIR)/scripts/run.sh
 
@@ -125,3 +127,6 @@ test-matrix:
 
 bench:
 	@$(SRCDIR)/scripts/bench.sh
+
+include-graph:
+	@python3 $(SRCDIR)/scripts/include_graph.py --layers $(SRCDIR)/src
