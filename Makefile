@@ -65,6 +65,9 @@ PROVE_TESTS = $(call src_files,test/t/*.pl)
 
 ifneq ($(PGXS),)
 include $(PGXS)
+# the module the TAP tests share (test/perl/IdemTest.pm); prove runs in the
+# source tree
+PG_PROVE_FLAGS += -I test/perl
 else
 # A new machine has no PostgreSQL yet: make run / make test install it first.
 all install:
