@@ -40,6 +40,10 @@ else
     ensure_deps
     PGC=$SYS_PG_CONFIG
 fi
+# the check of src/'s include graph (scripts/include_graph.py)
+if selected include_graph; then
+    ensure_deps python3
+fi
 # the driver of the model-based test (test/model/idem_model.py)
 if selected 062_model; then
     ensure_deps "python3-psycopg python3-hypothesis"
