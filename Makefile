@@ -7,6 +7,8 @@
 #                       together once in a cache), then the Debian package
 #   make bench          install what is missing, build, run the benchmarks
 #   make stop           stop the demo cluster started by make run
+#   make include-graph  the modules of src/ in layers, from their #include
+#                       lines (make test fails on a cycle among them)
 #
 # The standard PGXS targets work as for any extension:
 #
@@ -63,6 +65,9 @@ PROVE_TESTS = $(call src_files,test/t/*.pl)
 
 ifneq ($(PGXS),)
 include $(PGXS)
+# the module the TAP tests share (test/perl/IdemTest.pm); prove runs in the
+# source tree
+PG_PROVE_FLAGS += -I test/perl
 else
 # A new machine has no PostgreSQL yet: make run / make test install it first.
 all install:
@@ -109,7 +114,7 @@ dist:
 	git -C $(SRCDIR) archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
 		-o $(CURDIR)/$(EXTENSION)-$(EXTVERSION).tar.gz HEAD
 
-.PHONY: run test test-matrix bench stop
+.PHONY: run test test-matrix bench stop include-graph
 run:
 	@$(SRCDIR)/scripts/run.sh
 
@@ -125,3 +130,6 @@ test-matrix:
 
 bench:
 	@$(SRCDIR)/scripts/bench.sh
+
+include-graph:
+	@python3 $(SRCDIR)/scripts/include_graph.py --layers $(SRCDIR)/src

@@ -5,7 +5,9 @@
 # preloaded and test/preload.conf, again on one with only the library
 # preloaded (a server's default settings: the tests that depend on
 # preload.conf skip themselves there), the nopreload_* tests on one without
-# it, and "make prove_installcheck" (TAP).  Prints the diffs of what failed
+# it, and "make prove_installcheck" (TAP); before them, the check that the
+# modules of src/ include each other without a cycle (include_graph,
+# scripts/include_graph.py).  Prints the diffs of what failed
 # and a closing line "N passed, N failed, N skipped" (a test that skipped
 # itself is counted as skipped, not passed); exits non-zero on any failure.
 # Under CI (CI=true) a test that skips itself where it must not is a
@@ -15,7 +17,8 @@
 #
 # TEST_PG_CONFIG=/path/to/pg_config (make test PG_CONFIG=...) tests the
 # server of that installation instead of Debian's PostgreSQL 15.
-# TESTS=name1,name2 limits the run to the named tests of every suite.
+# TESTS=name1,name2 limits the run to the named tests of every suite
+# (include_graph names the check of src/'s module dependencies).
 
 . "$(dirname "$0")/common.sh"
 . "$(dirname "$0")/pgcache.sh"
@@ -36,6 +39,10 @@ if [ -n "$PGC" ]; then
 else
     ensure_deps
     PGC=$SYS_PG_CONFIG
+fi
+# the check of src/'s include graph (scripts/include_graph.py)
+if selected include_graph; then
+    ensure_deps python3
 fi
 # the driver of the model-based test (test/model/idem_model.py)
 if selected 062_model; then
@@ -243,6 +250,23 @@ run_tap() {
         done
     fi
 }
+
+# the module dependency graph of src/, from its #include lines: no cycle
+# (scripts/include_graph.py; needs no server)
+if selected include_graph; then
+    say "include_graph: scripts/include_graph.py"
+    set +e
+    python3 "$PROJECT_DIR/scripts/include_graph.py" "$PROJECT_DIR/src" >"$OUT/include_graph.log" 2>&1
+    rc=$?
+    set -e
+    if [ $rc -eq 0 ]; then
+        PASSED=$((PASSED + 1))
+        sed 's/^/    /' "$OUT/include_graph.log"
+    else
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("include_graph")
+        cat "$OUT/include_graph.log"
+    fi
+fi
 
 shopt -s nullglob
 preload_tests=() nopreload_tests=() specs=()

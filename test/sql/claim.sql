@@ -9,19 +9,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 SET client_min_messages = warning;
 
--- fingerprints for the tests: any 32 bytes will do
-CREATE FUNCTION fp(s text) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
-
--- run a statement; show "ok" or its SQLSTATE and message
-CREATE FUNCTION try(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
+\i :abs_srcdir/include/helpers.sql
 
 -- the short form of a claim's answer
 CREATE FUNCTION claim(tenant text, endpoint text, key text, body text,
@@ -32,25 +20,25 @@ RETURNS TABLE (action text, http_status int, error_code text, replayed boolean,
 LANGUAGE sql AS $$
     SELECT c.action, c.http_status, c.error_code, c.replayed,
            convert_from(c.response_body, 'UTF8'), c.lease_token IS NOT NULL
-    FROM idempotency.idem_claim(tenant, endpoint, key, fp(body), ttl, lease, wait) c
+    FROM idempotency.idem_claim(tenant, endpoint, key, regress.fp(body), ttl, lease, wait) c
 $$;
 
 --
 -- Keys, tenants, endpoints and fingerprints are checked first.
 --
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', NULL, fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', '', fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', repeat('a', 256), fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'has space', fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'k.1', fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'kéy', fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim(NULL, 'e', 'k', fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim('t', '', 'k', fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim(repeat('t', 256), 'e', 'k', fp('x'))$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'k', NULL)$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'k', '\x0102')$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', NULL, regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', '', regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', repeat('a', 256), regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'has space', regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k.1', regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'kéy', regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim(NULL, 'e', 'k', regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', '', 'k', regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim(repeat('t', 256), 'e', 'k', regress.fp('x'))$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k', NULL)$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k', '\x0102')$$);
 -- the key is checked before the rest
-SELECT try($$SELECT idempotency.idem_claim(NULL, NULL, 'bad key', NULL)$$);
+SELECT regress.try($$SELECT idempotency.idem_claim(NULL, NULL, 'bad key', NULL)$$);
 -- nothing was stored by any of them
 SELECT count(*) AS rows_after_bad_input FROM idempotency.keys;
 
@@ -80,7 +68,7 @@ COMMIT;
 SELECT action, http_status, response_status, response_headers,
        convert_from(response_body, 'UTF8') AS body, response_json, replayed,
        lease_token, expires_at > now() AS live
-FROM idempotency.idem_claim('acme', 'POST /payments', 'k-1', fp('amount=4200'));
+FROM idempotency.idem_claim('acme', 'POST /payments', 'k-1', regress.fp('amount=4200'));
 
 -- the finish can ride in the business insert's RETURNING clause (the README
 -- shows it): one statement less, the same completed key
@@ -90,7 +78,7 @@ INSERT INTO payments VALUES ('pay_1r', 'acme', 4300, 'k-1r')
 RETURNING id, idempotency.idem_finish('acme', 'POST /payments', key, 201, '{"id": "pay_1r"}');
 COMMIT;
 SELECT action, response_status, response_json
-FROM idempotency.idem_claim('acme', 'POST /payments', 'k-1r', fp('amount=4300'));
+FROM idempotency.idem_claim('acme', 'POST /payments', 'k-1r', regress.fp('amount=4300'));
 
 -- same key, other request: 422, and the row is untouched
 SELECT * FROM claim('acme', 'POST /payments', 'k-1', 'amount=42000');
@@ -121,7 +109,7 @@ SELECT action, http_status, error_code FROM claim('acme', 'POST /payments', 'k-3
 SELECT state, lease_held FROM idempotency.idem_lookup('acme', 'POST /payments', 'k-3');
 SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-3', 200);
 -- finishing twice is refused
-SELECT try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-3', 200)$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-3', 200)$$);
 ROLLBACK;
 
 -- a claim in a rolled-back savepoint is gone with it
@@ -135,10 +123,10 @@ BEGIN;
 SAVEPOINT s1;
 SELECT action FROM claim('acme', 'POST /payments', 'k-4', 'a');
 RELEASE SAVEPOINT s1;
-SELECT try($$SELECT idempotency.idem_finish_bytes('acme', 'POST /payments', 'k-4', 202, '\x00ff'::bytea)$$);
+SELECT regress.try($$SELECT idempotency.idem_finish_bytes('acme', 'POST /payments', 'k-4', 202, '\x00ff'::bytea)$$);
 COMMIT;
 SELECT action, http_status, response_body, response_json, response_headers
-FROM idempotency.idem_claim('acme', 'POST /payments', 'k-4', fp('a'));
+FROM idempotency.idem_claim('acme', 'POST /payments', 'k-4', regress.fp('a'));
 
 -- a body kept elsewhere: the replay returns the reference
 BEGIN;
@@ -147,8 +135,8 @@ SELECT idempotency.idem_finish_ref('acme', 'POST /exports', 'x-1', 200,
     's3://exports/x-1.csv', '{"Content-Type": "text/csv"}');
 COMMIT;
 SELECT action, http_status, response_body, response_body_ref
-FROM idempotency.idem_claim('acme', 'POST /exports', 'x-1', fp('a'));
-SELECT try($$SELECT idempotency.idem_finish_ref('acme', 'POST /exports', 'x-2', 200, '')$$);
+FROM idempotency.idem_claim('acme', 'POST /exports', 'x-1', regress.fp('a'));
+SELECT regress.try($$SELECT idempotency.idem_finish_ref('acme', 'POST /exports', 'x-2', 200, '')$$);
 
 -- release: the next claim executes
 BEGIN;
@@ -167,73 +155,73 @@ COMMIT;
 SELECT * FROM claim('acme', 'POST /payments', 'k-6', 'a');
 -- a different request with the key is still a mismatch, whatever the state
 SELECT action, http_status FROM claim('acme', 'POST /payments', 'k-6', 'b');
-SELECT try($$SELECT idempotency.idem_fail('acme', 'POST /payments', 'k-6', 'maybe')$$);
+SELECT regress.try($$SELECT idempotency.idem_fail('acme', 'POST /payments', 'k-6', 'maybe')$$);
 -- an operator reconciles it
 SELECT idempotency.idem_resolve('acme', 'POST /payments', 'k-6', 201, '{"id": "pay_6"}');
 SELECT action, http_status, response_json
-FROM idempotency.idem_claim('acme', 'POST /payments', 'k-6', fp('a'));
-SELECT try($$SELECT idempotency.idem_resolve('acme', 'POST /payments', 'k-6', 201, '{}')$$);
-SELECT try($$SELECT idempotency.idem_resolve('acme', 'POST /payments', 'nope', 201, '{}')$$);
+FROM idempotency.idem_claim('acme', 'POST /payments', 'k-6', regress.fp('a'));
+SELECT regress.try($$SELECT idempotency.idem_resolve('acme', 'POST /payments', 'k-6', 201, '{}')$$);
+SELECT regress.try($$SELECT idempotency.idem_resolve('acme', 'POST /payments', 'nope', 201, '{}')$$);
 
 --
 -- Lease mode: the claim commits an in_progress row and a token.
 --
 SELECT lease_token AS token, action
-FROM idempotency.idem_claim('acme', 'POST /charges', 'c-1', fp('c'), lease => '30 s') \gset
+FROM idempotency.idem_claim('acme', 'POST /charges', 'c-1', regress.fp('c'), lease => '30 s') \gset
 SELECT :'action' AS action, :token > 0 AS has_token;
 SELECT state, lease_held, locked_until > now() AS leased
 FROM idempotency.idem_lookup('acme', 'POST /charges', 'c-1');
 -- a duplicate gets 409 with the time left on the lease
 SELECT action, http_status, error_code, retry_after BETWEEN 1 AND 30 AS retry_after_ok
-FROM idempotency.idem_claim('acme', 'POST /charges', 'c-1', fp('c'));
+FROM idempotency.idem_claim('acme', 'POST /charges', 'c-1', regress.fp('c'));
 -- waiting briefly does not change that while the lease holder runs
 SELECT action FROM claim('acme', 'POST /charges', 'c-1', 'c', wait => '50 ms');
 -- finishing needs the token
-SELECT try($$SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-1', 201)$$);
-SELECT try($$SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-1', 201, lease_token => 12345)$$);
-SELECT try($$SELECT idempotency.idem_heartbeat('acme', 'POST /charges', 'c-1', 12345, '1 min')$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-1', 201)$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-1', 201, lease_token => 12345)$$);
+SELECT regress.try($$SELECT idempotency.idem_heartbeat('acme', 'POST /charges', 'c-1', 12345, '1 min')$$);
 SELECT idempotency.idem_heartbeat('acme', 'POST /charges', 'c-1', :token, '1 min') > now() + '50 s' AS extended;
-SELECT try(format($$SELECT idempotency.idem_heartbeat('acme', 'POST /charges', 'c-1', %s, '2 days')$$, :token));
+SELECT regress.try(format($$SELECT idempotency.idem_heartbeat('acme', 'POST /charges', 'c-1', %s, '2 days')$$, :token));
 SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-1', 201, '{"charge": "ch_1"}', lease_token => :token);
-SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /charges', 'c-1', fp('c'));
-SELECT try(format($$SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-1', 201, lease_token => %s)$$, :token));
+SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /charges', 'c-1', regress.fp('c'));
+SELECT regress.try(format($$SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-1', 201, lease_token => %s)$$, :token));
 
 -- unknown, then a late finish with the right token completes it
-SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /charges', 'c-2', fp('c'), lease => '30 s') \gset
+SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /charges', 'c-2', regress.fp('c'), lease => '30 s') \gset
 SELECT idempotency.idem_fail('acme', 'POST /charges', 'c-2', lease_token => :token);
 SELECT action, error_code FROM claim('acme', 'POST /charges', 'c-2', 'c');
 SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-2', 200, '"late"', lease_token => :token);
-SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /charges', 'c-2', fp('c'));
+SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /charges', 'c-2', regress.fp('c'));
 
 -- release with the token gives the key back
-SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /charges', 'c-3', fp('c'), lease => '30 s') \gset
-SELECT try($$SELECT idempotency.idem_release('acme', 'POST /charges', 'c-3')$$);
+SELECT lease_token AS token FROM idempotency.idem_claim('acme', 'POST /charges', 'c-3', regress.fp('c'), lease => '30 s') \gset
+SELECT regress.try($$SELECT idempotency.idem_release('acme', 'POST /charges', 'c-3')$$);
 SELECT idempotency.idem_release('acme', 'POST /charges', 'c-3', :token);
 SELECT action, has_token FROM claim('acme', 'POST /charges', 'c-3', 'c', lease => '30 s');
 -- the old token is stale now
-SELECT try(format($$SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-3', 200, lease_token => %s)$$, :token));
+SELECT regress.try(format($$SELECT idempotency.idem_finish('acme', 'POST /charges', 'c-3', 200, lease_token => %s)$$, :token));
 
 -- endpoint policy supplies ttl and lease
 INSERT INTO idempotency.endpoints (endpoint, ttl, lease) VALUES ('POST /transfers', '2 hours', '1 minute');
 SELECT action, lease_token IS NOT NULL AS leased,
        expires_at BETWEEN now() + '119 minutes' AND now() + '121 minutes' AS ttl_from_policy
-FROM idempotency.idem_claim('acme', 'POST /transfers', 't-1', fp('t'));
+FROM idempotency.idem_claim('acme', 'POST /transfers', 't-1', regress.fp('t'));
 SELECT locked_until BETWEEN now() + '50 s' AND now() + '70 s' AS lease_from_policy
 FROM idempotency.idem_lookup('acme', 'POST /transfers', 't-1');
 UPDATE idempotency.endpoints SET lease = NULL WHERE endpoint = 'POST /transfers';
 BEGIN;
-SELECT action, lease_token IS NOT NULL AS leased FROM idempotency.idem_claim('acme', 'POST /transfers', 't-2', fp('t'));
+SELECT action, lease_token IS NOT NULL AS leased FROM idempotency.idem_claim('acme', 'POST /transfers', 't-2', regress.fp('t'));
 SELECT idempotency.idem_finish('acme', 'POST /transfers', 't-2', 204);
 COMMIT;
 
 --
 -- Lifetimes.
 --
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'k', fp('x'), ttl => '8 days')$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'k', fp('x'), ttl => '-1 s')$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'k', fp('x'), ttl => '10 s', lease => '1 min')$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'k', fp('x'), lease => '0 s')$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'e', 'k', fp('x'), wait => '-1 s')$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k', regress.fp('x'), ttl => '8 days')$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k', regress.fp('x'), ttl => '-1 s')$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k', regress.fp('x'), ttl => '10 s', lease => '1 min')$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k', regress.fp('x'), lease => '0 s')$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k', regress.fp('x'), wait => '-1 s')$$);
 SET idempotency.max_ttl = '10d';
 SELECT action FROM claim('acme', 'POST /payments', 'long', 'x', ttl => '8 days', lease => '1 s');
 RESET idempotency.max_ttl;
@@ -252,24 +240,24 @@ BEGIN;
 SELECT action FROM claim('acme', 'POST /payments', 'short', 'other request');
 SELECT idempotency.idem_finish('acme', 'POST /payments', 'short', 201, '"second"');
 COMMIT;
-SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /payments', 'short', fp('other request'));
+SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /payments', 'short', regress.fp('other request'));
 SELECT count(*) AS rows_of_short FROM idempotency.keys WHERE key = 'short';
 RESET idempotency.tombstone_ttl;
 
 --
 -- Finishing what was never claimed, or someone else's key.
 --
-SELECT try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'never', 200)$$);
-SELECT try($$SELECT idempotency.idem_finish('globex', 'POST /charges', 'c-1', 200, lease_token => 1)$$);
-SELECT try($$SELECT idempotency.idem_fail('acme', 'POST /payments', 'never')$$);
-SELECT try($$SELECT idempotency.idem_release('acme', 'POST /payments', 'never')$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'never', 200)$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('globex', 'POST /charges', 'c-1', 200, lease_token => 1)$$);
+SELECT regress.try($$SELECT idempotency.idem_fail('acme', 'POST /payments', 'never')$$);
+SELECT regress.try($$SELECT idempotency.idem_release('acme', 'POST /payments', 'never')$$);
 SELECT count(*) AS other_tenant_sees FROM idempotency.idem_lookup('globex', 'POST /charges', 'c-1');
 BEGIN;
 SELECT action FROM claim('acme', 'POST /payments', 'k-7', 'a');
-SELECT try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-7', 99)$$);
-SELECT try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-7', NULL)$$);
-SELECT try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-7', 200, NULL, '[1, 2]')$$);
-SELECT try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-7', 200, lease_token => 5)$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-7', 99)$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-7', NULL)$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-7', 200, NULL, '[1, 2]')$$);
+SELECT regress.try($$SELECT idempotency.idem_finish('acme', 'POST /payments', 'k-7', 200, lease_token => 5)$$);
 SELECT idempotency.idem_release('acme', 'POST /payments', 'k-7');
 COMMIT;
 

@@ -12,15 +12,8 @@ RESET client_min_messages;
 \set VERBOSITY terse
 CREATE SCHEMA defend_test;
 SET search_path = defend_test, public;
-
-CREATE FUNCTION try(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/helpers.sql
 
 -- a completed key, a leased key in progress, an unknown key
 BEGIN;
@@ -36,19 +29,19 @@ SELECT idempotency.idem_fail('ro', 'e', 'unknown', 'unknown', 'timeout', :token2
 -- Read-only transactions: every writing call is refused with 25006, a
 -- claim that would only replay too; idem_lookup reads.
 BEGIN READ ONLY;
-SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'new', sha256('n'))$$) AS new_claim;
-SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'done', sha256('a'))$$) AS replay;
-SELECT try($$SELECT idempotency.idem_finish('ro', 'e', 'leased', 200, '{}', lease_token => $$ || :token || ')') AS finish;
-SELECT try($$SELECT idempotency.idem_finish_bytes('ro', 'e', 'leased', 200, '\x00', lease_token => $$ || :token || ')') AS finish_bytes;
-SELECT try($$SELECT idempotency.idem_finish_ref('ro', 'e', 'leased', 200, 's3://b', lease_token => $$ || :token || ')') AS finish_ref;
-SELECT try($$SELECT idempotency.idem_fail('ro', 'e', 'leased', 'failed', 'x', $$ || :token || ')') AS fail;
-SELECT try($$SELECT idempotency.idem_release('ro', 'e', 'leased', $$ || :token || ')') AS release;
-SELECT try($$SELECT idempotency.idem_heartbeat('ro', 'e', 'leased', $$ || :token || $$, interval '1 minute')$$) AS heartbeat;
-SELECT try($$SELECT idempotency.idem_resolve('ro', 'e', 'unknown', 200, '{}')$$) AS resolve;
-SELECT try($$SELECT idempotency.idem_import_keys(jsonb_agg(jsonb_set(k, '{key}', '"imported"')), 'keep')
+SELECT regress.try($$SELECT idempotency.idem_claim('ro', 'e', 'new', sha256('n'))$$) AS new_claim;
+SELECT regress.try($$SELECT idempotency.idem_claim('ro', 'e', 'done', sha256('a'))$$) AS replay;
+SELECT regress.try($$SELECT idempotency.idem_finish('ro', 'e', 'leased', 200, '{}', lease_token => $$ || :token || ')') AS finish;
+SELECT regress.try($$SELECT idempotency.idem_finish_bytes('ro', 'e', 'leased', 200, '\x00', lease_token => $$ || :token || ')') AS finish_bytes;
+SELECT regress.try($$SELECT idempotency.idem_finish_ref('ro', 'e', 'leased', 200, 's3://b', lease_token => $$ || :token || ')') AS finish_ref;
+SELECT regress.try($$SELECT idempotency.idem_fail('ro', 'e', 'leased', 'failed', 'x', $$ || :token || ')') AS fail;
+SELECT regress.try($$SELECT idempotency.idem_release('ro', 'e', 'leased', $$ || :token || ')') AS release;
+SELECT regress.try($$SELECT idempotency.idem_heartbeat('ro', 'e', 'leased', $$ || :token || $$, interval '1 minute')$$) AS heartbeat;
+SELECT regress.try($$SELECT idempotency.idem_resolve('ro', 'e', 'unknown', 200, '{}')$$) AS resolve;
+SELECT regress.try($$SELECT idempotency.idem_import_keys(jsonb_agg(jsonb_set(k, '{key}', '"imported"')), 'keep')
              FROM idempotency.idem_export_keys('ro') k WHERE k->>'key' = 'done'$$) AS import;
-SELECT try($$SELECT * FROM idempotency.idem_maintenance()$$) AS maintenance;
-SELECT try($$SELECT * FROM idempotency.idem_maintenance(preview => true)$$) AS maintenance_preview;
+SELECT regress.try($$SELECT * FROM idempotency.idem_maintenance()$$) AS maintenance;
+SELECT regress.try($$SELECT * FROM idempotency.idem_maintenance(preview => true)$$) AS maintenance_preview;
 SELECT state FROM idempotency.idem_lookup('ro', 'e', 'done');
 COMMIT;
 
@@ -62,12 +55,12 @@ ROLLBACK;
 -- default_transaction_read_only, and a transaction that turns read-only
 -- after its claim: the finish is refused, and so is its COMMIT's check
 SET default_transaction_read_only = on;
-SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'new', sha256('n'))$$) AS claim_by_default;
+SELECT regress.try($$SELECT idempotency.idem_claim('ro', 'e', 'new', sha256('n'))$$) AS claim_by_default;
 RESET default_transaction_read_only;
 BEGIN;
 SELECT action FROM idempotency.idem_claim('ro', 'e', 'turned', sha256('t'));
 SET TRANSACTION READ ONLY;
-SELECT try($$SELECT idempotency.idem_finish('ro', 'e', 'turned', 200, '{}')$$) AS finish_after_turn;
+SELECT regress.try($$SELECT idempotency.idem_finish('ro', 'e', 'turned', 200, '{}')$$) AS finish_after_turn;
 ROLLBACK;
 -- nothing was written by any of them; the leased key is untouched
 SELECT k.key, l.state, l.lease_held FROM idempotency.keys k
@@ -80,7 +73,7 @@ SELECT idempotency.idem_finish('ro', 'e', 'leased', 200, '{}', lease_token => :t
 CREATE FUNCTION not_a_resolver(a int) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
 CREATE FUNCTION a_resolver(t text, e text, k text) RETURNS jsonb LANGUAGE sql AS $$ SELECT NULL::jsonb $$;
 SET session_replication_role = replica;
-SELECT try($$INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+SELECT regress.try($$INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
              VALUES ('replica-bad', 'resolve', 'defend_test.not_a_resolver(int)')$$) AS bad_resolver;
 INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
 VALUES ('replica-good', 'resolve', 'defend_test.a_resolver(text,text,text)');
@@ -101,7 +94,7 @@ WHERE i.inhparent = 'idempotency.keys'::regclass AND c.relname ~ '^keys_p' \gset
 CREATE TABLE public.defend_loose (LIKE idempotency.keys);
 
 -- DDL the guard refuses, on the parents and on the partitions
-SELECT stmt, try(stmt) FROM (VALUES
+SELECT stmt, regress.try(stmt) FROM (VALUES
     ('ALTER TABLE idempotency.keys ADD COLUMN note text NOT NULL DEFAULT ''x'''),
     ('ALTER TABLE idempotency.keys DROP COLUMN fail_reason'),
     ('ALTER TABLE idempotency.keys ALTER COLUMN body_ref TYPE varchar(10)'),
@@ -129,7 +122,7 @@ SELECT stmt, try(stmt) FROM (VALUES
 ) v(stmt);
 
 -- what stays allowed
-SELECT stmt, try(stmt) FROM (VALUES
+SELECT stmt, regress.try(stmt) FROM (VALUES
     ('ALTER TABLE idempotency.keys_default SET (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.05)'),
     ('ALTER TABLE idempotency.keys_default RESET (fillfactor, autovacuum_vacuum_scale_factor)'),
     ('ALTER TABLE idempotency.keys ALTER COLUMN key SET STATISTICS 500'),
@@ -155,7 +148,7 @@ REINDEX TABLE CONCURRENTLY idempotency.keys_default;
 VACUUM (FULL) idempotency.keys_default;
 -- a partition named as maintenance names them may be made (pg_restore
 -- does that); the guard stood aside for maintenance's own DDL above
-SELECT try('CREATE TABLE idempotency.keys_p90000101 PARTITION OF idempotency.keys FOR VALUES FROM (''9000-01-01'') TO (''9000-01-02'')') AS maintenance_name;
+SELECT regress.try('CREATE TABLE idempotency.keys_p90000101 PARTITION OF idempotency.keys FOR VALUES FROM (''9000-01-01'') TO (''9000-01-02'')') AS maintenance_name;
 
 -- a superuser may turn the guard off for a repair by hand
 SET idempotency.ddl_guard = off;
@@ -169,13 +162,13 @@ RESET idempotency.ddl_guard;
 -- skipping a trigger
 SET idempotency.ddl_guard = off;
 ALTER TABLE idempotency.keys ADD COLUMN note text NOT NULL DEFAULT 'x';
-SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'))$$) AS new_column;
+SELECT regress.try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'))$$) AS new_column;
 ALTER TABLE idempotency.keys DROP COLUMN note;
 CREATE TRIGGER t BEFORE INSERT ON idempotency.keys FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();
-SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'), lease => '1 min')$$) AS row_trigger;
+SELECT regress.try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'), lease => '1 min')$$) AS row_trigger;
 DROP TRIGGER t ON idempotency.keys;
 ALTER TABLE idempotency.keys ENABLE ROW LEVEL SECURITY;
-SELECT try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'))$$) AS row_security;
+SELECT regress.try($$SELECT idempotency.idem_claim('ro', 'e', 'shape', sha256('s'))$$) AS row_security;
 ALTER TABLE idempotency.keys DISABLE ROW LEVEL SECURITY;
 RESET idempotency.ddl_guard;
 SELECT k.key, l.state FROM idempotency.keys k
@@ -185,11 +178,9 @@ WHERE k.key = 'shape';
 -- nobody else may
 CREATE ROLE regress_defend_admin;
 GRANT idempotency_admin TO regress_defend_admin;
-GRANT USAGE ON SCHEMA defend_test TO regress_defend_admin;
 SET ROLE regress_defend_admin;
-SELECT try('SET idempotency.ddl_guard = off') AS set_by_admin;
+SELECT regress.try('SET idempotency.ddl_guard = off') AS set_by_admin;
 RESET ROLE;
-REVOKE USAGE ON SCHEMA defend_test FROM regress_defend_admin;
 DROP ROLE regress_defend_admin;
 
 -- claims work after all of it, on the same tables

@@ -12,8 +12,10 @@ RESET client_min_messages;
 SET idempotency.diagnostics_max_mismatches = 1000;
 CREATE SCHEMA diag_test;
 SET search_path = diag_test, public;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/helpers.sql
 
-CREATE FUNCTION fp(body jsonb, path text DEFAULT '/pay') RETURNS bytea
+CREATE FUNCTION body_fp(body jsonb, path text DEFAULT '/pay') RETURNS bytea
 LANGUAGE sql AS $$ SELECT idempotency.idem_fingerprint('POST', path, body) $$;
 
 CREATE FUNCTION dg(k text, body jsonb, ep text DEFAULT 'POST /pay', path text DEFAULT '/pay')
@@ -26,7 +28,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r idempotency.claim_result;
 BEGIN
-    r := idempotency.idem_claim('t', ep, k, fp(body), digest => dg(k, body, ep));
+    r := idempotency.idem_claim('t', ep, k, body_fp(body), digest => dg(k, body, ep));
     IF r.action = 'execute' THEN
         PERFORM idempotency.idem_finish('t', ep, k, 201, '{"id": 1}');
     END IF;
@@ -38,17 +40,8 @@ CREATE FUNCTION again(k text, body jsonb, ep text DEFAULT 'POST /pay', path text
 RETURNS TABLE (action text, http_status int, mismatch jsonb)
 LANGUAGE sql AS $$
     SELECT action, http_status, mismatch
-    FROM idempotency.idem_claim('t', ep, k, fp(body, path), digest => dg(k, body, ep, path))
+    FROM idempotency.idem_claim('t', ep, k, body_fp(body, path), digest => dg(k, body, ep, path))
 $$;
-
-CREATE FUNCTION try(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
 
 CREATE FUNCTION stored(k text, ep text DEFAULT 'POST /pay') RETURNS bytea
 LANGUAGE sql AS $$
@@ -153,14 +146,14 @@ SET idempotency.diagnostics_max_bytes = 64;
 SELECT length(dg('k13', body)) <= 64 AS fits FROM big;
 SELECT first('k13', body) FROM big;
 SELECT a.* FROM big, again('k13', jsonb_set(body, '{list,3,qty}', '0')) a;
-SELECT split_part(try($$SET idempotency.diagnostics_max_bytes = 63$$), ':', 1) AS sqlstate;  -- the message differs by version
-SELECT split_part(try($$SET idempotency.diagnostics_max_bytes = 65537$$), ':', 1) AS sqlstate;  -- the message differs by version
+SELECT split_part(regress.try($$SET idempotency.diagnostics_max_bytes = 63$$), ':', 1) AS sqlstate;  -- the message differs by version
+SELECT split_part(regress.try($$SET idempotency.diagnostics_max_bytes = 65537$$), ':', 1) AS sqlstate;  -- the message differs by version
 -- a digest larger than the setting at claim time is not kept
 SET idempotency.diagnostics_max_bytes = 65536;
 CREATE TEMP TABLE bigdigest AS SELECT dg('k14', body) AS d FROM big;
 SET idempotency.diagnostics_max_bytes = 64;
 BEGIN;
-SELECT action FROM big, bigdigest, idempotency.idem_claim('t', 'POST /pay', 'k14', fp(body), digest => d);
+SELECT action FROM big, bigdigest, idempotency.idem_claim('t', 'POST /pay', 'k14', body_fp(body), digest => d);
 SELECT idempotency.idem_finish('t', 'POST /pay', 'k14', 201);
 COMMIT;
 SELECT stored('k14') IS NULL AS not_kept;
@@ -173,66 +166,66 @@ SELECT first('q1', '{"a": 1}', 'POST /quiet');
 SELECT stored('q1', 'POST /quiet') IS NULL AS none_kept;
 SELECT * FROM again('q1', '{"a": 2}', 'POST /quiet');
 -- a digest given anyway is ignored, not even checked
-SELECT action, mismatch FROM idempotency.idem_claim('t', 'POST /quiet', 'q1', fp('{"a": 3}'), digest => '\x00');
+SELECT action, mismatch FROM idempotency.idem_claim('t', 'POST /quiet', 'q1', body_fp('{"a": 3}'), digest => '\x00');
 -- turned off after a key kept its digest: not compared any more
 SELECT first('q2', '{"a": 1}', 'POST /later');
 INSERT INTO idempotency.endpoints (endpoint, diagnostics) VALUES ('POST /later', false);
 SELECT stored('q2', 'POST /later') IS NOT NULL AS kept_before;
-SELECT action, mismatch FROM idempotency.idem_claim('t', 'POST /later', 'q2', fp('{"a": 2}'),
+SELECT action, mismatch FROM idempotency.idem_claim('t', 'POST /later', 'q2', body_fp('{"a": 2}'),
                                                     digest => dg('q2', '{"a": 2}'));
 
 -- NULL digests: nothing kept, nothing compared
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'n1', fp('{"a": 1}'), digest => NULL);
+SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'n1', body_fp('{"a": 1}'), digest => NULL);
 SELECT idempotency.idem_finish('t', 'POST /pay', 'n1', 201);
 COMMIT;
 SELECT stored('n1') IS NULL AS none_kept;
 SELECT * FROM again('n1', '{"a": 2}');
-SELECT action, mismatch FROM idempotency.idem_claim('t', 'POST /pay', 'k1', fp('{"a": 2}'));
+SELECT action, mismatch FROM idempotency.idem_claim('t', 'POST /pay', 'k1', body_fp('{"a": 2}'));
 
 -- Malformed digests are refused (IK400) before anything is locked or read.
-SELECT try($$SELECT idempotency.idem_claim('t', 'POST /pay', 'm1', diag_test.fp('{}'), digest => '\x')$$);
-SELECT try($$SELECT idempotency.idem_claim('t', 'POST /pay', 'm1', diag_test.fp('{}'), digest => '\x02000000000000000000')$$);
-SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'POST /pay', 'm1', diag_test.body_fp('{}'), digest => '\x')$$);
+SELECT regress.try($$SELECT idempotency.idem_claim('t', 'POST /pay', 'm1', diag_test.body_fp('{}'), digest => '\x02000000000000000000')$$);
+SELECT regress.try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.body_fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                substring(dg('m1', '{"a": [1, 2]}') FROM 1 FOR 40)));
-SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+SELECT regress.try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.body_fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                dg('m1', '{"a": [1, 2]}') || '\x00'::bytea));
 -- longer than any digest made here (64kB)
-SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+SELECT regress.try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.body_fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                dg('m1', '{}') || decode(repeat('00', 65536), 'hex')));
 -- an entry flagged as a member of an array under an object
-SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+SELECT regress.try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.body_fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                overlay(dg('m1', '{"a": 1}') PLACING '\x0102'::bytea FROM 37 FOR 2)));
 -- member names that are not UTF-8, or hold NUL, in place of a name of the
 -- same length (the first member's name starts at byte 40): refused too,
 -- before any member is read
 SELECT n AS forged_name,
-       try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+       regress.try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.body_fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                   overlay(dg('m1', jsonb_build_object(repeat('x', length(n)), 1)) PLACING n FROM 40 FOR length(n))))
 FROM (VALUES ('\xfffe'::bytea), ('\x610062'), ('\xc3'), ('\xeda080'), ('\x5c7530303030'), ('\x5c7564383030')) AS v(n);
 -- such a digest stored with a key (written there by hand: no claim keeps
 -- one) is not compared: a reuse of the key gets its 422, mismatch NULL
 INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at, request_digest)
-VALUES ('t', 'POST /pay', 'm-forged', fp('{"a": 1}'), 'completed', now(), now() + interval '1 hour',
+VALUES ('t', 'POST /pay', 'm-forged', body_fp('{"a": 1}'), 'completed', now(), now() + interval '1 hour',
         overlay(dg('m-forged', '{"xy": 1}') PLACING '\xfffe'::bytea FROM 40 FOR 2));
 SELECT * FROM again('m-forged', '{"xy": 2}');
 DELETE FROM idempotency.keys WHERE key = 'm-forged';
 -- a digest made for another key, endpoint or tenant
-SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+SELECT regress.try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.body_fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                dg('m2', '{}')));
-SELECT try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
+SELECT regress.try(format('SELECT idempotency.idem_claim(%L, %L, %L, diag_test.body_fp(%L), digest => %L)', 't', 'POST /pay', 'm1', '{}',
                idempotency.idem_request_digest('u', 'POST /pay', 'm1', '{}')));
 SELECT count(*) AS nothing_claimed FROM idempotency.idem_lookup('t', 'POST /pay', 'm1');
 -- the digest function checks its scope as every function does
-SELECT try($$SELECT idempotency.idem_request_digest('t', 'POST /pay', 'bad key', '{}')$$);
-SELECT try($$SELECT idempotency.idem_request_digest('t', 'POST /pay', 'ok', '{}', exclude => '{nope}')$$);
+SELECT regress.try($$SELECT idempotency.idem_request_digest('t', 'POST /pay', 'bad key', '{}')$$);
+SELECT regress.try($$SELECT idempotency.idem_request_digest('t', 'POST /pay', 'ok', '{}', exclude => '{nope}')$$);
 
 -- Savepoints and exception blocks: the digest kept is the claim's that committed.
 BEGIN;
 SAVEPOINT a;
-SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 's1', fp('{"v": 1}'), digest => dg('s1', '{"v": 1}'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 's1', body_fp('{"v": 1}'), digest => dg('s1', '{"v": 1}'));
 ROLLBACK TO a;
-SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 's1', fp('{"v": 2}'), digest => dg('s1', '{"v": 2}'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 's1', body_fp('{"v": 2}'), digest => dg('s1', '{"v": 2}'));
 SAVEPOINT b;
 SELECT idempotency.idem_finish('t', 'POST /pay', 's1', 201);
 ROLLBACK TO b;
@@ -242,7 +235,7 @@ SELECT stored('s1') = dg('s1', '{"v": 2}') AS second_claims_digest;
 SELECT * FROM again('s1', '{"v": 1}');
 DO $$
 BEGIN
-    PERFORM idempotency.idem_claim('t', 'POST /pay', 's2', diag_test.fp('{"v": 1}'),
+    PERFORM idempotency.idem_claim('t', 'POST /pay', 's2', diag_test.body_fp('{"v": 1}'),
                                    digest => diag_test.dg('s2', '{"v": 1}'));
     PERFORM idempotency.idem_finish('t', 'POST /pay', 's2', 201);
     RAISE EXCEPTION 'handler failed';
@@ -254,7 +247,7 @@ SELECT first('s2', '{"v": 3}');
 SELECT * FROM again('s2', '{"v": 1}');
 
 -- Lease mode: the digest is kept by the claim's row, and compared while in progress.
-SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'l1', fp('{"v": 1}'), lease => '1 minute',
+SELECT action FROM idempotency.idem_claim('t', 'POST /pay', 'l1', body_fp('{"v": 1}'), lease => '1 minute',
                                           digest => dg('l1', '{"v": 1}'));
 SELECT stored('l1') = dg('l1', '{"v": 1}') AS kept_at_claim;
 SELECT * FROM again('l1', '{"v": 1, "w": 2}');
@@ -264,13 +257,13 @@ CREATE ROLE regress_diag_app LOGIN IN ROLE idempotency_client;
 CREATE ROLE regress_diag_ops LOGIN IN ROLE idempotency_admin;
 GRANT USAGE ON SCHEMA diag_test TO regress_diag_app, regress_diag_ops;
 SET ROLE regress_diag_app;
-SELECT try($$SELECT secret FROM idempotency.diagnostics_secret$$);
-SELECT try($$SELECT request_digest FROM idempotency.keys$$);
+SELECT regress.try($$SELECT secret FROM idempotency.diagnostics_secret$$);
+SELECT regress.try($$SELECT request_digest FROM idempotency.keys$$);
 SELECT * FROM diag_test.again('k1', '{"amount": 3000}');
 RESET ROLE;
 SET ROLE regress_diag_ops;
-SELECT try($$SELECT secret FROM idempotency.diagnostics_secret$$);
-SELECT try($$UPDATE idempotency.diagnostics_secret SET secret = sha256('x')$$);
+SELECT regress.try($$SELECT secret FROM idempotency.diagnostics_secret$$);
+SELECT regress.try($$UPDATE idempotency.diagnostics_secret SET secret = sha256('x')$$);
 -- an export leaves the digest out
 SELECT bool_or(doc ? 'request_digest') AS exported_digest, count(*) > 0 AS exported
 FROM idempotency.idem_export_keys('t') doc;

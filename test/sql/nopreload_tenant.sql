@@ -8,20 +8,8 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;
 
-CREATE SCHEMA regress_tbn;
-GRANT USAGE ON SCHEMA regress_tbn TO PUBLIC;
-CREATE FUNCTION regress_tbn.try(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    st text; msg text; res text;
-BEGIN
-    EXECUTE stmt INTO res;
-    RETURN 'ok' || coalesce(': ' || res, '');
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
-    RETURN st || ': ' || msg;
-END $$;
-GRANT EXECUTE ON FUNCTION regress_tbn.try(text) TO PUBLIC;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/helpers.sql
 
 SELECT current_user AS su \gset
 CREATE ROLE regress_tbn_acme LOGIN;
@@ -37,14 +25,14 @@ VALUES ('globex', 'POST /pay', 'g-done', sha256('g'), 'completed', now(), now(),
 \c - regress_tbn_acme
 SET idempotency.tenant = 'globex';
 SHOW idempotency.tenant;
-SELECT regress_tbn.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', sha256('g'))$$) AS claim_after_placeholder_set;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', sha256('g'))$$) AS claim_after_placeholder_set;
 SHOW idempotency.tenant;
 
 -- the same inside a transaction that is still open when the library loads
 \c - regress_tbn_acme
 BEGIN;
 SET LOCAL idempotency.tenant = 'globex';
-SELECT regress_tbn.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', sha256('g'))$$) AS claim_after_placeholder_set_local;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', sha256('g'))$$) AS claim_after_placeholder_set_local;
 COMMIT;
 SHOW idempotency.tenant;
 
@@ -52,10 +40,9 @@ SHOW idempotency.tenant;
 -- the library then refuses, so the role's value is lost too
 \c "dbname=contrib_regression user=regress_tbn_acme options='-c idempotency.tenant=globex'"
 SHOW idempotency.tenant;
-SELECT regress_tbn.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', sha256('g'))$$) AS claim_after_startup_packet;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', sha256('g'))$$) AS claim_after_startup_packet;
 SHOW idempotency.tenant;
 
 \c - :su
 DELETE FROM idempotency.keys;
-DROP SCHEMA regress_tbn CASCADE;
 DROP ROLE regress_tbn_acme;

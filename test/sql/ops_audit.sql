@@ -36,8 +36,8 @@ DROP ROLE regress_idem_auditor;
 -- the transaction that made it, under the hash of the key, by whoever
 -- changed it, who needs no privilege on the table.
 --
-CREATE FUNCTION pg_temp.au_fp(s text) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/helpers.sql
 CREATE ROLE regress_idem_audited LOGIN;
 GRANT idempotency_client TO regress_idem_audited;
 
@@ -45,33 +45,33 @@ SET idempotency.audit = on;
 SELECT coalesce(max(id), 0) AS before_id FROM idempotency.events \gset
 SET ROLE regress_idem_audited;
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-1', pg_temp.au_fp('a'));
+SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-1', regress.fp('a'));
 SELECT idempotency.idem_finish('t1', 'POST /audit', 'RAW-KEY-1', 201, '{}');
 COMMIT;
-SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-1', pg_temp.au_fp('a'));
+SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-1', regress.fp('a'));
 -- a mismatch changes nothing: no event
-SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-1', pg_temp.au_fp('b'));
+SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-1', regress.fp('b'));
 SELECT lease_token AS tok
-FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-2', pg_temp.au_fp('a'),
+FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-2', regress.fp('a'),
                             lease => interval '1 hour') \gset
 SELECT idempotency.idem_fail('t1', 'POST /audit', 'RAW-KEY-2', 'unknown', lease_token => :tok);
 SELECT lease_token AS tok
-FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-3', pg_temp.au_fp('a'),
+FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-3', regress.fp('a'),
                             lease => interval '1 hour') \gset
 SELECT idempotency.idem_release('t1', 'POST /audit', 'RAW-KEY-3', :tok);
 -- a transaction that rolls back leaves no event
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-4', pg_temp.au_fp('a'));
+SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-4', regress.fp('a'));
 ROLLBACK;
 RESET ROLE;
 SELECT idempotency.idem_resolve('t1', 'POST /audit', 'RAW-KEY-2', 200, '{}');
 SET idempotency.audit = off;
 -- off: nothing more
-SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-1', pg_temp.au_fp('a'));
+SELECT action FROM idempotency.idem_claim('t1', 'POST /audit', 'RAW-KEY-1', regress.fp('a'));
 
 SELECT e.tenant, e.endpoint, k.key AS key_of_hash, e.from_state, e.to_state,
        e.replayed, e.response_status,
-       e.fingerprint_prefix = left(encode(pg_temp.au_fp('a'), 'hex'), 8) AS fp_prefix_ok,
+       e.fingerprint_prefix = left(encode(regress.fp('a'), 'hex'), 8) AS fp_prefix_ok,
        e.elapsed_ms >= 0 AS elapsed_ok,
        CASE WHEN e.actor = session_user THEN '(session user)' ELSE e.actor END AS actor
 FROM idempotency.events e

@@ -11,21 +11,7 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;
 
-CREATE FUNCTION pg_temp.rsp_fp(s text) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
-
-CREATE FUNCTION pg_temp.rsp_try(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    st text; msg text; det text;
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
-                            det = PG_EXCEPTION_DETAIL;
-    RETURN st || ': ' || msg || coalesce(' / ' || nullif(det, ''), '');
-END $$;
+\i :abs_srcdir/include/helpers.sql
 
 -- claim and finish in one transaction; returns nothing
 CREATE FUNCTION pg_temp.rsp_store(endpoint text, key text, status int,
@@ -35,7 +21,7 @@ DECLARE
     a text;
 BEGIN
     SELECT action INTO a
-    FROM idempotency.idem_claim('t1', endpoint, key, pg_temp.rsp_fp(key));
+    FROM idempotency.idem_claim('t1', endpoint, key, regress.fp(key));
     IF a <> 'execute' THEN
         RAISE EXCEPTION 'claim of % gave %', key, a;
     END IF;
@@ -48,7 +34,7 @@ RETURNS TABLE (action text, response_status int, response_headers jsonb,
 LANGUAGE sql AS $$
     SELECT c.action, c.response_status, c.response_headers - 'Idempotency-Key',
            c.response_json, convert_from(c.response_body, 'UTF8')
-    FROM idempotency.idem_claim('t1', endpoint, key, pg_temp.rsp_fp(key)) c
+    FROM idempotency.idem_claim('t1', endpoint, key, regress.fp(key)) c
 $$;
 
 --
@@ -73,7 +59,7 @@ SELECT response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-2
 SELECT pg_temp.rsp_store('POST /r', 'h-3', 200, '{}', '{"Authorization": "x"}');
 SELECT response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-3';
 -- resolve drops them too
-SELECT action FROM idempotency.idem_claim('t1', 'POST /r', 'h-4', pg_temp.rsp_fp('h-4'),
+SELECT action FROM idempotency.idem_claim('t1', 'POST /r', 'h-4', regress.fp('h-4'),
                                           lease => interval '1 hour');
 SELECT idempotency.idem_fail('t1', 'POST /r', 'h-4', 'unknown',
        lease_token => (SELECT lease_token FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-4'));
@@ -84,14 +70,14 @@ SELECT state, response_headers FROM idempotency.keys WHERE tenant = 't1' AND key
 -- Header names are HTTP tokens: a name with spaces around it (which would
 -- not match "Set-Cookie") or any other non-token character is refused,
 -- and so is a value that is not a string or an array of strings.
-SELECT pg_temp.rsp_try(format($$SELECT pg_temp.rsp_store('POST /r', 'h-5', 200, '{}', %L)$$, h)) AS refused
+SELECT regress.try(format($$SELECT pg_temp.rsp_store('POST /r', 'h-5', 200, '{}', %L)$$, h), 'detail') AS refused
 FROM unnest(ARRAY['{"Set-Cookie ": "sid=secret"}', '{" Authorization": "Bearer x"}',
                   '{"Set-Cookie:": "x"}', '{"": "x"}', '{"X-Count": 1}', '{"X-Flag": true}',
                   '{"X-None": null}', '{"X-Obj": {"a": "b"}}', '{"Link": ["<a>", 2]}',
                   '{"Link": [["<a>"]]}']) h;
 -- A value with a line break or another control character is refused: a
 -- CR LF would split the replayed header in two.  A tab is allowed.
-SELECT pg_temp.rsp_try(format($$SELECT pg_temp.rsp_store('POST /r', 'h-5', 200, '{}', %L)$$, h)) AS refused
+SELECT regress.try(format($$SELECT pg_temp.rsp_store('POST /r', 'h-5', 200, '{}', %L)$$, h), 'detail') AS refused
 FROM unnest(ARRAY['{"Location": "/a\r\nSet-Cookie: sid=stolen"}', '{"X-A": "a\nb"}',
                   '{"X-A": "a\rb"}', '{"Link": ["<a>", "<b>\r\n"]}', '{"X-A": "\u0001"}',
                   '{"X-A": "x\u007f"}']) h;
@@ -105,50 +91,50 @@ SELECT response_headers FROM idempotency.keys WHERE tenant = 't1' AND key = 'h-6
 --
 SHOW idempotency.max_response_bytes;
 SET idempotency.max_response_bytes = 20;
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-1', 200, to_jsonb(repeat('x', 18)))$$) AS twenty_bytes;
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-2', 200, to_jsonb(repeat('x', 19)))$$) AS twenty_one_bytes;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'c-1', 200, to_jsonb(repeat('x', 18)))$$, 'detail') AS twenty_bytes;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'c-2', 200, to_jsonb(repeat('x', 19)))$$, 'detail') AS twenty_one_bytes;
 SELECT length(response_body) AS stored_length FROM idempotency.keys WHERE tenant = 't1' AND endpoint = 'POST /r' AND key = 'c-1';
 SELECT count(*) AS rows_of_refused_key FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-2';
 -- finish_bytes counts bytes
-SELECT pg_temp.rsp_try($$
-    SELECT idempotency.idem_claim('t1', 'POST /r', 'c-3', pg_temp.rsp_fp('c-3'));
-    SELECT idempotency.idem_finish_bytes('t1', 'POST /r', 'c-3', 200, decode(repeat('00', 21), 'hex'))$$)
+SELECT regress.try($$
+    SELECT idempotency.idem_claim('t1', 'POST /r', 'c-3', regress.fp('c-3'));
+    SELECT idempotency.idem_finish_bytes('t1', 'POST /r', 'c-3', 200, decode(repeat('00', 21), 'hex'))$$, 'detail')
     AS bytes_21;
-SELECT pg_temp.rsp_try($$
-    SELECT idempotency.idem_claim('t1', 'POST /r', 'c-3', pg_temp.rsp_fp('c-3'));
-    SELECT idempotency.idem_finish_bytes('t1', 'POST /r', 'c-3', 200, decode(repeat('00', 20), 'hex'))$$)
+SELECT regress.try($$
+    SELECT idempotency.idem_claim('t1', 'POST /r', 'c-3', regress.fp('c-3'));
+    SELECT idempotency.idem_finish_bytes('t1', 'POST /r', 'c-3', 200, decode(repeat('00', 20), 'hex'))$$, 'detail')
     AS bytes_20;
 -- in lease mode the claim stays in progress: a smaller body can follow
-SELECT action FROM idempotency.idem_claim('t1', 'POST /r', 'c-4', pg_temp.rsp_fp('c-4'),
+SELECT action FROM idempotency.idem_claim('t1', 'POST /r', 'c-4', regress.fp('c-4'),
                                           lease => interval '1 hour');
 SELECT lease_token AS c4_token FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-4' \gset
-SELECT pg_temp.rsp_try(format($$SELECT idempotency.idem_finish('t1', 'POST /r', 'c-4', 200, to_jsonb(repeat('x', 30)), lease_token => %s)$$, :c4_token)) AS too_large;
+SELECT regress.try(format($$SELECT idempotency.idem_finish('t1', 'POST /r', 'c-4', 200, to_jsonb(repeat('x', 30)), lease_token => %s)$$, :c4_token), 'detail') AS too_large;
 SELECT state FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-4';
 SELECT idempotency.idem_finish('t1', 'POST /r', 'c-4', 200, '"small"', lease_token => :c4_token);
 SELECT state, convert_from(response_body, 'UTF8') AS body FROM idempotency.keys WHERE tenant = 't1' AND key = 'c-4';
 -- no body: nothing to cap
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-5', 204, NULL)$$) AS no_body;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'c-5', 204, NULL)$$, 'detail') AS no_body;
 -- headers count too (their JSON text): 12 bytes of body and 10 of headers
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-11', 200, to_jsonb(repeat('x', 10)), '{"A": "b"}')$$) AS body_and_headers;
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-12', 200, '1', '{"A": "b"}')$$) AS small_enough;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'c-11', 200, to_jsonb(repeat('x', 10)), '{"A": "b"}')$$, 'detail') AS body_and_headers;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'c-12', 200, '1', '{"A": "b"}')$$, 'detail') AS small_enough;
 -- also without a body, or with a reference to one
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-13', 204, NULL, jsonb_build_object('X-Long', repeat('y', 20)))$$) AS headers_only;
-SELECT pg_temp.rsp_try($$
-    SELECT idempotency.idem_claim('t1', 'POST /r', 'c-14', pg_temp.rsp_fp('c-14'));
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'c-13', 204, NULL, jsonb_build_object('X-Long', repeat('y', 20)))$$, 'detail') AS headers_only;
+SELECT regress.try($$
+    SELECT idempotency.idem_claim('t1', 'POST /r', 'c-14', regress.fp('c-14'));
     SELECT idempotency.idem_finish_ref('t1', 'POST /r', 'c-14', 200, 's3://bucket/c-14',
-                                       jsonb_build_object('X-Long', repeat('y', 20)))$$) AS ref_with_headers;
+                                       jsonb_build_object('X-Long', repeat('y', 20)))$$, 'detail') AS ref_with_headers;
 RESET idempotency.max_response_bytes;
 -- an endpoint's own limit applies whatever the setting, smaller or larger
 INSERT INTO idempotency.endpoints (endpoint, max_response_bytes) VALUES
     ('POST /small', 10), ('POST /large', 1000000);
 SET idempotency.max_response_bytes = 20;
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /small', 'c-6', 200, to_jsonb(repeat('x', 9)))$$) AS small_11_bytes;
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /small', 'c-7', 200, to_jsonb(repeat('x', 8)))$$) AS small_10_bytes;
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /large', 'c-8', 200, to_jsonb(repeat('x', 5000)))$$) AS large_5002_bytes;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /small', 'c-6', 200, to_jsonb(repeat('x', 9)))$$, 'detail') AS small_11_bytes;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /small', 'c-7', 200, to_jsonb(repeat('x', 8)))$$, 'detail') AS small_10_bytes;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /large', 'c-8', 200, to_jsonb(repeat('x', 5000)))$$, 'detail') AS large_5002_bytes;
 RESET idempotency.max_response_bytes;
 -- the default cap, 256kB
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-9', 200, to_jsonb(repeat('x', 262142)))$$) AS exactly_256kB;
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'c-10', 200, to_jsonb(repeat('x', 262143)))$$) AS one_byte_more;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'c-9', 200, to_jsonb(repeat('x', 262142)))$$, 'detail') AS exactly_256kB;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'c-10', 200, to_jsonb(repeat('x', 262143)))$$, 'detail') AS one_byte_more;
 
 --
 -- store_response = false: status and headers only, and the replay says so.
@@ -160,7 +146,7 @@ SELECT state, response_status, response_headers, body_kind, response_body, body_
 FROM idempotency.keys WHERE tenant = 't1' AND key = 'o-1';
 SELECT * FROM pg_temp.rsp_replay('POST /tokens', 'o-1');
 -- not even the cap applies: nothing is kept
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /tokens', 'o-2', 200, to_jsonb(repeat('x', 300000)))$$) AS large_omitted;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /tokens', 'o-2', 200, to_jsonb(repeat('x', 300000)))$$, 'detail') AS large_omitted;
 -- a response without a body is just that
 SELECT pg_temp.rsp_store('POST /tokens', 'o-3', 204, NULL);
 SELECT body_kind FROM idempotency.keys WHERE tenant = 't1' AND key = 'o-3';
@@ -174,7 +160,7 @@ SELECT pg_temp.rsp_store('POST /r', 'e-0', 200, '{"card": "plain-before-key"}');
 SET idempotency.encryption_key = 'first key';
 SELECT pg_temp.rsp_store('POST /r', 'e-1', 200, '{"card": "4111-secret"}', '{"Content-Type": "application/json"}');
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t1', 'POST /r', 'e-2', pg_temp.rsp_fp('e-2'));
+SELECT action FROM idempotency.idem_claim('t1', 'POST /r', 'e-2', regress.fp('e-2'));
 SELECT idempotency.idem_finish_bytes('t1', 'POST /r', 'e-2', 200, '\xdeadbeef00ff');
 COMMIT;
 SELECT k.key, k.body_kind, k.body_encrypted,
@@ -187,23 +173,23 @@ JOIN (VALUES ('e-0', convert_to('{"card": "plain-before-key"}', 'UTF8')),
 ORDER BY k.key;
 -- decrypted on replay, byte for byte
 SELECT * FROM pg_temp.rsp_replay('POST /r', 'e-1');
-SELECT response_body FROM idempotency.idem_claim('t1', 'POST /r', 'e-2', pg_temp.rsp_fp('e-2'));
+SELECT response_body FROM idempotency.idem_claim('t1', 'POST /r', 'e-2', regress.fp('e-2'));
 -- rows stored before the key stay readable
 SELECT * FROM pg_temp.rsp_replay('POST /r', 'e-0');
 -- a wrong key, or none, is a clear error and never garbage
 SET idempotency.encryption_key = 'second key';
-SELECT pg_temp.rsp_try($$SELECT * FROM pg_temp.rsp_replay('POST /r', 'e-1')$$) AS wrong_key;
+SELECT regress.try($$SELECT * FROM pg_temp.rsp_replay('POST /r', 'e-1')$$, 'detail') AS wrong_key;
 RESET idempotency.encryption_key;
-SELECT pg_temp.rsp_try($$SELECT * FROM pg_temp.rsp_replay('POST /r', 'e-1')$$) AS no_key;
+SELECT regress.try($$SELECT * FROM pg_temp.rsp_replay('POST /r', 'e-1')$$, 'detail') AS no_key;
 SELECT * FROM pg_temp.rsp_replay('POST /r', 'e-0');
 -- the right key again
 SET idempotency.encryption_key = 'first key';
 SELECT action, response_json FROM pg_temp.rsp_replay('POST /r', 'e-1');
 -- the cap applies to the body before encryption
 SET idempotency.max_response_bytes = 20;
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'e-3', 200, to_jsonb(repeat('x', 18)))$$) AS twenty_bytes_encrypted;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'e-3', 200, to_jsonb(repeat('x', 18)))$$, 'detail') AS twenty_bytes_encrypted;
 SELECT body_encrypted, length(response_body) > 20 AS stored_longer FROM idempotency.keys WHERE tenant = 't1' AND key = 'e-3';
-SELECT pg_temp.rsp_try($$SELECT pg_temp.rsp_store('POST /r', 'e-4', 200, to_jsonb(repeat('x', 19)))$$) AS twenty_one_bytes_encrypted;
+SELECT regress.try($$SELECT pg_temp.rsp_store('POST /r', 'e-4', 200, to_jsonb(repeat('x', 19)))$$, 'detail') AS twenty_one_bytes_encrypted;
 RESET idempotency.max_response_bytes;
 RESET idempotency.encryption_key;
 
@@ -211,9 +197,9 @@ RESET idempotency.encryption_key;
 CREATE ROLE regress_idem_rsp_user;
 SET ROLE regress_idem_rsp_user;
 -- (the SQLSTATE only: the message differs between server versions)
-SELECT left(pg_temp.rsp_try($$SHOW idempotency.encryption_key$$), 5) AS show_key;
+SELECT left(regress.try($$SHOW idempotency.encryption_key$$, 'detail'), 5) AS show_key;
 SELECT count(*) AS listed FROM pg_settings WHERE name = 'idempotency.encryption_key';
-SELECT pg_temp.rsp_try($$SET idempotency.encryption_key = 'x'$$) AS set_key;
+SELECT regress.try($$SET idempotency.encryption_key = 'x'$$, 'detail') AS set_key;
 RESET ROLE;
 DROP ROLE regress_idem_rsp_user;
 
@@ -339,7 +325,7 @@ FROM rsp_raw r, pg_temp.rsp_same('j-' || r.i, r.t) s ORDER BY r.i;
 -- text jsonb_in refuses still raises its error
 UPDATE idempotency.keys SET response_body = convert_to('{"a": 1,}', 'UTF8')
 WHERE tenant = 't1' AND endpoint = 'POST /j' AND key = 'j-1';
-SELECT pg_temp.rsp_try($$SELECT * FROM pg_temp.rsp_replay('POST /j', 'j-1')$$) AS invalid_body;
+SELECT regress.try($$SELECT * FROM pg_temp.rsp_replay('POST /j', 'j-1')$$, 'detail') AS invalid_body;
 
 DELETE FROM idempotency.keys WHERE tenant = 't1' AND endpoint IN ('POST /r', 'POST /small', 'POST /large', 'POST /tokens', 'POST /j');
 DELETE FROM idempotency.endpoints WHERE endpoint IN ('POST /small', 'POST /large', 'POST /tokens');

@@ -7,43 +7,43 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;
 
-CREATE FUNCTION pg_temp.st_fp(s text) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/helpers.sql
 
 SELECT idempotency.idem_stats_reset() <= now() + interval '1 minute' AS reset;
 
 -- execute and finish in one transaction
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k1', pg_temp.st_fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k1', regress.fp('a'));
 SELECT idempotency.idem_finish('t', 'POST /stats', 'k1', 201, '{}');
 COMMIT;
 -- replay, mismatch
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k1', pg_temp.st_fp('a'));
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k1', pg_temp.st_fp('b'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k1', regress.fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k1', regress.fp('b'));
 -- lease: execute, in progress, fail, pending, resolve
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k2', pg_temp.st_fp('a'),
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k2', regress.fp('a'),
                                           lease => interval '1 hour');
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k2', pg_temp.st_fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k2', regress.fp('a'));
 SELECT idempotency.idem_fail('t', 'POST /stats', 'k2', 'unknown',
        lease_token => (SELECT lease_token FROM idempotency.keys WHERE key = 'k2'));
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k2', pg_temp.st_fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k2', regress.fp('a'));
 SELECT idempotency.idem_resolve('t', 'POST /stats', 'k2', 200, '{}');
 -- lease: execute, release
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k3', pg_temp.st_fp('a'),
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k3', regress.fp('a'),
                                           lease => interval '1 hour');
 SELECT idempotency.idem_release('t', 'POST /stats', 'k3',
        (SELECT lease_token FROM idempotency.keys WHERE key = 'k3'));
 -- an invalid key is counted as such, not as a claim
 \set VERBOSITY terse
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'bad key', pg_temp.st_fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'bad key', regress.fp('a'));
 \set VERBOSITY default
 -- a claim whose transaction rolls back was still made
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k4', pg_temp.st_fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats', 'k4', regress.fp('a'));
 ROLLBACK;
 -- another endpoint
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'POST /stats-b', 'k1', pg_temp.st_fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /stats-b', 'k1', regress.fp('a'));
 SELECT idempotency.idem_release('t', 'POST /stats-b', 'k1');
 COMMIT;
 

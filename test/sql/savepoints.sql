@@ -14,18 +14,8 @@ CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 -- the helpers live in a schema of their own, dropped at the end
 CREATE SCHEMA savepoints_test;
 SET search_path = savepoints_test, public;
-
-CREATE FUNCTION fp(s text) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
-
-CREATE FUNCTION try(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/helpers.sql
 
 -- the key's state as idem_lookup shows it (an unfinished atomic claim of
 -- this transaction shows as in_progress), or 'none'
@@ -64,7 +54,7 @@ CREATE TABLE biz (key text NOT NULL);
 -- duplicate waiting in another session.)
 --
 BEGIN ISOLATION LEVEL READ COMMITTED;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'rc1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'rc1', regress.fp('x'));
 INSERT INTO biz VALUES ('rc1');
 SAVEPOINT s;
 SELECT idempotency.idem_finish('sp', 'e', 'rc1', 201, '{}');
@@ -75,30 +65,30 @@ COMMIT;
 -- nothing committed: the key executes once more
 SELECT count(*) AS biz_rows FROM biz;
 BEGIN;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'rc1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'rc1', regress.fp('x'));
 ROLLBACK;
 
 -- finished again after the rollback: COMMIT succeeds, retries replay
 BEGIN ISOLATION LEVEL REPEATABLE READ;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'a2', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a2', regress.fp('x'));
 INSERT INTO biz VALUES ('a2');
 SAVEPOINT s;
 SELECT idempotency.idem_finish('sp', 'e', 'a2', 201, '{"try": 1}');
 ROLLBACK TO s;
 SELECT idempotency.idem_finish('sp', 'e', 'a2', 201, '{"try": 2}');
 COMMIT;
-SELECT action, response_json FROM idempotency.idem_claim('sp', 'e', 'a2', fp('x'));
+SELECT action, response_json FROM idempotency.idem_claim('sp', 'e', 'a2', regress.fp('x'));
 
 -- the same with idem_fail and idem_release, at each isolation level
 BEGIN ISOLATION LEVEL READ COMMITTED;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'a3', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a3', regress.fp('x'));
 SAVEPOINT s;
 SELECT idempotency.idem_fail('sp', 'e', 'a3', 'failed', 'card declined');
 ROLLBACK TO s;
 SELECT state('a3') AS after_rollback_to;
 COMMIT;
 BEGIN ISOLATION LEVEL SERIALIZABLE;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'a4', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a4', regress.fp('x'));
 INSERT INTO biz VALUES ('a4');
 SAVEPOINT s;
 SELECT idempotency.idem_release('sp', 'e', 'a4');
@@ -112,7 +102,7 @@ SELECT state('a3') AS a3, state('a4') AS a4,
 -- stays until COMMIT: ROLLBACK TO starts the savepoint anew, and the release
 -- runs in it)
 BEGIN ISOLATION LEVEL REPEATABLE READ;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'a5', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a5', regress.fp('x'));
 SAVEPOINT s;
 SELECT idempotency.idem_release('sp', 'e', 'a5');
 ROLLBACK TO s;
@@ -125,7 +115,7 @@ SELECT state('a5') AS a5;
 -- PL/pgSQL EXCEPTION blocks: finish, fail and release undone by the block.
 --
 BEGIN;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'x1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'x1', regress.fp('x'));
 INSERT INTO biz VALUES ('x1');
 SELECT undone($$SELECT idempotency.idem_finish('sp', 'e', 'x1', 201, '{}')$$);
 SELECT state('x1') AS after_finish_undone;
@@ -137,7 +127,7 @@ COMMIT;
 SELECT state('x1') AS x1, count(*) FILTER (WHERE key = 'x1') AS biz_rows FROM biz;
 -- a block that does not fail keeps the finish
 BEGIN;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'x2', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'x2', regress.fp('x'));
 DO $$ BEGIN
     PERFORM idempotency.idem_finish('sp', 'e', 'x2', 201, '{}');
 EXCEPTION WHEN OTHERS THEN
@@ -151,14 +141,14 @@ SELECT state('x2') AS x2;
 --
 BEGIN;
 SAVEPOINT s;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'c1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'c1', regress.fp('x'));
 SELECT scope_locks() AS locks_in_savepoint;
 ROLLBACK TO s;
 SELECT state('c1') AS c1, scope_locks() AS locks_after;
-SELECT undone($$SELECT idempotency.idem_claim('sp', 'e', 'c2', fp('x'))$$);
+SELECT undone($$SELECT idempotency.idem_claim('sp', 'e', 'c2', regress.fp('x'))$$);
 SELECT state('c2') AS c2, scope_locks() AS locks_after_block;
 -- and the same key can be claimed again in the transaction
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'c1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'c1', regress.fp('x'));
 SELECT idempotency.idem_finish('sp', 'e', 'c1', 200);
 COMMIT;
 SELECT state('c1') AS c1;
@@ -168,7 +158,7 @@ SELECT state('c1') AS c1;
 -- an outer one is undone by rolling the outer one back.
 --
 BEGIN;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'n1', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n1', regress.fp('x'));
 SAVEPOINT a;
 SAVEPOINT b;
 SELECT idempotency.idem_finish('sp', 'e', 'n1', 201);
@@ -181,7 +171,7 @@ COMMIT;
 -- a claim and its finish in savepoints that are both released commit
 BEGIN;
 SAVEPOINT a;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'n2', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n2', regress.fp('x'));
 SAVEPOINT b;
 SELECT idempotency.idem_finish('sp', 'e', 'n2', 201);
 RELEASE SAVEPOINT b;
@@ -190,7 +180,7 @@ COMMIT;
 -- a claim released into its parent is still pending there
 BEGIN;
 SAVEPOINT a;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'n3', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n3', regress.fp('x'));
 RELEASE SAVEPOINT a;
 SELECT state('n3') AS n3_pending, scope_locks();
 COMMIT;
@@ -198,10 +188,10 @@ SELECT state('n1') AS n1, state('n2') AS n2, state('n3') AS n3;
 -- released and claimed again in a savepoint that is kept, then the new
 -- claim's finish rolled back
 BEGIN;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'n4', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n4', regress.fp('x'));
 SAVEPOINT s;
 SELECT idempotency.idem_release('sp', 'e', 'n4');
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'n4', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n4', regress.fp('x'));
 RELEASE SAVEPOINT s;
 SAVEPOINT s2;
 SELECT idempotency.idem_finish('sp', 'e', 'n4', 201);
@@ -211,13 +201,13 @@ SELECT state('n4') AS n4;
 COMMIT;
 -- released and claimed again in a savepoint that rolls back
 BEGIN;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'n5', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n5', regress.fp('x'));
 SAVEPOINT s;
 SELECT idempotency.idem_release('sp', 'e', 'n5');
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'n5', fp('y'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'n5', regress.fp('y'));
 ROLLBACK TO s;
 -- the first claim is pending again (fingerprint of 'x'), the second gone
-SELECT state, fingerprint = fp('x') AS first_claim FROM idempotency.idem_lookup('sp', 'e', 'n5');
+SELECT state, fingerprint = regress.fp('x') AS first_claim FROM idempotency.idem_lookup('sp', 'e', 'n5');
 SELECT idempotency.idem_finish('sp', 'e', 'n5', 201);
 COMMIT;
 SELECT state('n5') AS n5;
@@ -229,7 +219,7 @@ SELECT state('n5') AS n5;
 CREATE TABLE tokens (key text PRIMARY KEY, token bigint);
 INSERT INTO tokens SELECT k, c.lease_token
 FROM unnest(ARRAY['l1', 'l2']) k,
-     LATERAL idempotency.idem_claim('sp', 'e', k, fp('x'), lease => '1 min') c;
+     LATERAL idempotency.idem_claim('sp', 'e', k, regress.fp('x'), lease => '1 min') c;
 CREATE FUNCTION tok(k text) RETURNS bigint
 LANGUAGE sql AS $$ SELECT token FROM tokens WHERE key = k $$;
 CREATE FUNCTION lease_row(k text) RETURNS text
@@ -262,7 +252,7 @@ SELECT lease_row('l1') AS l1;
 -- a lease claim in a rolled-back savepoint leaves no row and no lock
 BEGIN;
 SAVEPOINT s;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'l3', fp('x'), lease => '1 min');
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'l3', regress.fp('x'), lease => '1 min');
 ROLLBACK TO s;
 SELECT state('l3') AS l3, scope_locks();
 COMMIT;
@@ -288,24 +278,24 @@ SHOW idempotency.max_claims_per_transaction;
 SET idempotency.max_claims_per_transaction = 3;
 BEGIN;
 SELECT count(*) AS claimed FROM generate_series(1, 3) i,
-    LATERAL idempotency.idem_claim('sp', 'e', 'm' || i, fp('x')) c;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'm4', fp('x'));
+    LATERAL idempotency.idem_claim('sp', 'e', 'm' || i, regress.fp('x')) c;
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm4', regress.fp('x'));
 ROLLBACK;
 BEGIN;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'm1', fp('x'));
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'm2', fp('x'), lease => '1 min');
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm1', regress.fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm2', regress.fp('x'), lease => '1 min');
 -- a release gives its lock back at once, and so does a rolled-back savepoint
 SELECT idempotency.idem_release('sp', 'e', 'm1');
 SAVEPOINT s;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'm3', fp('x'));
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'm4', fp('x'));
-SELECT try($$SELECT idempotency.idem_claim('sp', 'e', 'm5', fp('x'))$$);
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm3', regress.fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm4', regress.fp('x'));
+SELECT regress.try($$SELECT idempotency.idem_claim('sp', 'e', 'm5', regress.fp('x'))$$);
 ROLLBACK TO s;
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'm5', fp('x'));
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'm6', fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm5', regress.fp('x'));
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'm6', regress.fp('x'));
 -- replays hold no lock: they are never refused
-SELECT action FROM idempotency.idem_claim('sp', 'e', 'a2', fp('x'));
-SELECT try($$SELECT idempotency.idem_claim('sp', 'e', 'm7', fp('x'))$$);
+SELECT action FROM idempotency.idem_claim('sp', 'e', 'a2', regress.fp('x'));
+SELECT regress.try($$SELECT idempotency.idem_claim('sp', 'e', 'm7', regress.fp('x'))$$);
 ROLLBACK;
 RESET idempotency.max_claims_per_transaction;
 -- only superusers may raise it
@@ -377,7 +367,7 @@ BEGIN
         key := 'r' || floor(random() * 5);
         SELECT m.st INTO cur FROM model m WHERE m.k = key;
         IF op = 0 THEN
-            act := (idempotency.idem_claim('sp', 'e', key, fp('x'))).action;
+            act := (idempotency.idem_claim('sp', 'e', key, regress.fp('x'))).action;
             want := CASE coalesce(cur, 'none') WHEN 'none' THEN 'execute'
                     WHEN 'in_progress' THEN 'in_progress'
                     WHEN 'completed' THEN 'replay' ELSE 'pending' END;

@@ -10,30 +10,12 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;
 
--- helpers every role of the test may call
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/helpers.sql
+
+-- what the test keeps, in a schema of its own
 CREATE SCHEMA regress_tb;
 GRANT USAGE ON SCHEMA regress_tb TO PUBLIC;
-CREATE FUNCTION regress_tb.fp(s text) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
--- run a statement; show "ok" and its first column, or the whole error
-CREATE FUNCTION regress_tb.try(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    st text; msg text; det text; hnt text; res text;
-BEGIN
-    IF stmt ~* '^\s*select' THEN
-        EXECUTE stmt INTO res;
-    ELSE
-        EXECUTE stmt;
-    END IF;
-    RETURN 'ok' || coalesce(': ' || res, '');
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
-                            det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
-    RETURN st || ': ' || msg || coalesce(' / ' || nullif(det, ''), '')
-           || coalesce(' / ' || nullif(hnt, ''), '');
-END $$;
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA regress_tb TO PUBLIC;
 
 SELECT current_user AS su \gset
 CREATE ROLE regress_tb_acme LOGIN;
@@ -56,25 +38,25 @@ ALTER ROLE regress_tb_acme_ops SET idempotency.tenant = 'acme';
 -- function binds the session that makes it
 CREATE FUNCTION regress_tb.as_globex() RETURNS text LANGUAGE sql SECURITY DEFINER
 SET idempotency.tenant = 'globex'
-AS $$ SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g')) $$;
+AS $$ SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g')) $$;
 SHOW idempotency.tenant;
 
 -- globex, bound to itself, keeps one key of each kind
 \c - regress_tb_globex
 SHOW idempotency.tenant;
 BEGIN;
-SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g'));
+SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g'));
 SELECT idempotency.idem_finish('globex', 'POST /pay', 'g-done', 201, '{"card": "globex secret"}');
 COMMIT;
 SELECT lease_token AS g_token
-FROM idempotency.idem_claim('globex', 'POST /pay', 'g-leased', regress_tb.fp('g'),
+FROM idempotency.idem_claim('globex', 'POST /pay', 'g-leased', regress.fp('g'),
                             lease => interval '1 hour') \gset
 SELECT lease_token AS g_token2
-FROM idempotency.idem_claim('globex', 'POST /pay', 'g-failed', regress_tb.fp('g'),
+FROM idempotency.idem_claim('globex', 'POST /pay', 'g-failed', regress.fp('g'),
                             lease => interval '1 hour') \gset
 SELECT idempotency.idem_fail('globex', 'POST /pay', 'g-failed', 'failed', lease_token => :g_token2);
 -- globex itself may not act for acme either
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('acme', 'POST /pay', 'a-1', regress_tb.fp('a'))$$);
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('acme', 'POST /pay', 'a-1', regress.fp('a'))$$, 'verbose');
 
 -- what globex keeps, as the superuser sees it
 \c - :su
@@ -86,68 +68,68 @@ SHOW idempotency.tenant;
 SELECT current_setting('idempotency.tenant') AS bound_to;
 -- its own tenant works
 BEGIN;
-SELECT action FROM idempotency.idem_claim('acme', 'POST /pay', 'a-1', regress_tb.fp('a'));
+SELECT action FROM idempotency.idem_claim('acme', 'POST /pay', 'a-1', regress.fp('a'));
 SELECT idempotency.idem_finish('acme', 'POST /pay', 'a-1', 201, '{"acme": true}');
 COMMIT;
-SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /pay', 'a-1', regress_tb.fp('a'));
+SELECT action, response_json FROM idempotency.idem_claim('acme', 'POST /pay', 'a-1', regress.fp('a'));
 
 -- 1. direct calls naming globex: refused before anything is looked at, so
 -- that an existing key answers exactly like a missing one
-SELECT regress_tb.try($$SELECT action || ' ' || coalesce(convert_from(response_body, 'UTF8'), '') FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g'))$$) AS claim_replay;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('other'))$$) AS claim_mismatch;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-failed', regress_tb.fp('g'))$$) AS claim_pending;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-new', regress_tb.fp('g'))$$) AS claim_new;
-SELECT regress_tb.try($$SELECT idempotency.idem_finish('globex', 'POST /pay', 'g-leased', 200, '{}', lease_token => 1)$$) AS finish_leased;
-SELECT regress_tb.try($$SELECT idempotency.idem_finish('globex', 'POST /pay', 'g-done', 200, '{}')$$) AS finish_done;
-SELECT regress_tb.try($$SELECT idempotency.idem_finish_bytes('globex', 'POST /pay', 'g-leased', 200, '\x00', lease_token => 1)$$) AS finish_bytes;
-SELECT regress_tb.try($$SELECT idempotency.idem_finish_ref('globex', 'POST /pay', 'g-leased', 200, 's3://x', lease_token => 1)$$) AS finish_ref;
-SELECT regress_tb.try($$SELECT idempotency.idem_fail('globex', 'POST /pay', 'g-leased', 'failed', lease_token => 1)$$) AS fail;
-SELECT regress_tb.try($$SELECT idempotency.idem_release('globex', 'POST /pay', 'g-leased', 1)$$) AS release;
-SELECT regress_tb.try($$SELECT idempotency.idem_heartbeat('globex', 'POST /pay', 'g-leased', 1, interval '1 hour')$$) AS heartbeat;
+SELECT regress.try($$SELECT action || ' ' || coalesce(convert_from(response_body, 'UTF8'), '') FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g'))$$, 'verbose') AS claim_replay;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('other'))$$, 'verbose') AS claim_mismatch;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-failed', regress.fp('g'))$$, 'verbose') AS claim_pending;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-new', regress.fp('g'))$$, 'verbose') AS claim_new;
+SELECT regress.try($$SELECT idempotency.idem_finish('globex', 'POST /pay', 'g-leased', 200, '{}', lease_token => 1)$$, 'verbose') AS finish_leased;
+SELECT regress.try($$SELECT idempotency.idem_finish('globex', 'POST /pay', 'g-done', 200, '{}')$$, 'verbose') AS finish_done;
+SELECT regress.try($$SELECT idempotency.idem_finish_bytes('globex', 'POST /pay', 'g-leased', 200, '\x00', lease_token => 1)$$, 'verbose') AS finish_bytes;
+SELECT regress.try($$SELECT idempotency.idem_finish_ref('globex', 'POST /pay', 'g-leased', 200, 's3://x', lease_token => 1)$$, 'verbose') AS finish_ref;
+SELECT regress.try($$SELECT idempotency.idem_fail('globex', 'POST /pay', 'g-leased', 'failed', lease_token => 1)$$, 'verbose') AS fail;
+SELECT regress.try($$SELECT idempotency.idem_release('globex', 'POST /pay', 'g-leased', 1)$$, 'verbose') AS release;
+SELECT regress.try($$SELECT idempotency.idem_heartbeat('globex', 'POST /pay', 'g-leased', 1, interval '1 hour')$$, 'verbose') AS heartbeat;
 -- the same answers for a key globex never had
-SELECT regress_tb.try($$SELECT idempotency.idem_finish('globex', 'POST /pay', 'g-leased', 200, '{}', lease_token => 1)$$)
-     = regress_tb.try($$SELECT idempotency.idem_finish('globex', 'POST /pay', 'never', 200, '{}', lease_token => 1)$$)
+SELECT regress.try($$SELECT idempotency.idem_finish('globex', 'POST /pay', 'g-leased', 200, '{}', lease_token => 1)$$, 'verbose')
+     = regress.try($$SELECT idempotency.idem_finish('globex', 'POST /pay', 'never', 200, '{}', lease_token => 1)$$, 'verbose')
        AS leased_same_as_missing;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('other'))$$)
-     = regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'never', regress_tb.fp('other'))$$)
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('other'))$$, 'verbose')
+     = regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'never', regress.fp('other'))$$, 'verbose')
        AS done_same_as_missing;
 -- tenants are compared byte for byte
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('ACME', 'POST /pay', 'a-1', regress_tb.fp('a'))$$) AS upper_case;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('acme ', 'POST /pay', 'a-1', regress_tb.fp('a'))$$) AS trailing_space;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('ACME', 'POST /pay', 'a-1', regress.fp('a'))$$, 'verbose') AS upper_case;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('acme ', 'POST /pay', 'a-1', regress.fp('a'))$$, 'verbose') AS trailing_space;
 -- a malformed key or tenant is still IK400, checked first
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'bad key', regress_tb.fp('g'))$$) AS bad_key;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('', 'POST /pay', 'a-1', regress_tb.fp('g'))$$) AS empty_tenant;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'bad key', regress.fp('g'))$$, 'verbose') AS bad_key;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('', 'POST /pay', 'a-1', regress.fp('g'))$$, 'verbose') AS empty_tenant;
 
 -- 2. changing the setting: SET, SET LOCAL, RESET, RESET ALL, set_config
-SELECT regress_tb.try($$SET idempotency.tenant = 'globex'$$) AS set;
-SELECT regress_tb.try($$SET LOCAL idempotency.tenant = 'globex'$$) AS set_local;
-SELECT regress_tb.try($$SET idempotency.tenant = ''$$) AS set_empty;
-SELECT regress_tb.try($$RESET idempotency.tenant$$) AS reset;
-SELECT regress_tb.try($$SET idempotency.tenant TO DEFAULT$$) AS set_default;
+SELECT regress.try($$SET idempotency.tenant = 'globex'$$, 'verbose') AS set;
+SELECT regress.try($$SET LOCAL idempotency.tenant = 'globex'$$, 'verbose') AS set_local;
+SELECT regress.try($$SET idempotency.tenant = ''$$, 'verbose') AS set_empty;
+SELECT regress.try($$RESET idempotency.tenant$$, 'verbose') AS reset;
+SELECT regress.try($$SET idempotency.tenant TO DEFAULT$$, 'verbose') AS set_default;
 RESET ALL;
 DISCARD ALL;
-SELECT regress_tb.try($$SELECT set_config('idempotency.tenant', 'globex', false)$$) AS set_config;
-SELECT regress_tb.try($$SELECT set_config('idempotency.tenant', 'globex', true)$$) AS set_config_local;
+SELECT regress.try($$SELECT set_config('idempotency.tenant', 'globex', false)$$, 'verbose') AS set_config;
+SELECT regress.try($$SELECT set_config('idempotency.tenant', 'globex', true)$$, 'verbose') AS set_config_local;
 SHOW idempotency.tenant;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g'))$$) AS after_settings;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g'))$$, 'verbose') AS after_settings;
 
 -- 3. transactions and savepoints
 BEGIN;
 SAVEPOINT s1;
-SELECT regress_tb.try($$SET LOCAL idempotency.tenant = 'globex'$$) AS set_local_in_savepoint;
+SELECT regress.try($$SET LOCAL idempotency.tenant = 'globex'$$, 'verbose') AS set_local_in_savepoint;
 ROLLBACK TO SAVEPOINT s1;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g'))$$) AS after_savepoint;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g'))$$, 'verbose') AS after_savepoint;
 ROLLBACK;
 
 -- 4. SET ROLE to a role bound to nothing, and to the client role itself:
 -- the binding is the session's, made at login from the login role
 SET ROLE regress_tb_unbound;
 SHOW idempotency.tenant;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g'))$$) AS after_set_role;
-SELECT regress_tb.try($$SET idempotency.tenant = 'globex'$$) AS set_after_set_role;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g'))$$, 'verbose') AS after_set_role;
+SELECT regress.try($$SET idempotency.tenant = 'globex'$$, 'verbose') AS set_after_set_role;
 RESET ROLE;
 SET ROLE idempotency_client;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g'))$$) AS as_client_role;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g'))$$, 'verbose') AS as_client_role;
 RESET ROLE;
 
 -- 5. PL/pgSQL: a DO block, a function with its own SET clause, ALTER ROLE
@@ -158,36 +140,36 @@ BEGIN
     EXCEPTION WHEN OTHERS THEN
         RAISE NOTICE 'set_config: % %', SQLSTATE, SQLERRM;
     END;
-    PERFORM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g'));
+    PERFORM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g'));
     RAISE NOTICE 'reached globex';
 EXCEPTION WHEN OTHERS THEN
     RAISE NOTICE 'claim: % %', SQLSTATE, SQLERRM;
 END
 $$;
-SELECT regress_tb.try($$CREATE FUNCTION pg_temp.as_globex() RETURNS text LANGUAGE sql
+SELECT regress.try($$CREATE FUNCTION pg_temp.as_globex() RETURNS text LANGUAGE sql
                         SET idempotency.tenant = 'globex'
-                        AS 'SELECT action FROM idempotency.idem_claim(''globex'', ''POST /pay'', ''g-done'', regress_tb.fp(''g''))'$$)
+                        AS 'SELECT action FROM idempotency.idem_claim(''globex'', ''POST /pay'', ''g-done'', regress.fp(''g''))'$$, 'verbose')
        AS function_set_clause;
-SELECT regress_tb.try($$SELECT regress_tb.as_globex()$$) AS superusers_definer_function;
-SELECT regress_tb.try($$ALTER ROLE regress_tb_acme SET idempotency.tenant = 'globex'$$) AS alter_own_role;
-SELECT regress_tb.try($$ALTER ROLE regress_tb_acme RESET idempotency.tenant$$) AS alter_own_role_reset;
-SELECT regress_tb.try($$ALTER ROLE regress_tb_acme RESET ALL$$) AS alter_own_role_reset_all;
+SELECT regress.try($$SELECT regress_tb.as_globex()$$, 'verbose') AS superusers_definer_function;
+SELECT regress.try($$ALTER ROLE regress_tb_acme SET idempotency.tenant = 'globex'$$, 'verbose') AS alter_own_role;
+SELECT regress.try($$ALTER ROLE regress_tb_acme RESET idempotency.tenant$$, 'verbose') AS alter_own_role_reset;
+SELECT regress.try($$ALTER ROLE regress_tb_acme RESET ALL$$, 'verbose') AS alter_own_role_reset_all;
 SHOW idempotency.tenant;
 
 -- 6. the operator functions the client may not call at all; the views of
 -- every tenant's rows are not granted to clients
-SELECT regress_tb.try($$SELECT count(*) FROM idempotency.idem_lookup('globex', 'POST /pay', 'g-done')$$) AS lookup;
-SELECT regress_tb.try($$SELECT count(*) FROM idempotency.health$$) AS health;
-SELECT regress_tb.try($$SELECT count(*) FROM idempotency.stats$$) AS stats;
-SELECT regress_tb.try($$SELECT count(*) FROM idempotency.events$$) AS events;
-SELECT regress_tb.try($$SELECT count(*) FROM idempotency.keys$$) AS keys;
+SELECT regress.try($$SELECT count(*) FROM idempotency.idem_lookup('globex', 'POST /pay', 'g-done')$$, 'verbose') AS lookup;
+SELECT regress.try($$SELECT count(*) FROM idempotency.health$$, 'verbose') AS health;
+SELECT regress.try($$SELECT count(*) FROM idempotency.stats$$, 'verbose') AS stats;
+SELECT regress.try($$SELECT count(*) FROM idempotency.events$$, 'verbose') AS events;
+SELECT regress.try($$SELECT count(*) FROM idempotency.keys$$, 'verbose') AS keys;
 
 -- an operator bound to acme: lookup and resolve take a tenant and enforce
 -- the binding like the client's functions
 \c - regress_tb_acme_ops
-SELECT regress_tb.try($$SELECT state FROM idempotency.idem_lookup('globex', 'POST /pay', 'g-done')$$) AS ops_lookup_other;
-SELECT regress_tb.try($$SELECT idempotency.idem_resolve('globex', 'POST /pay', 'g-failed', 200, '{}')$$) AS ops_resolve_other;
-SELECT regress_tb.try($$SELECT state FROM idempotency.idem_lookup('acme', 'POST /pay', 'a-1')$$) AS ops_lookup_own;
+SELECT regress.try($$SELECT state FROM idempotency.idem_lookup('globex', 'POST /pay', 'g-done')$$, 'verbose') AS ops_lookup_other;
+SELECT regress.try($$SELECT idempotency.idem_resolve('globex', 'POST /pay', 'g-failed', 200, '{}')$$, 'verbose') AS ops_resolve_other;
+SELECT regress.try($$SELECT state FROM idempotency.idem_lookup('acme', 'POST /pay', 'a-1')$$, 'verbose') AS ops_lookup_own;
 
 -- 7. a privileged session binds itself by SET; once bound, even a
 -- superuser's SET, a superuser's SECURITY DEFINER function with a SET
@@ -199,11 +181,11 @@ BEGIN;
 SET LOCAL idempotency.tenant = 'acme';
 ROLLBACK;
 SHOW idempotency.tenant;
-SELECT regress_tb.try($$SET idempotency.tenant = 'globex'$$) AS superuser_set;
+SELECT regress.try($$SET idempotency.tenant = 'globex'$$, 'verbose') AS superuser_set;
 RESET idempotency.tenant;
 SHOW idempotency.tenant;
-SELECT regress_tb.try($$SELECT regress_tb.as_globex()$$) AS definer_set_clause;
-SELECT regress_tb.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress_tb.fp('g'))$$) AS superuser_bound;
+SELECT regress.try($$SELECT regress_tb.as_globex()$$, 'verbose') AS definer_set_clause;
+SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', regress.fp('g'))$$, 'verbose') AS superuser_bound;
 -- ALTER ROLE still validates other roles' values in a bound session
 ALTER ROLE regress_tb_unbound SET idempotency.tenant = 'initech';
 ALTER ROLE regress_tb_unbound RESET idempotency.tenant;
@@ -211,7 +193,7 @@ ALTER ROLE regress_tb_unbound RESET idempotency.tenant;
 -- a value longer than any tenant binds too, and then no tenant matches
 \c - :su
 SELECT length(set_config('idempotency.tenant', repeat('t', 256), false)) AS bound_length;
-SELECT left(regress_tb.try($$SELECT action FROM idempotency.idem_claim(repeat('t', 255), 'POST /pay', 'a-1', regress_tb.fp('a'))$$), 60) AS too_long_binding;
+SELECT left(regress.try($$SELECT action FROM idempotency.idem_claim(repeat('t', 255), 'POST /pay', 'a-1', regress.fp('a'))$$, 'verbose'), 60) AS too_long_binding;
 
 -- the binding of the login role does not follow SET ROLE
 \c - :su

@@ -11,34 +11,23 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 
-CREATE FUNCTION pg_temp.xf_fp(s text) RETURNS bytea
-LANGUAGE sql IMMUTABLE AS $$ SELECT sha256(convert_to(s, 'UTF8')) $$;
-
--- run a statement; show "ok" or its SQLSTATE and message
-CREATE FUNCTION pg_temp.xf_try(stmt text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE stmt;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
+\i :abs_srcdir/include/helpers.sql
 
 -- the tenant's keys: completed (atomic), in progress under a lease, failed;
 -- and one of another tenant
 BEGIN;
-SELECT action FROM idempotency.idem_claim('xf-a', 'pay', 'k-done', pg_temp.xf_fp('1'));
+SELECT action FROM idempotency.idem_claim('xf-a', 'pay', 'k-done', regress.fp('1'));
 SELECT idempotency.idem_finish('xf-a', 'pay', 'k-done', 201, '{"id": 1}');
 COMMIT;
 SELECT action, lease_token IS NOT NULL AS leased
-FROM idempotency.idem_claim('xf-a', 'pay', 'k-lease', pg_temp.xf_fp('2'), lease => '1 hour');
+FROM idempotency.idem_claim('xf-a', 'pay', 'k-lease', regress.fp('2'), lease => '1 hour');
 SELECT lease_token AS token
 FROM idempotency.keys WHERE tenant = 'xf-a' AND key = 'k-lease' \gset
-SELECT action FROM idempotency.idem_claim('xf-a', 'ship', 'k-fail', pg_temp.xf_fp('3'), lease => '1 hour');
+SELECT action FROM idempotency.idem_claim('xf-a', 'ship', 'k-fail', regress.fp('3'), lease => '1 hour');
 SELECT idempotency.idem_fail('xf-a', 'ship', 'k-fail', 'failed', 'carrier down',
     (SELECT lease_token FROM idempotency.keys WHERE tenant = 'xf-a' AND key = 'k-fail'));
 BEGIN;
-SELECT action FROM idempotency.idem_claim('xf-b', 'pay', 'k-done', pg_temp.xf_fp('9'), ttl => '2 days');
+SELECT action FROM idempotency.idem_claim('xf-b', 'pay', 'k-done', regress.fp('9'), ttl => '2 days');
 SELECT idempotency.idem_finish('xf-b', 'pay', 'k-done', 200);
 COMMIT;
 
@@ -75,15 +64,15 @@ SELECT * FROM idempotency.idem_import_keys((SELECT doc FROM xf_export WHERE n = 
 -- the imported keys behave as before the move: a retry replays, the lease
 -- token still finishes, the failed key stays pending
 SELECT action, response_status, convert_from(response_body, 'UTF8') AS body
-FROM idempotency.idem_claim('xf-a', 'pay', 'k-done', pg_temp.xf_fp('1'));
-SELECT action FROM idempotency.idem_claim('xf-a', 'pay', 'k-lease', pg_temp.xf_fp('2'));
+FROM idempotency.idem_claim('xf-a', 'pay', 'k-done', regress.fp('1'));
+SELECT action FROM idempotency.idem_claim('xf-a', 'pay', 'k-lease', regress.fp('2'));
 SELECT idempotency.idem_finish('xf-a', 'pay', 'k-lease', 200, '{"ok": true}', lease_token => :token);
-SELECT action, response_status FROM idempotency.idem_claim('xf-a', 'pay', 'k-lease', pg_temp.xf_fp('2'));
-SELECT action, error_code FROM idempotency.idem_claim('xf-a', 'ship', 'k-fail', pg_temp.xf_fp('3'));
+SELECT action, response_status FROM idempotency.idem_claim('xf-a', 'pay', 'k-lease', regress.fp('2'));
+SELECT action, error_code FROM idempotency.idem_claim('xf-a', 'ship', 'k-fail', regress.fp('3'));
 
 -- a live key with other content is never overwritten: the in-progress copy
 -- of k-lease differs from the completed row now
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
+SELECT regress.try($$SELECT idempotency.idem_import_keys(
     (SELECT jsonb_agg(doc ORDER BY n) FROM xf_export))$$);
 SELECT state, response_status FROM idempotency.keys WHERE tenant = 'xf-a' AND key = 'k-lease';
 -- unless told to keep what is here: counted, left alone
@@ -101,25 +90,25 @@ SELECT count(*) AS rows, bool_and(to_jsonb(k) - 'request_digest' = (SELECT doc F
 FROM idempotency.keys k WHERE tenant = 'xf-a' AND key = 'k-done';
 
 -- malformed input
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_export_keys('')$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_export_keys(NULL)$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(NULL)$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys('"x"')$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys('[1]')$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys('[]', on_conflict => 'replace')$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys('{"tenant": "xf-a", "endpoint": "pay"}')$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
+SELECT regress.try($$SELECT idempotency.idem_export_keys('')$$);
+SELECT regress.try($$SELECT idempotency.idem_export_keys(NULL)$$);
+SELECT regress.try($$SELECT idempotency.idem_import_keys(NULL)$$);
+SELECT regress.try($$SELECT idempotency.idem_import_keys('"x"')$$);
+SELECT regress.try($$SELECT idempotency.idem_import_keys('[1]')$$);
+SELECT regress.try($$SELECT idempotency.idem_import_keys('[]', on_conflict => 'replace')$$);
+SELECT regress.try($$SELECT idempotency.idem_import_keys('{"tenant": "xf-a", "endpoint": "pay"}')$$);
+SELECT regress.try($$SELECT idempotency.idem_import_keys(
     (SELECT doc - 'expires_at' || '{"key": "k-new"}' FROM xf_export WHERE n = 1))$$);
 SELECT * FROM idempotency.idem_import_keys('[]');
 
 -- expires_at infinite (either sign), or later than idempotency.max_ttl
 -- (7 days here) from now, is refused (22023), naming the element; nothing
 -- of the import stays
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
+SELECT regress.try($$SELECT idempotency.idem_import_keys(
     (SELECT jsonb_build_array(doc || '{"key": "k-fine"}', doc || '{"key": "k-inf", "expires_at": "infinity"}') FROM xf_export WHERE n = 1))$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
+SELECT regress.try($$SELECT idempotency.idem_import_keys(
     (SELECT doc || '{"key": "k-inf", "expires_at": "-infinity"}' FROM xf_export WHERE n = 1))$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys(
+SELECT regress.try($$SELECT idempotency.idem_import_keys(
     (SELECT doc || jsonb_build_object('key', 'k-far', 'expires_at', now() + interval '7 days 1 second') FROM xf_export WHERE n = 1))$$);
 SELECT count(*) AS nothing_imported FROM idempotency.keys WHERE key IN ('k-fine', 'k-inf', 'k-far');
 -- at the limit: imported
@@ -135,7 +124,7 @@ DELETE FROM idempotency.keys WHERE tenant = 'xf-a' AND key IN ('k-far', 'k-diges
 
 -- the import reads with a statement snapshot: READ COMMITTED only
 BEGIN ISOLATION LEVEL REPEATABLE READ;
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys('[]')$$);
+SELECT regress.try($$SELECT idempotency.idem_import_keys('[]')$$);
 ROLLBACK;
 
 -- admins only
@@ -149,5 +138,5 @@ SELECT has_function_privilege('idempotency_admin', 'idempotency.idem_export_keys
 -- the binding lasts as long as the session)
 SET idempotency.tenant = 'xf-b';
 SELECT count(*) AS own_keys FROM idempotency.idem_export_keys('xf-b');
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_export_keys('xf-a')$$);
-SELECT pg_temp.xf_try($$SELECT idempotency.idem_import_keys((SELECT doc FROM xf_export WHERE n = 1))$$);
+SELECT regress.try($$SELECT idempotency.idem_export_keys('xf-a')$$);
+SELECT regress.try($$SELECT idempotency.idem_import_keys((SELECT doc FROM xf_export WHERE n = 1))$$);

@@ -6,13 +6,10 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 use IPC::Run;
 
-my $node = PostgreSQL::Test::Cluster->new('lease_wait');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
+my $node = idem_node('lease_wait');
 
 my $fp = "sha256('\\x61'::bytea)";
 my $token = $node->safe_psql('postgres',

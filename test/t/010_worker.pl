@@ -6,18 +6,13 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('worker');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('worker', conf => qq{
 idempotency.maintenance_interval = 1
 max_worker_processes = 16
 restart_after_crash = on
 });
-$node->start;
-
-$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
 
 my $launcher_q = q{SELECT pid FROM pg_stat_activity
                    WHERE backend_type = 'idempotency maintenance launcher'};

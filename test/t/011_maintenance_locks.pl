@@ -5,15 +5,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('locks');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('locks', conf => qq{
 idempotency.enable_worker = off
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
 
 # a pass in an open transaction holds the maintenance lock until it ends
 my $s1 = $node->background_psql('postgres');

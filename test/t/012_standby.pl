@@ -9,23 +9,13 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $primary = PostgreSQL::Test::Cluster->new('primary');
-# The program that copies the cluster must be as new as its server (the
-# PostgreSQL 17 of scripts/pg17.sh is driven by PostgreSQL 15's clients).
-my ($server_major) = $primary->config_data('--version') =~ /(\d+)/;
-my ($client_major) = `pg_basebackup --version` =~ /(\d+)/;
-plan skip_all =>
-  "pg_basebackup $client_major cannot copy a PostgreSQL $server_major server"
-  if $client_major < $server_major;
+skip_unless_client_as_new('pg_basebackup', 'copy');
 
-$primary->init(allows_streaming => 1);
-$primary->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $primary = idem_node('primary', init => [ allows_streaming => 1 ], conf => qq{
 idempotency.maintenance_interval = 1
 });
-$primary->start;
-$primary->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
 $primary->backup('b');
 
 my $standby = PostgreSQL::Test::Cluster->new('standby');

@@ -8,19 +8,15 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('slots');
-$node->init;
 # the launcher takes the only slot; logical replication asks for none
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('slots', conf => qq{
 idempotency.maintenance_interval = 1
 max_worker_processes = 1
 max_logical_replication_workers = 0
 log_error_verbosity = verbose
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
 
 ok($node->wait_for_log(qr/no free background worker slot/),
 	'a worker that cannot start is logged');

@@ -8,24 +8,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-# The program that copies the cluster must be as new as its server (the
-# PostgreSQL 17 of scripts/pg17.sh is driven by PostgreSQL 15's clients).
-my ($server_major) = PostgreSQL::Test::Cluster->new('version_probe')->config_data('--version') =~ /(\d+)/;
-my ($client_major) = `pg_basebackup --version` =~ /(\d+)/;
-plan skip_all =>
-  "pg_basebackup $client_major cannot copy a PostgreSQL $server_major server"
-  if $client_major < $server_major;
+skip_unless_client_as_new('pg_basebackup', 'copy');
 
-my $primary = PostgreSQL::Test::Cluster->new('ro_primary');
-$primary->init(allows_streaming => 1);
-$primary->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $primary = idem_node('ro_primary', init => [ allows_streaming => 1 ], conf => qq{
 idempotency.enable_worker = off
 });
-$primary->start;
 $primary->safe_psql('postgres', q{
-	CREATE EXTENSION idempotency CASCADE;
 	BEGIN;
 	SELECT idempotency.idem_claim('acme', 'pay', 'k1', sha256('a'));
 	SELECT idempotency.idem_finish('acme', 'pay', 'k1', 201, '{"id": 1}');

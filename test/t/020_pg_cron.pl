@@ -5,22 +5,16 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
 # pg_cron is packaged for Debian's PostgreSQL 15 only
-my $libdir = `pg_config --pkglibdir`;
-chomp $libdir;
-plan skip_all => "pg_cron is not installed for this server (no $libdir/pg_cron.so)"
-  unless -e "$libdir/pg_cron.so";
+skip_unless_installed('pg_cron', dir => '--pkglibdir', file => 'pg_cron.so', missing => 'no %s');
 
-my $node = PostgreSQL::Test::Cluster->new('cron');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'pg_cron'
+my $node = idem_node('cron', preload => 'pg_cron', extension => 0, conf => qq{
 cron.database_name = 'postgres'
 cron.use_background_workers = on
 max_worker_processes = 16
 });
-$node->start;
 
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION pg_cron;
@@ -30,9 +24,7 @@ $node->safe_psql('postgres', q{
 	VALUES ('acme', 'pay', 'stale', decode(repeat('ab', 32), 'hex'), 'in_progress',
 	    7, now() - interval '1 minute', now() - interval '2 minutes', now() + interval '1 hour');
 });
-is( $node->safe_psql('postgres', q{
-	SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass}),
-	'1', 'only the default partition before the first pass');
+is(key_partitions($node), '1', 'only the default partition before the first pass');
 
 # the README's line, verbatim
 $node->safe_psql('postgres',
@@ -47,9 +39,7 @@ is( $node->safe_psql('postgres', q{
 	SELECT d.status FROM cron.job_run_details d JOIN cron.job j USING (jobid)
 	WHERE j.jobname = 'idempotency-maintenance' ORDER BY d.runid LIMIT 1}),
 	'succeeded', 'the pass succeeded');
-ok( $node->safe_psql('postgres', q{
-	SELECT count(*) >= 9 FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass}),
-	'the pass made the partitions');
+cmp_ok(key_partitions($node), '>=', 9, 'the pass made the partitions');
 is($node->safe_psql('postgres', q{SELECT state FROM idempotency.keys WHERE key = 'stale'}),
 	'unknown', 'and settled the stale lease');
 

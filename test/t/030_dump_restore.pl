@@ -6,25 +6,15 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('dump');
-# The program that dumps the database must be as new as its server (the
-# PostgreSQL 17 of scripts/pg17.sh is driven by PostgreSQL 15's clients).
-my ($server_major) = $node->config_data('--version') =~ /(\d+)/;
-my ($client_major) = `pg_dump --version` =~ /(\d+)/;
-plan skip_all =>
-  "pg_dump $client_major cannot dump a PostgreSQL $server_major server"
-  if $client_major < $server_major;
+skip_unless_client_as_new('pg_dump', 'dump');
 
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('dump', conf => qq{
 idempotency.enable_worker = off
 });
-$node->start;
 
 $node->safe_psql('postgres', q{
-	CREATE EXTENSION idempotency CASCADE;
 	INSERT INTO idempotency.endpoints (endpoint, ttl, lease) VALUES ('pay', '2 days', '30 seconds');
 	-- a resolver run by a role other than the one restoring keeps its role
 	CREATE ROLE oncall NOLOGIN;

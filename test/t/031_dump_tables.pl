@@ -13,24 +13,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-# The program that dumps the tables must be as new as its server (the
-# PostgreSQL 17 of scripts/pg17.sh is driven by PostgreSQL 15's clients).
-my ($server_major) = PostgreSQL::Test::Cluster->new('version_probe')->config_data('--version') =~ /(\d+)/;
-my ($client_major) = `pg_dump --version` =~ /(\d+)/;
-plan skip_all =>
-  "pg_dump $client_major cannot dump a PostgreSQL $server_major server"
-  if $client_major < $server_major;
+skip_unless_client_as_new('pg_dump', 'dump');
 
-my $node = PostgreSQL::Test::Cluster->new('dumpt');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('dumpt', conf => qq{
 idempotency.enable_worker = off
 });
-$node->start;
 $node->safe_psql('postgres', q{
-	CREATE EXTENSION idempotency CASCADE;
 	SELECT count(*) FROM idempotency.idem_maintenance();
 	INSERT INTO idempotency.endpoints (endpoint, ttl) VALUES ('pay', '2 days');
 	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)

@@ -8,12 +8,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('encryption');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
+my $node = idem_node('encryption');
 
 # markers that appear nowhere else
 my $run = sprintf('%08x%08x', int(rand(2**32)), int(rand(2**32)));

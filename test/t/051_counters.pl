@@ -9,18 +9,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 use IPC::Run;
 
-my $node = PostgreSQL::Test::Cluster->new('counters');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('counters', conf => qq{
 idempotency.maintenance_interval = 3600
 max_connections = 30
 });
-$node->start;
 $node->safe_psql('postgres', q{
-CREATE EXTENSION idempotency CASCADE;
 CREATE TABLE ledger (endpoint text, action text);
 -- one request: claim; execute -> finish; record the answer
 CREATE FUNCTION bench_op(k int, variant int) RETURNS void
@@ -42,10 +38,7 @@ SELECT idempotency.idem_stats_reset();
 });
 
 my $dir = PostgreSQL::Test::Utils::tempdir;
-my $script = "$dir/claims.sql";
-open my $fh, '>', $script or die "could not write $script: $!";
-print $fh "\\set k random(1, 150)\n\\set v random(1, 10)\nSELECT bench_op(:k, :v);\n";
-close $fh;
+my $script = write_script($dir, 'claims', "\\set k random(1, 150)\n\\set v random(1, 10)\nSELECT bench_op(:k, :v);\n");
 
 my ($out, $err) = ('', '');
 my $ok = IPC::Run::run(

@@ -7,19 +7,15 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 use JSON::PP;
 
-my $node = PostgreSQL::Test::Cluster->new('log_transitions');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('log_transitions', conf => qq{
 idempotency.maintenance_interval = 3600
 log_min_error_statement = log
 # the test framework logs every statement; the key is in them
 log_statement = none
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
 
 my $key = sprintf('RAWKEY%08x', int(rand(2**32)));
 my $fp = "sha256('request body'::bytea)";

@@ -9,12 +9,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('keylog');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'");
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
+my $node = idem_node('keylog');
 $node->safe_psql('postgres', 'CREATE ROLE plain LOGIN');
 
 # keys that appear nowhere else

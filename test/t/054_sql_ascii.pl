@@ -8,10 +8,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('sqlascii');
-$node->init;
-$node->start;
+my $node = idem_node('sqlascii', preload => 0, extension => 0);
 $node->safe_psql('postgres',
 	q{CREATE DATABASE ascii ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0});
 $node->safe_psql('ascii', 'CREATE EXTENSION idempotency CASCADE');

@@ -11,17 +11,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
 for my $preload (1, 0)
 {
 	my $mode = $preload ? 'preloaded' : 'not preloaded';
-	my $node = PostgreSQL::Test::Cluster->new($preload ? 'tenant_preload' : 'tenant_nopreload');
-	$node->init;
-	$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'")
-	  if $preload;
-	$node->append_conf('postgresql.conf', 'idempotency.enable_worker = off')
-	  if $preload;
-	$node->start;
+	my $node = $preload
+	  ? idem_node('tenant_preload', conf => "idempotency.enable_worker = off\n", extension => 0)
+	  : idem_node('tenant_nopreload', preload => 0, extension => 0);
 	$node->safe_psql('postgres', q{
 		CREATE EXTENSION idempotency CASCADE;
 		CREATE ROLE app_acme LOGIN;

@@ -10,20 +10,16 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('diagbound');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('diagbound', conf => qq{
 idempotency.enable_worker = off
 idempotency.diagnostics_max_mismatches = 2
 idempotency.diagnostics_tracked_keys = 100
 log_statement = none
 log_min_error_statement = panic
 });
-$node->start;
 $node->safe_psql('postgres', q{
-CREATE EXTENSION idempotency CASCADE;
 -- a claim of key k with the body {"n": n}: whether its answer names members
 CREATE FUNCTION named(k text, n int, ttl interval DEFAULT NULL) RETURNS text
 LANGUAGE sql AS $$

@@ -16,17 +16,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 use IPC::Run;
 
-my $node = PostgreSQL::Test::Cluster->new('crash');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('crash', conf => qq{
 idempotency.enable_worker = off
 restart_after_crash = on
 max_connections = 30
-});
-$node->start;
+}, extension => 0);
 
 # The business table carries the idempotency key; no unique constraint on it,
 # so that a second execution would show as a second row, to be counted.
@@ -39,19 +36,9 @@ my $dir = PostgreSQL::Test::Utils::tempdir;
 my $key = q{'c' || :cycle || '-' || :k};
 my $fp = "sha256(convert_to($key, 'UTF8'))";
 
-sub write_script
-{
-	my ($name, $text) = @_;
-	my $path = "$dir/$name.sql";
-	open my $fh, '>', $path or die "could not write $path: $!";
-	print $fh $text;
-	close $fh;
-	return $path;
-}
-
 # atomic mode: everything in one transaction; the finish's response names
 # the business row
-my $atomic = write_script('atomic', qq{\\set k random(1, 150)
+my $atomic = write_script($dir, 'atomic', qq{\\set k random(1, 150)
 BEGIN;
 SELECT (action = 'execute')::int AS exec FROM idempotency.idem_claim('t', 'POST /atomic', $key, $fp, wait => '1 s') \\gset
 \\if :exec
@@ -64,7 +51,7 @@ END;
 
 # lease mode: the claim commits an in_progress row; after the outside call,
 # business insert and finish commit together
-my $lease = write_script('lease', qq{\\set k random(1, 150)
+my $lease = write_script($dir, 'lease', qq{\\set k random(1, 150)
 SELECT (action = 'execute')::int AS exec, coalesce(lease_token, 0) AS token FROM idempotency.idem_claim('t', 'POST /lease', $key, $fp, lease => '2 s', wait => '1 s') \\gset
 \\if :exec
 SELECT pg_sleep(0.02);
@@ -77,31 +64,9 @@ COMMIT;
 
 # the invariants, each as the number of rows that break it
 my %checks = (
-	'no business row lacks its completed key' => q{
-		SELECT count(*) FROM biz b
-		WHERE NOT EXISTS (SELECT 1 FROM idempotency.keys k
-		                  WHERE k.tenant = 't' AND k.endpoint = b.endpoint AND k.key = b.key
-		                    AND k.state = 'completed')},
-	'no completed key lacks its business row' => q{
-		SELECT count(*) FROM idempotency.keys k
-		WHERE k.state = 'completed'
-		  AND NOT EXISTS (SELECT 1 FROM biz b WHERE b.endpoint = k.endpoint AND b.key = k.key)},
-	'no key has two business rows' => q{
-		SELECT count(*) FROM (SELECT 1 FROM biz GROUP BY endpoint, key HAVING count(*) > 1) d},
+	claim_load_checks(),
 	'no key has two rows' => q{
 		SELECT count(*) FROM (SELECT 1 FROM idempotency.keys GROUP BY tenant, endpoint, key HAVING count(*) > 1) d},
-	'an atomic-mode key is completed or absent' => q{
-		SELECT count(*) FROM idempotency.keys WHERE endpoint = 'POST /atomic' AND state <> 'completed'},
-	'every key answers a claim as its state says' => q{
-		SELECT count(*)
-		FROM idempotency.keys k
-		LEFT JOIN biz b ON b.endpoint = k.endpoint AND b.key = k.key,
-		LATERAL idempotency.idem_claim(k.tenant, k.endpoint, k.key, k.fingerprint) c
-		WHERE NOT coalesce(CASE k.state
-		    WHEN 'completed' THEN c.action = 'replay' AND (c.response_json->>'id')::bigint = b.id
-		    WHEN 'unknown' THEN c.action = 'pending'
-		    WHEN 'in_progress' THEN c.action = 'in_progress'
-		    END, false)},
 );
 
 sub check_invariants
@@ -111,21 +76,6 @@ sub check_invariants
 	{
 		is($node->safe_psql('postgres', $checks{$name}), '0', "$when: $name");
 	}
-}
-
-# the pids of a process's children
-sub children
-{
-	my ($ppid) = @_;
-	my @pids;
-	for my $stat (glob '/proc/[0-9]*/stat')
-	{
-		open my $fh, '<', $stat or next;
-		my $line = <$fh>;
-		close $fh;
-		push @pids, $1 if defined $line && $line =~ /^(\d+) \(.*\) \S+ (\d+) / && $2 == $ppid;
-	}
-	return @pids;
 }
 
 my $stale_total = 0;
@@ -179,15 +129,9 @@ for my $cycle (1 .. @cycles)
 		# the orphaned backends leave when they next wait (for their
 		# client, a lock, a sleep); until they have, a new postmaster
 		# would refuse to start on their shared memory
-		my @procs = ($node->{_pid}, children($node->{_pid}));
+		my @procs = ($node->{_pid}, child_pids($node->{_pid}));
 		$node->kill9;
-		my $gone = 0;
-		for (1 .. 600)
-		{
-			last if $gone = !grep { kill 0, $_ } @procs;
-			select(undef, undef, undef, 0.1);
-		}
-		ok($gone, "$when: the server's " . @procs . " processes are gone");
+		ok(wait_until_gone(\@procs, 60), "$when: the server's " . @procs . " processes are gone");
 		my $started = $node->start(fail_ok => 1);
 		ok($started, "$when: the server starts again");
 	}

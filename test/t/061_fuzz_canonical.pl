@@ -21,6 +21,7 @@ use FindBin;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
 my $COUNT = 30000;
 srand(20261201);
@@ -199,13 +200,9 @@ close $fh;
 
 # ---------- the checks, in the server ----------
 
-my $node = PostgreSQL::Test::Cluster->new('fuzz');
-$node->init(extra => [ '--encoding=UTF8', '--locale=C' ]);
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('fuzz', init => [ extra => [ '--encoding=UTF8', '--locale=C' ] ], conf => qq{
 idempotency.enable_worker = off
-});
-$node->start;
+}, extension => 0);
 $node->safe_psql('postgres',
 	"CREATE DATABASE fuzz_ascii ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0");
 

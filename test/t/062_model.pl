@@ -27,6 +27,7 @@ use FindBin;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 use IPC::Run;
 
 my $python = '/usr/bin/python3';
@@ -38,10 +39,7 @@ if (system($python, '-c', 'import hypothesis, psycopg') != 0)
 	  'python3-hypothesis or python3-psycopg is not installed (make test installs them)';
 }
 
-my $node = PostgreSQL::Test::Cluster->new('model');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('model', conf => qq{
 idempotency.enable_worker = off
 idempotency.max_ttl = '2d'
 idempotency.default_ttl = '1d'
@@ -52,8 +50,6 @@ max_connections = 20
 # no autovacuum worker holding a partition's lock when a pass drops it
 autovacuum = off
 });
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION idempotency CASCADE');
 
 my %env = (
 	PGHOST => $node->host,

@@ -13,25 +13,18 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 use IPC::Run;
 
-plan skip_all => "PL/Proxy is not available: $ENV{IDEM_SKIP_PLPROXY}"
-  if $ENV{IDEM_SKIP_PLPROXY};
+my $major = server_major();
+skip_unless_installed('PL/Proxy', env => 'IDEM_SKIP_PLPROXY', dir => '--sharedir',
+	file => 'extension/plproxy.control',
+	missing => "%s is missing; Debian's package is postgresql-$major-plproxy, and there is none for PostgreSQL 18");
 
-my $node = PostgreSQL::Test::Cluster->new('plproxy');
-my $sharedir = $node->config_data('--sharedir');
-my ($major) = $node->config_data('--version') =~ /(\d+)/;
-plan skip_all =>
-  "PL/Proxy is not installed for this server ($sharedir/extension/plproxy.control is missing; Debian's package is postgresql-$major-plproxy, and there is none for PostgreSQL 18)"
-  unless -e "$sharedir/extension/plproxy.control";
-
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('plproxy', extension => 0, conf => qq{
 idempotency.maintenance_interval = 3600
 max_connections = 120
 });
-$node->start;
 
 my $nshards = 4;
 my @shards = map { "shard$_" } 0 .. $nshards - 1;
@@ -257,8 +250,7 @@ $node->safe_psql('proxy', 'SELECT count(*) FROM idempotency.idem_maintenance()')
 my $parts = 0;
 for my $s (0 .. $nshards - 1)
 {
-	$parts++ if $node->safe_psql("shard$s", q{
-SELECT count(*) > 1 FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass}) eq 't';
+	$parts++ if key_partitions($node, "shard$s") > 1;
 }
 is($parts, $nshards, 'a maintenance pass through the proxy made partitions on every shard');
 is($node->safe_psql('proxy', q{

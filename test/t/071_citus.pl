@@ -19,17 +19,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep);
+use IdemTest;
 use IPC::Run;
 
-plan skip_all => "Citus is not available: $ENV{IDEM_SKIP_CITUS}"
-  if $ENV{IDEM_SKIP_CITUS};
+skip_unless_installed('Citus', env => 'IDEM_SKIP_CITUS', dir => '--sharedir',
+	file => 'extension/citus.control',
+	missing => '%s is missing; make test builds it with scripts/citus.sh');
 
 my $coord = PostgreSQL::Test::Cluster->new('citus_coordinator');
-my $sharedir = $coord->config_data('--sharedir');
-plan skip_all =>
-  "Citus is not installed for this server ($sharedir/extension/citus.control is missing; make test builds it with scripts/citus.sh)"
-  unless -e "$sharedir/extension/citus.control";
 
 my @workers = map { PostgreSQL::Test::Cluster->new("citus_worker$_") } 1 .. 2;
 for my $node ($coord, @workers)
@@ -555,15 +552,10 @@ ok( $coord->poll_query_until('postgres',
 # the whole node dies at once, as with a machine: the postmaster and its
 # children (those still attached to its shared memory would make the
 # restart fail)
-my $victim_pid = $victim->{_pid};
-my @victim_children = grep { /^\d+$/ } split /\s+/, `pgrep -P $victim_pid`;
+my @victim_children = child_pids($victim->{_pid});
 $victim->kill9;
 kill 'KILL', @victim_children;
-for (1 .. 100)
-{
-	last unless grep { kill 0, $_ } @victim_children;
-	usleep(100_000);
-}
+wait_until_gone(\@victim_children, 10);
 ($racing_actions, $racing_errors) = finish_clients($racing);
 ok(@$racing_errors > 0, 'claims in flight fail when the worker dies (' . scalar(@$racing_errors) . ' errors)');
 note("the first: $racing_errors->[0]") if @$racing_errors;

@@ -20,6 +20,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
 my @files = ('README.md', 'CHANGELOG.md', 'CONTRIBUTING.md', sort glob('doc/*.md'));
 for my $f (@files)
@@ -95,13 +96,9 @@ sub parse_markdown
 	return @steps;
 }
 
-my $node = PostgreSQL::Test::Cluster->new('doc');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('doc', conf => qq{
 idempotency.enable_worker = off
-});
-$node->start;
+}, extension => 0);
 
 my ($shown, $skipped, $dbno) = (0, 0, 0);
 for my $file (@files)

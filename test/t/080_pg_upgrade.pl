@@ -18,6 +18,7 @@ use File::Basename qw(dirname);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
 my $new_bindir = $ENV{IDEM_PG_UPGRADE_BINDIR} // '';
 if ($new_bindir eq '')
@@ -36,13 +37,9 @@ if ($new_bindir eq '')
 # this server's programs: the first pg_ctl in PATH
 my ($old_bindir) = grep { -x "$_/pg_ctl" } split /:/, $ENV{PATH};
 
-my $old = PostgreSQL::Test::Cluster->new('old');
-$old->init;
-$old->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $old = idem_node('old', conf => qq{
 idempotency.enable_worker = off
-});
-$old->start;
+}, extension => 0);
 
 # the keys, one per state
 $old->safe_psql('postgres', q{

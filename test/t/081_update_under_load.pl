@@ -12,14 +12,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use IdemTest;
 
-my $node = PostgreSQL::Test::Cluster->new('update');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'idempotency'
+my $node = idem_node('update', conf => qq{
 max_connections = 40
-});
-$node->start;
+}, extension => 0);
 
 # Two scripts, one transaction each; a claim that does not answer as it
 # should divides by zero, which pgbench counts as an error.
