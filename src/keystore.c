@@ -5,7 +5,8 @@
  *	  that knows where and how a key row is stored: the relation and its
  *	  partitions, the columns and their attribute numbers, the row's codec,
  *	  the probes, the direct inserts, and every statement that changes or
- *	  deletes rows (the protocol's and maintenance's).  IdemKeystoreRelation
+ *	  deletes rows (the protocol's and maintenance's, but for the purge
+ *	  that leaves tombstones: tombstone.c's).  IdemKeystoreRelation
  *	  is the one place where the relation that holds a scope's rows is
  *	  named; every read and write of a scope's rows goes through it.
  *
@@ -74,7 +75,6 @@
 #include "idempotency.h"
 #include "keys.h"
 #include "keystore.h"
-#include "tombstone.h"
 
 static const char *const state_names[] = {
 	"in_progress", "completed", "failed", "unknown"
@@ -122,7 +122,6 @@ static bool probe_callback_registered = false;
 
 /* the parent, in whose column numbers rows are read and written here */
 static Oid	keys_relid = InvalidOid;
-static Oid	keys_owner = InvalidOid;
 static TupleDesc keys_desc = NULL;
 
 /* moves on each time the parent's description is forgotten */
@@ -327,7 +326,6 @@ IdemKeysRelid(void)
 		old = MemoryContextSwitchTo(CacheMemoryContext);
 		keys_desc = CreateTupleDescCopy(RelationGetDescr(rel));
 		MemoryContextSwitchTo(old);
-		keys_owner = rel->rd_rel->relowner;
 		table_close(rel, NoLock);
 		keys_relid = relid;
 	}
@@ -384,14 +382,6 @@ IdemKeystoreRelation(const IdemScope *scope)
 	return relid;
 }
 
-/* the owner of idempotency.keys: the role the extension's own SQL runs as */
-Oid
-IdemKeystoreOwner(void)
-{
-	(void) IdemKeysRelid();
-	return keys_owner;
-}
-
 /*
  * Citus mode: the shard of idempotency.keys that holds tenant's rows, as
  * Citus places it (get_shard_id_for_distribution_column, shard_name), and
@@ -425,7 +415,7 @@ IdemCitusResolve(const text *tenant)
 	args[1] = PointerGetDatum(tenant);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
 	rc = SPI_execute_with_args("SELECT s.id,"
 							   " pg_catalog.to_regclass(pg_catalog.shard_name($1, s.id))::oid,"
 							   " EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
@@ -510,7 +500,7 @@ IdemCitusShard(const text *tenant)
 
 			if (SPI_connect() != SPI_OK_CONNECT)
 				elog(ERROR, "SPI_connect failed");
-			IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+			IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
 			rc = SPI_execute_with_args(psprintf("SELECT pg_catalog.lock_shard_metadata(%d, ARRAY[$1])",
 												ShareLock),
 									   1, argtypes, args, NULL, false, 1);
@@ -1362,7 +1352,7 @@ IdemExecOn(IdemStmt stmt, const IdemScope *scope, const IdemKeyRow *row,
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
 	if (row != NULL && OidIsValid(row->partoid))
 	{
 		Oid			argtypes[lengthof(def->argtypes) + 1];
@@ -1936,63 +1926,3 @@ IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
 	return IdemExpiringMove("idempotency.keys_default", lo, hi, qname);
 }
 
-/*
- * The expired rows of the default partition leave it, and those whose
- * endpoint keeps tombstones leave one, in one statement: a claim that reads
- * with a later snapshot sees the row or its tombstone.
- */
-int64
-IdemKeystorePurgeDefaultToTombstones(TimestampTz as_of, int64 *tombstoned)
-{
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1] = {TimestampTzGetDatum(as_of)};
-	bool		isnull;
-	int64		purged;
-	int			rc;
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args(psprintf("WITH gone AS (DELETE FROM ONLY idempotency.keys_default"
-										" WHERE expires_at <= $1"
-										" RETURNING tenant, endpoint, key, fingerprint, expires_at),"
-										" made AS (" IDEM_TOMBSTONE_INSERT_SQL "%s RETURNING 1)"
-										" SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM made)",
-										IdemTombstoneSourceSql("gone")),
-							   1, argtypes, args, NULL, false, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "purging idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
-	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-										 SPI_tuptable->tupdesc, 1, &isnull));
-	*tombstoned = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-											  SPI_tuptable->tupdesc, 2, &isnull));
-	SPI_finish();
-	return purged;
-}
-
-int64
-IdemKeystoreTombstones(Oid relid, TimestampTz as_of, bool count_only)
-{
-	Oid			argtypes[1] = {TIMESTAMPTZOID};
-	Datum		args[1] = {TimestampTzGetDatum(as_of)};
-	/* expired at as_of: every row of a partition whose range has ended */
-	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at <= $1)",
-								  IdemRelationName(relid));
-	bool		isnull;
-	int64		n;
-
-	if (!count_only)
-		return (int64) IdemSpiExec(psprintf(IDEM_TOMBSTONE_INSERT_SQL "%s",
-											IdemTombstoneSourceSql(source)),
-								   1, argtypes, args, NULL, false, SPI_OK_INSERT);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_execute_with_args(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),
-							  1, argtypes, args, NULL, true, 1) != SPI_OK_SELECT ||
-		SPI_processed != 1)
-		elog(ERROR, "counting the tombstones of %s failed", source);
-	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									SPI_tuptable->tupdesc, 1, &isnull));
-	SPI_finish();
-	return n;
-}

@@ -8,10 +8,9 @@
  *
  *	  Tombstones are written off the request path, by maintenance, from the
  *	  rows of a partition of idempotency.keys about to be dropped and from
- *	  the expired rows purged from its default partition (the key store
- *	  runs those statements, see keystore.c; the SQL that makes a tombstone
- *	  is here).  They are partitioned by their own expiry and leave by whole
- *	  partitions too (maintenance.c).  A claim that finds no live row probes
+ *	  the expired rows purged from its default partition (in the same
+ *	  statement as the purge).  They are partitioned by their own expiry and
+ *	  leave by whole partitions too (maintenance.c).  A claim that finds no live row probes
  *	  the scope_hash index of every tombstone partition whose range has not
  *	  ended and that holds a block.
  *
@@ -351,7 +350,14 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	return found;
 }
 
-char *
+/*
+ * The statements that make tombstones of key rows: a FROM and WHERE clause
+ * over source (rows with columns tenant, endpoint, key, fingerprint and
+ * expires_at, named s) that keeps the rows whose endpoint keeps tombstones
+ * and whose tombstone would still live at $1 (a timestamptz), and the
+ * INSERT that goes before it.
+ */
+static char *
 IdemTombstoneSourceSql(const char *source)
 {
 	return psprintf(" FROM %s s"
@@ -360,6 +366,74 @@ IdemTombstoneSourceSql(const char *source)
 					" pg_catalog.make_interval(secs => %d)) AS ttl) t"
 					" WHERE t.ttl > interval '0' AND s.expires_at + t.ttl > $1",
 					source, idem_tombstone_ttl);
+}
+
+#define TOMBSTONE_INSERT_SQL \
+	"INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)" \
+	" SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key)," \
+	" s.fingerprint, s.expires_at, s.expires_at + t.ttl"
+
+/*
+ * The expired rows of the default partition of idempotency.keys leave it,
+ * and those whose endpoint keeps tombstones leave one, in one statement: a
+ * claim that reads with a later snapshot sees the row or its tombstone.
+ */
+int64
+IdemTombstonePurgeKeysDefault(TimestampTz as_of, int64 *tombstoned)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(as_of)};
+	bool		isnull;
+	int64		purged;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(psprintf("WITH gone AS (DELETE FROM ONLY idempotency.keys_default"
+										" WHERE expires_at <= $1"
+										" RETURNING tenant, endpoint, key, fingerprint, expires_at),"
+										" made AS (" TOMBSTONE_INSERT_SQL "%s RETURNING 1)"
+										" SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM made)",
+										IdemTombstoneSourceSql("gone")),
+							   1, argtypes, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "purging idempotency.keys_default failed: %s",
+			 SPI_result_code_string(rc));
+	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+	*tombstoned = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 2, &isnull));
+	SPI_finish();
+	return purged;
+}
+
+/* The tombstones of the expired rows of a partition of keys (tombstone.h). */
+int64
+IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(as_of)};
+	/* expired at as_of: every row of a partition whose range has ended */
+	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at <= $1)",
+								  quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)),
+															 get_rel_name(relid)));
+	bool		isnull;
+	int64		n;
+
+	if (!count_only)
+		return (int64) IdemSpiExec(psprintf(TOMBSTONE_INSERT_SQL "%s",
+											IdemTombstoneSourceSql(source)),
+								   1, argtypes, args, NULL, false, SPI_OK_INSERT);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute_with_args(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),
+							  1, argtypes, args, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "counting the tombstones of %s failed", source);
+	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return n;
 }
 
 /* Seconds of the longest tombstone_ttl: the setting's or an endpoint's. */
