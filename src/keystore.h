@@ -2,7 +2,8 @@
  *
  * keystore.h
  *	  Storage of key rows in idempotency.keys: the only code that knows
- *	  where and how they are stored.
+ *	  where and how they are stored (keystore.c, keystore_rel.c,
+ *	  keystore_direct.c; what they share is in keystore_int.h).
  *
  *-------------------------------------------------------------------------
  */
@@ -184,8 +185,8 @@ extern int64 IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi,
 										 const char *qname);
 
 /*
- * The table itself (its owner, the role its statements run as, is
- * IdemExtensionOwner's, idempotency.h).
+ * The table itself; its statements run as its owner, IdemExtensionOwner()
+ * (idempotency.h).
  */
 extern Oid	IdemKeystoreRelid(void);
 

@@ -310,7 +310,7 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 		probe = *IdemTombstoneGetProbe(part);
 		idx = index_open(probe.indexoid, AccessShareLock);
 
-		/* no predicate locks: see IdemProbeIndex in keystore.c */
+		/* no predicate locks: see IdemProbeIndex in keystore_direct.c */
 		ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
 							   InvalidOid, F_BYTEAEQ, PointerGetDatum(hash));
 		slot = table_slot_create(part, NULL);
