@@ -7,7 +7,7 @@
  *	  partition of them.
  *
  *	  Claims read and write those tables through the table access method,
- *	  not the executor (src/keystore.c): a column added by hand would be
+ *	  not the executor (src/keystore_direct.c): a column added by hand would be
  *	  stored NULL whatever its default, and CHECK constraints, triggers,
  *	  rules and row security would be skipped for their rows; a partition
  *	  detached or dropped by hand takes live keys with it, so that their

@@ -160,7 +160,7 @@ IdemDiagLoadSecret(void)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
 	rc = SPI_execute("SELECT secret FROM idempotency.diagnostics_secret", true, 2);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "reading idempotency.diagnostics_secret failed: %s",

@@ -133,7 +133,7 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy,
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	IdemBeginOwnerSection(&section, IdemKeystoreOwner(), 0);
+	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
 	if (endpoint_plan == NULL)
 	{
 		Oid			argtypes[1] = {TEXTOID};

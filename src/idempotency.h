@@ -110,4 +110,7 @@ extern void IdemBeginOwnerSection(IdemOwnerSection *section, Oid owner,
 								  int extra_sec_context);
 extern void IdemEndOwnerSection(IdemOwnerSection *section);
 
+/* the owner of the extension's tables (of idempotency.keys): whom they run as */
+extern Oid	IdemExtensionOwner(void);
+
 #endif							/* IDEMPOTENCY_H */

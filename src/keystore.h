@@ -2,7 +2,8 @@
  *
  * keystore.h
  *	  Storage of key rows in idempotency.keys: the only code that knows
- *	  where and how they are stored.
+ *	  where and how they are stored (keystore.c, keystore_rel.c,
+ *	  keystore_direct.c; what they share is in keystore_int.h).
  *
  *-------------------------------------------------------------------------
  */
@@ -178,22 +179,6 @@ extern int64 IdemKeystoreCountDefault(const TimestampTz *lo, TimestampTz hi);
 extern int64 IdemKeystorePurgeDefault(TimestampTz as_of);
 
 /*
- * Tombstones (tombstone.h) of expired rows: of the rows of the default
- * partition expired at as_of, deleted in the same statement (returns how
- * many were deleted, *tombstoned how many tombstones were written), or of
- * the rows of the partition relid expired at as_of (every row of one about
- * to be dropped; returns how many tombstones were written).  With count_only, only counts the tombstones
- * that would be written.  snapshot, when not NULL, is the one the rows are
- * read with (else the statement's own); tids, when not NIL, limits them to
- * the rows at those ItemPointers.
- */
-extern int64 IdemKeystorePurgeDefaultToTombstones(TimestampTz as_of,
-												  int64 *tombstoned);
-extern int64 IdemKeystoreTombstones(Oid relid, TimestampTz as_of,
-									bool count_only, Snapshot snapshot,
-									List *tids);
-
-/*
  * For a partition being made for [lo, hi): whether the default partition
  * holds rows of that range, and their move into the new table qname.
  */
@@ -201,8 +186,10 @@ extern bool IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi);
 extern int64 IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi,
 										 const char *qname);
 
-/* The table itself: its OID and owner, the role its statements run as. */
+/*
+ * The table itself; its statements run as its owner, IdemExtensionOwner()
+ * (idempotency.h).
+ */
 extern Oid	IdemKeystoreRelid(void);
-extern Oid	IdemKeystoreOwner(void);
 
 #endif							/* IDEM_KEYSTORE_H */

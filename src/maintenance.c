@@ -209,7 +209,7 @@ static const MaintTable keys_table = {
 	"_key_endpoint_tenant_key",	/* the UNIQUE constraint's index */
 	IdemKeystoreRelid, IdemKeysWidth, IdemKeysWindows,
 	IdemKeystoreCountDefault, IdemKeystoreDefaultHasRows,
-	IdemKeystoreMoveDefaultRows, IdemKeystoreTombstones
+	IdemKeystoreMoveDefaultRows, IdemTombstonesOfPartition
 };
 
 static const MaintTable tombstones_table = {
@@ -909,12 +909,12 @@ IdemPurgeDefault(MaintPass *p)
 	{
 		n = IdemKeystoreCountDefault(NULL, p->as_of);
 		if (n > 0)
-			tombstoned = IdemKeystoreTombstones(get_relname_relid("keys_default",
-																  get_namespace_oid(IDEM_SCHEMA, false)),
-												p->as_of, true, NULL, NIL);
+			tombstoned = IdemTombstonesOfPartition(get_relname_relid("keys_default",
+																	 get_namespace_oid(IDEM_SCHEMA, false)),
+												   p->as_of, true, NULL, NIL);
 	}
 	else
-		n = IdemKeystorePurgeDefaultToTombstones(p->as_of, &tombstoned);
+		n = IdemTombstonePurgeKeysDefault(p->as_of, &tombstoned);
 	if (tombstoned > 0)
 		IdemEmit(p, "tombstone", "keys_default", tombstoned);
 	if (n > 0)

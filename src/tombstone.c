@@ -8,10 +8,9 @@
  *
  *	  Tombstones are written off the request path, by maintenance, from the
  *	  rows of a partition of idempotency.keys about to be dropped and from
- *	  the expired rows purged from its default partition (the key store
- *	  runs those statements, see keystore.c; the SQL that makes a tombstone
- *	  is here).  They are partitioned by their own expiry and leave by whole
- *	  partitions too (maintenance.c).  A claim that finds no live row probes
+ *	  the expired rows purged from its default partition (in the same
+ *	  statement as the purge).  They are partitioned by their own expiry and
+ *	  leave by whole partitions too (maintenance.c).  A claim that finds no live row probes
  *	  the scope_hash index of every tombstone partition whose range has not
  *	  ended and that holds a block.
  *
@@ -42,6 +41,7 @@
 #include "partitioning/partbounds.h"
 #include "partitioning/partdesc.h"
 #include "storage/bufmgr.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
@@ -311,7 +311,7 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 		probe = *IdemTombstoneGetProbe(part);
 		idx = index_open(probe.indexoid, AccessShareLock);
 
-		/* no predicate locks: see IdemProbeIndex in keystore.c */
+		/* no predicate locks: see IdemProbeIndex in keystore_direct.c */
 		ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
 							   InvalidOid, F_BYTEAEQ, PointerGetDatum(hash));
 		slot = table_slot_create(part, NULL);
@@ -351,7 +351,14 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	return found;
 }
 
-char *
+/*
+ * The statements that make tombstones of key rows: a FROM and WHERE clause
+ * over source (rows with columns tenant, endpoint, key, fingerprint and
+ * expires_at, named s) that keeps the rows whose endpoint keeps tombstones
+ * and whose tombstone would still live at $1 (a timestamptz), and the
+ * INSERT that goes before it.
+ */
+static char *
 IdemTombstoneSourceSql(const char *source)
 {
 	return psprintf(" FROM %s s"
@@ -360,6 +367,119 @@ IdemTombstoneSourceSql(const char *source)
 					" pg_catalog.make_interval(secs => %d)) AS ttl) t"
 					" WHERE t.ttl > interval '0' AND s.expires_at + t.ttl > $1",
 					source, idem_tombstone_ttl);
+}
+
+#define TOMBSTONE_INSERT_SQL \
+	"INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)" \
+	" SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key)," \
+	" s.fingerprint, s.expires_at, s.expires_at + t.ttl"
+
+/*
+ * The expired rows of the default partition of idempotency.keys leave it,
+ * and those whose endpoint keeps tombstones leave one, in one statement: a
+ * claim that reads with a later snapshot sees the row or its tombstone.
+ */
+int64
+IdemTombstonePurgeKeysDefault(TimestampTz as_of, int64 *tombstoned)
+{
+	Oid			argtypes[1] = {TIMESTAMPTZOID};
+	Datum		args[1] = {TimestampTzGetDatum(as_of)};
+	bool		isnull;
+	int64		purged;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(psprintf("WITH gone AS (DELETE FROM ONLY idempotency.keys_default"
+										" WHERE expires_at <= $1"
+										" RETURNING tenant, endpoint, key, fingerprint, expires_at),"
+										" made AS (" TOMBSTONE_INSERT_SQL "%s RETURNING 1)"
+										" SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM made)",
+										IdemTombstoneSourceSql("gone")),
+							   1, argtypes, args, NULL, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "purging idempotency.keys_default failed: %s",
+			 SPI_result_code_string(rc));
+	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										 SPI_tuptable->tupdesc, 1, &isnull));
+	*tombstoned = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 2, &isnull));
+	SPI_finish();
+	return purged;
+}
+
+/*
+ * The tombstones of the expired rows of a partition of keys (tombstone.h):
+ * written, or with count_only counted.  snapshot, when not NULL, is the one
+ * the rows are read with (else the statement's own); tids, when not NIL,
+ * limits them to the rows at those ItemPointers.
+ */
+int64
+IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
+						  Snapshot snapshot, List *tids)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIDARRAYOID};
+	Datum		args[2];
+	/* expired at as_of: every row of a partition whose range has ended */
+	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at <= $1%s)",
+								  quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)),
+															 get_rel_name(relid)),
+								  tids != NIL ? " AND ctid = ANY ($2)" : "");
+	int			nargs = tids != NIL ? 2 : 1;
+	bool		isnull;
+	int64		n;
+
+	args[0] = TimestampTzGetDatum(as_of);
+	if (tids != NIL)
+	{
+		Datum	   *elems = palloc(sizeof(Datum) * list_length(tids));
+		ListCell   *lc;
+		int			i = 0;
+
+		foreach(lc, tids)
+			elems[i++] = PointerGetDatum(lfirst(lc));
+		args[1] = PointerGetDatum(construct_array(elems, i, TIDOID,
+												  sizeof(ItemPointerData),
+												  false, TYPALIGN_SHORT));
+	}
+	if (!count_only)
+	{
+		SPIPlanPtr	plan;
+		int			rc;
+
+		if (snapshot == NULL)
+			return (int64) IdemSpiExec(psprintf(TOMBSTONE_INSERT_SQL "%s",
+												IdemTombstoneSourceSql(source)),
+									   nargs, argtypes, args, NULL, false,
+									   SPI_OK_INSERT);
+		/* read with the caller's snapshot, whatever the isolation level */
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		plan = SPI_prepare(psprintf(TOMBSTONE_INSERT_SQL "%s",
+									IdemTombstoneSourceSql(source)),
+						   nargs, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "preparing the tombstones of %s failed: %s",
+				 source, SPI_result_code_string(SPI_result));
+		rc = SPI_execute_snapshot(plan, args, NULL, snapshot, InvalidSnapshot,
+								  false, true, 0);
+		if (rc != SPI_OK_INSERT)
+			elog(ERROR, "writing the tombstones of %s failed: %s",
+				 source, SPI_result_code_string(rc));
+		n = (int64) SPI_processed;
+		SPI_finish();
+		return n;
+	}
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute_with_args(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),
+							  nargs, argtypes, args, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "counting the tombstones of %s failed", source);
+	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return n;
 }
 
 /*

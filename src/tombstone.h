@@ -11,6 +11,8 @@
 #define IDEM_TOMBSTONE_H
 
 #include "datatype/timestamp.h"
+#include "nodes/pg_list.h"
+#include "utils/snapshot.h"
 
 #include "endpoint.h"
 #include "scope.h"
@@ -36,19 +38,19 @@ extern bool IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 							  MemoryContext cxt);
 
 /*
- * The statements that make tombstones of key rows: a FROM and WHERE clause
- * over source (rows with columns tenant, endpoint, key, fingerprint and
- * expires_at, named s) that keeps the rows whose endpoint keeps tombstones
- * and whose tombstone would still live at $1 (a timestamptz), and the
- * INSERT that goes before it.  The key store (keystore.c) runs them on its
- * rows.
+ * For maintenance, the tombstones of expired key rows whose endpoint keeps
+ * tombstones: of the rows of the partition relid of idempotency.keys
+ * expired at as_of (every row of one about to be dropped; returns how many
+ * tombstones were written, or with count_only would be), or of the rows of
+ * its default partition expired at as_of, deleted in the same statement
+ * (returns how many were deleted, *tombstoned how many tombstones were
+ * written).
  */
-extern char *IdemTombstoneSourceSql(const char *source);
-
-#define IDEM_TOMBSTONE_INSERT_SQL \
-	"INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)" \
-	" SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key)," \
-	" s.fingerprint, s.expires_at, s.expires_at + t.ttl"
+extern int64 IdemTombstonesOfPartition(Oid relid, TimestampTz as_of,
+									   bool count_only, Snapshot snapshot,
+									   List *tids);
+extern int64 IdemTombstonePurgeKeysDefault(TimestampTz as_of,
+										   int64 *tombstoned);
 
 /*
  * For maintenance: the table, the distinct tombstone_ttl in use (the

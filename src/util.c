@@ -4,15 +4,19 @@
  *	  Helpers every module of the extension shares: the preload and trigger
  *	  checks, subtransactions that catch an error, and the one way the
  *	  extension acts as another role (IdemSwitchUser, and the owner
- *	  sections built on it), and the extension's one relcache callback.
+ *	  sections built on it, and the owner they act as), and the
+ *	  extension's one relcache callback.
  *	  Declared in idempotency.h.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "commands/trigger.h"
@@ -23,6 +27,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -132,6 +137,54 @@ IdemEndOwnerSection(IdemOwnerSection *section)
 {
 	AtEOXact_GUC(true, section->guc_nestlevel);
 	IdemRestoreUser(&section->user);
+}
+
+/*
+ * The owner of idempotency.keys, as the owner sections act: the role the
+ * extension's own SQL runs as.  Cached per backend, and forgotten at any
+ * relcache invalidation of the table (ALTER TABLE OWNER sends one).
+ */
+static Oid	owner_relid = InvalidOid;
+static Oid	extension_owner = InvalidOid;
+static bool owner_callback_registered = false;
+
+static void
+IdemOwnerInvalidate(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == owner_relid)
+	{
+		owner_relid = InvalidOid;
+		extension_owner = InvalidOid;
+	}
+}
+
+Oid
+IdemExtensionOwner(void)
+{
+	if (unlikely(!OidIsValid(extension_owner)))
+	{
+		Oid			relid;
+		HeapTuple	tuple;
+
+		if (!owner_callback_registered)
+		{
+			IdemRegisterRelcacheCallback(IdemOwnerInvalidate);
+			owner_callback_registered = true;
+		}
+		relid = get_relname_relid("keys", get_namespace_oid("idempotency", false));
+		if (!OidIsValid(relid))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_TABLE),
+					 errmsg("table idempotency.keys does not exist"),
+					 errhint("Run CREATE EXTENSION idempotency.")));
+		tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+		if (!HeapTupleIsValid(tuple))
+			elog(ERROR, "cache lookup failed for relation %u", relid);
+		owner_relid = relid;
+		extension_owner = ((Form_pg_class) GETSTRUCT(tuple))->relowner;
+		ReleaseSysCache(tuple);
+	}
+	return extension_owner;
 }
 
 /*

@@ -2,7 +2,7 @@
 -- "Citus" sections).  citus_distribute makes idempotency.keys a distributed
 -- table colocated by tenant with the application's tables, endpoints a
 -- reference table, and the per-key functions distributed functions, so that
--- a claim runs on the node that holds the tenant's shard (src/keystore.c
+-- a claim runs on the node that holds the tenant's shard (src/keystore_rel.c
 -- resolves that shard and refuses a tenant whose shard is elsewhere).
 
 /*
