@@ -131,11 +131,6 @@ typedef struct MaintTable
 	int64		(*width) (void);	/* partition width, microseconds */
 	/* how far beyond as_of + width partitions are made, microseconds */
 	int64		(*ahead) (void);
-	/* rows of the default partition: see keystore.h */
-	int64		(*count_default) (const TimestampTz *lo, TimestampTz hi);
-	bool		(*default_has_rows) (TimestampTz lo, TimestampTz hi);
-	int64		(*move_default_rows) (TimestampTz lo, TimestampTz hi,
-									  const char *qname);
 	/* tombstones of a partition about to be dropped, or NULL */
 	int64		(*tombstones) (Oid relid, TimestampTz as_of, bool count_only);
 } MaintTable;
@@ -170,9 +165,7 @@ static const MaintTable keys_table = {
 	", UNIQUE (key, endpoint, tenant)",
 	"CREATE INDEX %s_lease_idx ON %s (locked_until) WHERE state = 'in_progress'",
 	"_key_endpoint_tenant_key",	/* the UNIQUE constraint's index */
-	IdemKeystoreRelid, IdemKeysWidth, IdemKeysAhead,
-	IdemKeystoreCountDefault, IdemKeystoreDefaultHasRows,
-	IdemKeystoreMoveDefaultRows, IdemKeystoreTombstones
+	IdemKeystoreRelid, IdemKeysWidth, IdemKeysAhead, IdemKeystoreTombstones
 };
 
 static const MaintTable tombstones_table = {
@@ -180,9 +173,7 @@ static const MaintTable tombstones_table = {
 	"",
 	"CREATE INDEX %s_scope_idx ON %s (scope_hash)",
 	NULL,						/* no unique index: FULL (four short columns) */
-	IdemTombstoneRelid, IdemTombstonesWidth, IdemTombstonesAhead,
-	IdemTombstoneCountDefault, IdemTombstoneDefaultHasRows,
-	IdemTombstoneMoveDefaultRows, NULL
+	IdemTombstoneRelid, IdemTombstonesWidth, IdemTombstonesAhead, NULL
 };
 
 typedef enum LeaseOutcome
@@ -528,6 +519,81 @@ IdemPartitionEstimate(Oid relid)
 	return estimate;
 }
 
+/* ---------------------------------------------------------------------
+ * The default partition
+ * ---------------------------------------------------------------------
+ */
+
+/* The default partition of table t, schema-qualified: idempotency.keys_default */
+static char *
+IdemDefaultName(const MaintTable *t)
+{
+	return psprintf(IDEM_SCHEMA ".%s", t->dflt);
+}
+
+/*
+ * Rows of the default partition of t (counted ONLY) whose expires_at is in
+ * [*lo, hi), or, with lo NULL, at most hi: what a pass would move or purge.
+ */
+static int64
+IdemDefaultCount(const MaintTable *t, const TimestampTz *lo, TimestampTz hi)
+{
+	char	   *qname = IdemDefaultName(t);
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(hi), TimestampTzGetDatum(lo ? *lo : 0)};
+	bool		isnull;
+	int64		count;
+	int			rc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute_with_args(psprintf(lo ?
+										"SELECT count(*) FROM ONLY %s"
+										" WHERE expires_at >= $2 AND expires_at < $1" :
+										"SELECT count(*) FROM ONLY %s"
+										" WHERE expires_at <= $1", qname),
+							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "counting rows of %s failed: %s",
+			 qname, SPI_result_code_string(rc));
+	count = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return count;
+}
+
+/* Whether the default partition of t holds rows whose expires_at is in [lo, hi). */
+static bool
+IdemDefaultHasRows(const MaintTable *t, TimestampTz lo, TimestampTz hi)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
+
+	return IdemSpiExec(psprintf("SELECT 1 FROM ONLY %s"
+								" WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
+								IdemDefaultName(t)),
+					   2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
+}
+
+/*
+ * Move the rows of the default partition of t whose expires_at is in
+ * [lo, hi) into the table target (a partition about to be attached);
+ * returns how many.
+ */
+static int64
+IdemDefaultMoveRows(const MaintTable *t, TimestampTz lo, TimestampTz hi,
+					const char *target)
+{
+	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
+
+	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY %s"
+										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
+										" INSERT INTO %s SELECT * FROM moved",
+										IdemDefaultName(t), target),
+							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
+}
+
 typedef struct CreateArgs
 {
 	const MaintTable *table;
@@ -580,7 +646,7 @@ IdemCreatePartition(MaintPass *p, void *arg)
 	 * after it; moves are rare (maintenance fell behind).  Otherwise ATTACH's
 	 * own locks do, taken in the order it takes them.
 	 */
-	if (t->default_has_rows(a->range->lo, a->range->hi))
+	if (IdemDefaultHasRows(t, a->range->lo, a->range->hi))
 		IdemExecDDL(lock_parent_exclusive);
 	else
 		IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN SHARE UPDATE EXCLUSIVE MODE",
@@ -589,10 +655,10 @@ IdemCreatePartition(MaintPass *p, void *arg)
 						 t->dflt));
 
 	/* rows that arrived meanwhile */
-	if (t->default_has_rows(a->range->lo, a->range->hi))
+	if (IdemDefaultHasRows(t, a->range->lo, a->range->hi))
 		IdemExecDDL(lock_parent_exclusive);
 
-	a->moved = t->move_default_rows(a->range->lo, a->range->hi, qname);
+	a->moved = IdemDefaultMoveRows(t, a->range->lo, a->range->hi, qname);
 
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
@@ -628,7 +694,7 @@ IdemPremake(MaintPass *p, const MaintTable *t)
 		MemoryContextSwitchTo(old);
 		a.moved = 0;
 		if (p->preview)
-			IdemEmit(p, "create", a.name, t->count_default(&a.range->lo, a.range->hi));
+			IdemEmit(p, "create", a.name, IdemDefaultCount(t, &a.range->lo, a.range->hi));
 		else if (IdemRunWithLockTimeout(p, false, a.name, IdemCreatePartition, &a))
 			IdemEmit(p, "create", a.name, a.moved);
 		IdemStepEnd(p);
@@ -763,11 +829,11 @@ IdemPurgeDefault(MaintPass *p)
 
 	IdemStepBegin(p);
 	if (!IdemTombstonesActive())
-		n = p->preview ? IdemKeystoreCountDefault(NULL, p->as_of) :
+		n = p->preview ? IdemDefaultCount(&keys_table, NULL, p->as_of) :
 			IdemKeystorePurgeDefault(p->as_of);
 	else if (p->preview)
 	{
-		n = IdemKeystoreCountDefault(NULL, p->as_of);
+		n = IdemDefaultCount(&keys_table, NULL, p->as_of);
 		if (n > 0)
 			tombstoned = IdemKeystoreTombstones(get_relname_relid("keys_default",
 																  get_namespace_oid(IDEM_SCHEMA, false)),
@@ -792,7 +858,7 @@ IdemPurgeTombstonesDefault(MaintPass *p)
 	if (!IdemTombstonesActive())
 		n = 0;					/* a schema older than 0.3.0 */
 	else if (p->preview)
-		n = IdemTombstoneCountDefault(NULL, p->as_of);
+		n = IdemDefaultCount(&tombstones_table, NULL, p->as_of);
 	else
 		n = IdemTombstonePurgeDefault(p->as_of);
 	if (n > 0)

@@ -52,16 +52,12 @@ extern char *IdemTombstoneSourceSql(const char *source);
 
 /*
  * For maintenance: the table, the longest tombstone_ttl in seconds (the
- * setting's or an endpoint's), and the rows of the default partition (as
- * for the keys, see keystore.h).
+ * setting's or an endpoint's), and the delete of the default partition's
+ * rows whose expires_at is at most as_of (returns how many).
  */
 extern Oid	IdemTombstoneRelid(void);
 extern bool IdemTombstoneTableExists(void);	/* false before 0.3.0 */
 extern int64 IdemTombstoneMaxTtl(void);
-extern int64 IdemTombstoneCountDefault(const TimestampTz *lo, TimestampTz hi);
 extern int64 IdemTombstonePurgeDefault(TimestampTz as_of);
-extern bool IdemTombstoneDefaultHasRows(TimestampTz lo, TimestampTz hi);
-extern int64 IdemTombstoneMoveDefaultRows(TimestampTz lo, TimestampTz hi,
-										  const char *qname);
 
 #endif							/* IDEM_TOMBSTONE_H */
