@@ -91,23 +91,19 @@ typedef struct ResolveArgs
 	int			status;
 } ResolveArgs;
 
-/* Call the resolver and apply its answer; runs in a subtransaction. */
-static void
-IdemResolveLease(IdemMaintPass *p, ResolveArgs *a)
+/*
+ * Call the endpoint's resolver about lease l, as the endpoint's
+ * resolver_role; returns its answer (*isnull when it returned NULL), and
+ * the function it called in *resolver.
+ */
+static Datum
+IdemCallResolver(const IdemStaleLease *l, const IdemEndpointPolicy *policy,
+				 Oid *resolver, bool *isnull)
 {
-	const IdemStaleLease *l = a->lease;
-	Oid			resolver;
 	FmgrInfo	flinfo;
 
 	LOCAL_FCINFO(fcinfo, 3);
 	Datum		answer;
-	Oid			types[2] = {JSONBOID, TEXTOID};
-	Datum		values[2];
-	int			rc;
-	bool		isnull;
-	char	   *status_type;
-	char	   *status_text;
-	IdemResponse resp;
 	Oid			role;
 	IdemUserSwitch user;
 
@@ -115,11 +111,11 @@ IdemResolveLease(IdemMaintPass *p, ResolveArgs *a)
 	 * The function is found again by its name at each call; it, and the
 	 * role, may have changed since the row was written.
 	 */
-	role = IdemResolverRole(l->endpoint, a->policy->resolver_name, &resolver);
-	IdemResolverCheckSignature(resolver, l->endpoint);
-	IdemResolverCheckRole(resolver, role, l->endpoint);
+	role = IdemResolverRole(l->endpoint, policy->resolver_name, resolver);
+	IdemResolverCheckSignature(*resolver, l->endpoint);
+	IdemResolverCheckRole(*resolver, role, l->endpoint);
 
-	fmgr_info(resolver, &flinfo);
+	fmgr_info(*resolver, &flinfo);
 	InitFunctionCallInfoData(*fcinfo, &flinfo, 3, DEFAULT_COLLATION_OID, NULL, NULL);
 	fcinfo->args[0].value = CStringGetTextDatum(l->tenant);
 	fcinfo->args[0].isnull = false;
@@ -140,16 +136,30 @@ IdemResolveLease(IdemMaintPass *p, ResolveArgs *a)
 	answer = FunctionCallInvoke(fcinfo);
 	IdemRestoreUser(&user);
 
-	if (fcinfo->isnull)
-	{
-		/* no business record: the operation did not happen */
-		if (IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_FAILED,
-									"resolver found no business record", NULL))
-			a->outcome = LEASE_FAILED;
-		else
-			a->outcome = LEASE_GONE;
-		return;
-	}
+	*isnull = fcinfo->isnull;
+	return answer;
+}
+
+/*
+ * The response that a resolver's answer (not NULL) gives, in *resp; raises
+ * when the answer is not a JSON object with a valid "status" and, if any,
+ * object "headers".
+ */
+static void
+IdemResolverResponse(Datum answer, Oid resolver, const IdemStaleLease *l,
+					 IdemResponse *resp)
+{
+	Oid			types[2] = {JSONBOID, TEXTOID};
+	Datum		values[2];
+	int			rc;
+	bool		isnull;
+	char	   *status_type;
+	char	   *status_text;
+	char	   *top;
+	char	   *headers_type;
+	char	   *end = NULL;
+	long		status = 0;
+	Datum		body;
 
 	/* pick the answer apart */
 	values[0] = answer;
@@ -162,49 +172,69 @@ IdemResolveLease(IdemMaintPass *p, ResolveArgs *a)
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "reading a resolver's answer failed: %s", SPI_result_code_string(rc));
 
+	top = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 	status_type = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
 	status_text = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
+	headers_type = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4);
+
+	if (status_text != NULL)
 	{
-		char	   *top = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-		char	   *headers_type = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4);
-		char	   *end = NULL;
-		long		status = 0;
-		Datum		body;
-
-		if (status_text != NULL)
-		{
-			errno = 0;
-			status = strtol(status_text, &end, 10);
-		}
-		if (top == NULL || strcmp(top, "object") != 0 ||
-			status_type == NULL || strcmp(status_type, "number") != 0 ||
-			end == NULL || *end != '\0' || errno != 0 || status < 100 || status > 599 ||
-			(headers_type != NULL && strcmp(headers_type, "null") != 0 &&
-			 strcmp(headers_type, "object") != 0))
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("resolver %s of endpoint \"%s\" returned an invalid answer",
-							format_procedure(resolver), l->endpoint),
-					 errdetail("A resolver returns NULL or a JSON object with an integer \"status\" from 100 to 599, an optional \"body\" and an optional object \"headers\".")));
-
-		memset(&resp, 0, sizeof(resp));
-		resp.status = (int32) status;
-		if (headers_type != NULL && strcmp(headers_type, "object") == 0)
-			resp.headers = DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0],
-														SPI_tuptable->tupdesc, 5, &isnull));
-		/* no "body": NULL, which must not be detoasted */
-		body = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 6, &isnull);
-		if (isnull)
-		{
-			resp.body = NULL;
-			resp.body_kind = IDEM_BODY_NONE;
-		}
-		else
-		{
-			resp.body = DatumGetByteaP(body);
-			resp.body_kind = IDEM_BODY_JSON;
-		}
+		errno = 0;
+		status = strtol(status_text, &end, 10);
 	}
+	if (top == NULL || strcmp(top, "object") != 0 ||
+		status_type == NULL || strcmp(status_type, "number") != 0 ||
+		end == NULL || *end != '\0' || errno != 0 || status < 100 || status > 599 ||
+		(headers_type != NULL && strcmp(headers_type, "null") != 0 &&
+		 strcmp(headers_type, "object") != 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("resolver %s of endpoint \"%s\" returned an invalid answer",
+						format_procedure(resolver), l->endpoint),
+				 errdetail("A resolver returns NULL or a JSON object with an integer \"status\" from 100 to 599, an optional \"body\" and an optional object \"headers\".")));
+
+	memset(resp, 0, sizeof(*resp));
+	resp->status = (int32) status;
+	if (headers_type != NULL && strcmp(headers_type, "object") == 0)
+		resp->headers = DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0],
+													 SPI_tuptable->tupdesc, 5, &isnull));
+	/* no "body": NULL, which must not be detoasted */
+	body = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 6, &isnull);
+	if (isnull)
+	{
+		resp->body = NULL;
+		resp->body_kind = IDEM_BODY_NONE;
+	}
+	else
+	{
+		resp->body = DatumGetByteaP(body);
+		resp->body_kind = IDEM_BODY_JSON;
+	}
+}
+
+/* Call the resolver and apply its answer; runs in a subtransaction. */
+static void
+IdemResolveLease(IdemMaintPass *p, ResolveArgs *a)
+{
+	const IdemStaleLease *l = a->lease;
+	Oid			resolver;
+	Datum		answer;
+	bool		isnull;
+	IdemResponse resp;
+
+	answer = IdemCallResolver(l, a->policy, &resolver, &isnull);
+	if (isnull)
+	{
+		/* no business record: the operation did not happen */
+		if (IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_FAILED,
+									"resolver found no business record", NULL))
+			a->outcome = LEASE_FAILED;
+		else
+			a->outcome = LEASE_GONE;
+		return;
+	}
+
+	IdemResolverResponse(answer, resolver, l, &resp);
 
 	/* what the endpoint keeps of it (headers, size cap, encryption) */
 	IdemResponseForStorage(a->policy, &resp);
