@@ -46,12 +46,12 @@ typedef enum LeaseOutcome
 	LEASE_GONE					/* changed meanwhile: nothing done */
 } LeaseOutcome;
 
-static const char *const lease_outcome_kinds[] = {
-	[LEASE_UNKNOWN] = "lease_unknown",
-	[LEASE_COMPLETED] = "lease_completed",
-	[LEASE_FAILED] = "lease_failed",
-	[LEASE_RESOLVER_ERROR] = "resolver_error",
-	[LEASE_GONE] = NULL,
+/* the action reported of each outcome but the last */
+static const IdemMaintKind lease_outcome_kinds[LEASE_GONE] = {
+	[LEASE_UNKNOWN] = IDEM_MAINT_LEASE_UNKNOWN,
+	[LEASE_COMPLETED] = IDEM_MAINT_LEASE_COMPLETED,
+	[LEASE_FAILED] = IDEM_MAINT_LEASE_FAILED,
+	[LEASE_RESOLVER_ERROR] = IDEM_MAINT_RESOLVER_ERROR,
 };
 
 /* What logs show of a key: idem_key_hash(tenant, endpoint, key). */
@@ -368,7 +368,8 @@ IdemStaleLeasesPreview(IdemMaintPass *p)
 		const IdemEndpointPolicy *policy = IdemGetEndpointPolicy(endpoints[i]);
 
 		IdemMaintReport(p, policy->resolve_on_expiry && policy->has_resolver ?
-				 "lease_resolve" : "lease_unknown", endpoints[i], counts[i]);
+				 IDEM_MAINT_LEASE_RESOLVE : IDEM_MAINT_LEASE_UNKNOWN,
+				 endpoints[i], counts[i]);
 	}
 }
 

@@ -171,7 +171,7 @@ IdemRunWithLockTimeout(IdemMaintPass *p, bool dropping, const char *object,
 					object, edata->message),
 			 errdetail("The next maintenance pass tries again.")));
 	FreeErrorData(edata);
-	IdemMaintReport(p, "skipped", object, -1);
+	IdemMaintReport(p, IDEM_MAINT_SKIPPED, object, -1);
 	return false;
 }
 
@@ -564,9 +564,10 @@ IdemMaintPremake(IdemMaintPass *p, IdemPartitionedTable table)
 		MemoryContextSwitchTo(old);
 		a.moved = 0;
 		if (p->preview)
-			IdemMaintReport(p, "create", a.name, IdemDefaultCount(t, &a.range->lo, a.range->hi));
+			IdemMaintReport(p, IDEM_MAINT_CREATE, a.name,
+							IdemDefaultCount(t, &a.range->lo, a.range->hi));
 		else if (IdemRunWithLockTimeout(p, false, a.name, IdemCreatePartition, &a))
-			IdemMaintReport(p, "create", a.name, a.moved);
+			IdemMaintReport(p, IDEM_MAINT_CREATE, a.name, a.moved);
 		IdemMaintStepEnd(p);
 	}
 }
@@ -665,9 +666,10 @@ IdemMaintRetention(IdemMaintPass *p, IdemPartitionedTable table)
 				int64		n = t->tombstones(r->relid, p->as_of, true);
 
 				if (n > 0)
-					IdemMaintReport(p, "tombstone", relname, n);
+					IdemMaintReport(p, IDEM_MAINT_TOMBSTONE, relname, n);
 			}
-			IdemMaintReport(p, "drop", relname, IdemPartitionEstimate(r->relid));
+			IdemMaintReport(p, IDEM_MAINT_DROP, relname,
+							IdemPartitionEstimate(r->relid));
 		}
 		else
 			a.ranges = lappend(a.ranges, r);
@@ -681,8 +683,9 @@ IdemMaintRetention(IdemMaintPass *p, IdemPartitionedTable table)
 		forthree(lc, a.names, lc2, a.estimates, lc3, a.tombstoned)
 		{
 			if (*(int64 *) lfirst(lc3) > 0)
-				IdemMaintReport(p, "tombstone", lfirst(lc), *(int64 *) lfirst(lc3));
-			IdemMaintReport(p, "drop", lfirst(lc), *(int64 *) lfirst(lc2));
+				IdemMaintReport(p, IDEM_MAINT_TOMBSTONE, lfirst(lc),
+								*(int64 *) lfirst(lc3));
+			IdemMaintReport(p, IDEM_MAINT_DROP, lfirst(lc), *(int64 *) lfirst(lc2));
 		}
 	}
 	IdemMaintStepEnd(p);
@@ -713,9 +716,9 @@ IdemMaintPurgeKeysDefault(IdemMaintPass *p)
 	else
 		n = IdemKeystorePurgeDefaultToTombstones(p->as_of, &tombstoned);
 	if (tombstoned > 0)
-		IdemMaintReport(p, "tombstone", "keys_default", tombstoned);
+		IdemMaintReport(p, IDEM_MAINT_TOMBSTONE, "keys_default", tombstoned);
 	if (n > 0)
-		IdemMaintReport(p, "purge", "keys_default", n);
+		IdemMaintReport(p, IDEM_MAINT_PURGE, "keys_default", n);
 	IdemMaintStepEnd(p);
 }
 
@@ -733,6 +736,6 @@ IdemMaintPurgeTombstonesDefault(IdemMaintPass *p)
 	else
 		n = IdemTombstonePurgeDefault(p->as_of);
 	if (n > 0)
-		IdemMaintReport(p, "purge", "tombstones_default", n);
+		IdemMaintReport(p, IDEM_MAINT_PURGE, "tombstones_default", n);
 	IdemMaintStepEnd(p);
 }

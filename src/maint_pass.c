@@ -20,6 +20,32 @@
 /* DDL waits at most this long for its lock, then the step is skipped */
 #define IDEM_MAINT_LOCK_TIMEOUT_MS	"100"
 
+/* The one place where a kind of action gets the name SQL and logs show. */
+static const char *const maint_kind_names[] = {
+	[IDEM_MAINT_BUSY] = "busy",
+	[IDEM_MAINT_SKIPPED] = "skipped",
+	[IDEM_MAINT_CREATE] = "create",
+	[IDEM_MAINT_DROP] = "drop",
+	[IDEM_MAINT_TOMBSTONE] = "tombstone",
+	[IDEM_MAINT_PURGE] = "purge",
+	[IDEM_MAINT_LEASE_RESOLVE] = "lease_resolve",
+	[IDEM_MAINT_LEASE_UNKNOWN] = "lease_unknown",
+	[IDEM_MAINT_LEASE_COMPLETED] = "lease_completed",
+	[IDEM_MAINT_LEASE_FAILED] = "lease_failed",
+	[IDEM_MAINT_RESOLVER_ERROR] = "resolver_error",
+};
+
+StaticAssertDecl(lengthof(maint_kind_names) == IDEM_MAINT_NUM_KINDS,
+				 "every kind of maintenance action has a name");
+
+const char *
+IdemMaintKindName(IdemMaintKind kind)
+{
+	if ((int) kind < 0 || kind >= IDEM_MAINT_NUM_KINDS)
+		elog(ERROR, "unknown kind of maintenance action: %d", (int) kind);
+	return maint_kind_names[kind];
+}
+
 void
 IdemMaintStepBegin(IdemMaintPass *p)
 {
@@ -53,7 +79,7 @@ IdemMaintStepEnd(IdemMaintPass *p)
 }
 
 void
-IdemMaintReport(IdemMaintPass *p, const char *kind, const char *object,
+IdemMaintReport(IdemMaintPass *p, IdemMaintKind kind, const char *object,
 				int64 rows)
 {
 	p->emit(p->arg, kind, object, rows);

@@ -140,7 +140,7 @@ IdemRunSteps(IdemMaintPass *p)
 						subscription),
 				 errdetail("A logical replica keeps the publisher's keys as they come; maintenance runs here once the subscription is dropped."),
 				 errhint("At the switch-over, drop the subscription (doc/operations.md, \"Logical replication and blue/green switch-over\").")));
-		IdemMaintReport(p, "skipped", "subscription", -1);
+		IdemMaintReport(p, IDEM_MAINT_SKIPPED, "subscription", -1);
 		return;
 	}
 	IdemMaintStaleLeases(p);
@@ -189,7 +189,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 		if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
 		{
 			CommitTransactionCommand();
-			IdemMaintReport(&p, "busy", NULL, -1);
+			IdemMaintReport(&p, IDEM_MAINT_BUSY, NULL, -1);
 			return false;
 		}
 		CommitTransactionCommand();
@@ -201,7 +201,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 	{
 		if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 		{
-			IdemMaintReport(&p, "busy", NULL, -1);
+			IdemMaintReport(&p, IDEM_MAINT_BUSY, NULL, -1);
 			return false;
 		}
 		p.cxt = CurrentMemoryContext;
@@ -229,13 +229,13 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
  */
 
 static void
-IdemEmitTuple(void *arg, const char *kind, const char *object, int64 rows)
+IdemEmitTuple(void *arg, IdemMaintKind kind, const char *object, int64 rows)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 
-	values[0] = CStringGetTextDatum(kind);
+	values[0] = CStringGetTextDatum(IdemMaintKindName(kind));
 	if (object)
 		values[1] = CStringGetTextDatum(object);
 	else
