@@ -463,6 +463,11 @@ IdemDefaultMoveRows(const MaintTable *t, TimestampTz lo, TimestampTz hi,
 							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
 }
 
+/* ---------------------------------------------------------------------
+ * Premake, retention and purge
+ * ---------------------------------------------------------------------
+ */
+
 typedef struct CreateArgs
 {
 	const MaintTable *table;

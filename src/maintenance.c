@@ -164,7 +164,7 @@ IdemRunSteps(IdemMaintPass *p)
 void
 IdemMaintenancePreview(TimestampTz as_of, IdemMaintEmit emit, void *arg)
 {
-	IdemMaintPass	p;
+	IdemMaintPass p;
 
 	IdemPassInit(&p, as_of, false, emit, arg);
 	p.preview = true;
@@ -176,7 +176,7 @@ bool
 IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 					IdemMaintEmit emit, void *arg)
 {
-	IdemMaintPass	p;
+	IdemMaintPass p;
 	LOCKTAG		tag;
 
 	IdemPassInit(&p, as_of, own_xacts, emit, arg);
