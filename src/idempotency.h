@@ -38,12 +38,6 @@ extern bool IdemPreloaded;
 /* one statement through SPI, checked (util.c) */
 extern uint64 IdemSpiExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
 						  const char *nulls, bool read_only, int expected);
-/* rows of a default partition expiring in a range: count, any, move (util.c) */
-extern int64 IdemCountExpiring(const char *qname, const TimestampTz *lo,
-							 TimestampTz hi);
-extern bool IdemExpiringExists(const char *qname, TimestampTz lo, TimestampTz hi);
-extern int64 IdemExpiringMove(const char *qname, TimestampTz lo, TimestampTz hi,
-							  const char *target);
 /* one relcache callback of the extension, calling each module's (util.c) */
 extern void IdemRegisterRelcacheCallback(RelcacheCallbackFunction fn);
 extern void IdemRequirePreload(const char *feature);

@@ -577,12 +577,6 @@ IdemKeystoreSettleLease(const IdemStaleLease *lease, TimestampTz as_of,
 }
 
 int64
-IdemKeystoreCountDefault(const TimestampTz *lo, TimestampTz hi)
-{
-	return IdemCountExpiring("idempotency.keys_default", lo, hi);
-}
-
-int64
 IdemKeystorePurgeDefault(TimestampTz as_of)
 {
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
@@ -597,22 +591,4 @@ IdemKeystorePurgeDefault(TimestampTz as_of)
 										  (char *) lfirst(lc)),
 								 1, argtypes, args, NULL, false, SPI_OK_DELETE);
 	return n;
-}
-
-/* Whether the default partition holds rows whose expires_at is in [lo, hi). */
-bool
-IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi)
-{
-	return IdemExpiringExists("idempotency.keys_default", lo, hi);
-}
-
-/*
- * Move the rows of the default partition whose expires_at is in [lo, hi)
- * into the table qname (a partition about to be attached); returns how
- * many.
- */
-int64
-IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
-{
-	return IdemExpiringMove("idempotency.keys_default", lo, hi, qname);
 }

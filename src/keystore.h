@@ -172,19 +172,10 @@ extern bool IdemKeystoreSettleLease(const IdemStaleLease *lease,
 									const IdemResponse *resp);
 
 /*
- * Rows of the default partition whose expires_at is in [*lo, hi), or, with
- * lo NULL, at most hi; IdemKeystorePurgeDefault deletes the latter.
+ * Delete the rows of the default partition (in the Citus mode, of each of
+ * its local shards) whose expires_at is at most as_of; returns how many.
  */
-extern int64 IdemKeystoreCountDefault(const TimestampTz *lo, TimestampTz hi);
 extern int64 IdemKeystorePurgeDefault(TimestampTz as_of);
-
-/*
- * For a partition being made for [lo, hi): whether the default partition
- * holds rows of that range, and their move into the new table qname.
- */
-extern bool IdemKeystoreDefaultHasRows(TimestampTz lo, TimestampTz hi);
-extern int64 IdemKeystoreMoveDefaultRows(TimestampTz lo, TimestampTz hi,
-										 const char *qname);
 
 /*
  * The table itself; its statements run as its owner, IdemExtensionOwner()

@@ -3,10 +3,11 @@
  * maintenance.c
  *	  One maintenance pass over idempotency.keys (and the tombstones of its
  *	  expired keys, idempotency.tombstones), and the SQL function
- *	  idem_maintenance() that runs it.  The pass decides; the rows it reads
- *	  and changes are read and changed by the key store (keystore.c), and
- *	  only the partitions themselves (made, attached, dropped by DDL) are
- *	  handled here.
+ *	  idem_maintenance() that runs it: the pass's lock, its steps in order,
+ *	  and the preview.  The steps are in maint_leases.c (1) and
+ *	  maint_partitions.c (2 to 6); what they share in maint_pass.c.  The
+ *	  rows they read and change are read and changed by the key store
+ *	  (keystore.c) and the tombstones (tombstone.c).
  *
  *	  A pass, in this order:
  *	  1. stale leases: in_progress rows past locked_until (and not expired)
@@ -24,8 +25,7 @@
  *	  6. retention of idempotency.tombstones, and expired tombstones leave
  *	     its default partition.
  *
- *	  Steps 2 to 6 serve both partitioned tables through one description of
- *	  each (MaintTable).
+ *	  Steps 2 to 6 serve both partitioned tables alike.
  *
  *	  A preview reports what a pass as of a given time would do, and does
  *	  nothing: it only reads.  idem_maintenance() previews a pass whose as_of
@@ -42,304 +42,26 @@
  */
 #include "postgres.h"
 
-#include "access/htup_details.h"
-#include "access/table.h"
-#include "access/tableam.h"
 #include "access/xact.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_class.h"
-#include "catalog/pg_collation.h"
-#include "catalog/pg_inherits.h"
-#include "catalog/pg_proc.h"
-#include "catalog/pg_type.h"
 #include "executor/spi.h"
-#include "executor/tuptable.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "nodes/parsenodes.h"
-#include "partitioning/partbounds.h"
-#include "storage/latch.h"
 #include "storage/lock.h"
 #include "utils/builtins.h"
-#include "utils/datetime.h"
-#include "utils/guc.h"
-#include "utils/jsonb.h"
-#include "utils/lsyscache.h"
-#include "utils/regproc.h"
 #include "utils/memutils.h"
-#include "utils/resowner.h"
-#include "utils/snapmgr.h"
-#include "utils/syscache.h"
-#include "utils/timeout.h"
 #include "utils/timestamp.h"
 
-#include "ddl_guard.h"
 #include "idempotency.h"
-#include "audit.h"
-#include "endpoint.h"
-#include "guc.h"
-#include "keygen.h"
 #include "keystore.h"
+#include "maint_leases.h"
+#include "maint_partitions.h"
 #include "maintenance.h"
-#include "resolver.h"
-#include "response.h"
-#include "stats.h"
-#include "tombstone.h"
-
-/* DDL waits at most this long for its lock, then the step is skipped */
-#define IDEM_MAINT_LOCK_TIMEOUT_MS	"100"
-
-#define IDEM_SCHEMA		"idempotency"
-
-typedef struct MaintPass
-{
-	TimestampTz as_of;
-	bool		own_xacts;
-	bool		preview;		/* report what would be done, do nothing */
-	IdemMaintEmit emit;
-	void	   *arg;
-	int			guc_nest;
-	MemoryContext cxt;			/* lives as long as the pass */
-} MaintPass;
-
-/* One range [lo, hi) of expires_at; a partition's or one to make. */
-typedef struct MaintRange
-{
-	TimestampTz lo;
-	TimestampTz hi;
-	bool		lo_inf;			/* MINVALUE */
-	bool		hi_inf;			/* MAXVALUE */
-	Oid			relid;			/* InvalidOid for a range to make */
-} MaintRange;
-
-/*
- * A table partitioned by RANGE (expires_at) whose partitions maintenance
- * makes and drops: idempotency.keys, idempotency.tombstones.
- */
-typedef struct MaintTable
-{
-	const char *name;			/* in schema idempotency: "keys" */
-	const char *dflt;			/* its default partition: "keys_default" */
-	const char *prefix;			/* of its partitions' names: "keys_p" */
-	const char *table_extra;	/* more of CREATE TABLE (%s: partition name) */
-	const char *index_sql;		/* CREATE INDEX (%s: partition name, table) */
-	/*
-	 * The replica identity of its partitions (logical replication, Citus
-	 * shard moves): USING INDEX on the index named partition name + this,
-	 * or FULL when NULL.  Partitions do not inherit it from the parent.
-	 */
-	const char *identity_index;
-	Oid			(*relid) (void);
-	int64		(*width) (void);	/* partition width, microseconds */
-	/*
-	 * Where the rows written before the next pass land, as windows
-	 * [from[i], to[i]) relative to as_of, microseconds, sorted by from:
-	 * partitions are made for those (in p->cxt; returns how many)
-	 */
-	int			(*windows) (MaintPass *p, int64 **from, int64 **to);
-	/* rows of the default partition: see keystore.h */
-	int64		(*count_default) (const TimestampTz *lo, TimestampTz hi);
-	bool		(*default_has_rows) (TimestampTz lo, TimestampTz hi);
-	int64		(*move_default_rows) (TimestampTz lo, TimestampTz hi,
-									  const char *qname);
-	/* tombstones of a partition about to be dropped, or NULL */
-	int64		(*tombstones) (Oid relid, TimestampTz as_of, bool count_only,
-							   Snapshot snapshot, List *tids);
-} MaintTable;
-
-static int64
-IdemKeysWidth(void)
-{
-	return (int64) idem_partition_interval * USECS_PER_SEC;
-}
-
-/* a key expires up to max_ttl ahead */
-static int
-IdemKeysWindows(MaintPass *p, int64 **from, int64 **to)
-{
-	*from = MemoryContextAlloc(p->cxt, sizeof(int64));
-	*to = MemoryContextAlloc(p->cxt, sizeof(int64));
-	(*from)[0] = 0;
-	(*to)[0] = (int64) idem_max_ttl * USECS_PER_SEC + IdemKeysWidth();
-	return 1;
-}
-
-static int64
-IdemTombstonesWidth(void)
-{
-	return (int64) idem_tombstone_partition_interval * USECS_PER_SEC;
-}
-
-/*
- * A tombstone expires its ttl after its key: the keys expiring from now to
- * max_ttl ahead (those of a partition whose range has ended are still
- * there until its drop: one partition width earlier) leave tombstones
- * expiring one such window after each tombstone_ttl in use.  Only those
- * windows get partitions: with a ttl of years, the slots in between would
- * hold nothing before later passes (which make them as time comes), and
- * one endpoint's long ttl would otherwise make thousands of partitions,
- * every one of which a claim probes.  A tombstone that finds no partition
- * lands in the default partition and moves when its slot is made.
- */
-static int
-IdemTombstonesWindows(MaintPass *p, int64 **from, int64 **to)
-{
-	int64	   *ttls;
-	int			n = IdemTombstoneTtls(&ttls);
-	int			i;
-
-	*from = MemoryContextAlloc(p->cxt, sizeof(int64) * Max(n, 1));
-	*to = MemoryContextAlloc(p->cxt, sizeof(int64) * Max(n, 1));
-	for (i = 0; i < n; i++)
-	{
-		int64		ttl = ttls[i] * USECS_PER_SEC;
-
-		(*from)[i] = ttl - IdemKeysWidth();
-		(*to)[i] = ttl + (int64) idem_max_ttl * USECS_PER_SEC +
-			IdemKeysWidth() + IdemTombstonesWidth();
-	}
-	return n;
-}
-
-static const MaintTable keys_table = {
-	"keys", "keys_default", "keys_p",
-	", UNIQUE (key, endpoint, tenant)",
-	"CREATE INDEX %s_lease_idx ON %s (locked_until) WHERE state = 'in_progress'",
-	"_key_endpoint_tenant_key",	/* the UNIQUE constraint's index */
-	IdemKeystoreRelid, IdemKeysWidth, IdemKeysWindows,
-	IdemKeystoreCountDefault, IdemKeystoreDefaultHasRows,
-	IdemKeystoreMoveDefaultRows, IdemTombstonesOfPartition
-};
-
-static const MaintTable tombstones_table = {
-	"tombstones", "tombstones_default", "tombstones_p",
-	"",
-	"CREATE INDEX %s_scope_idx ON %s (scope_hash)",
-	NULL,						/* no unique index: FULL (four short columns) */
-	IdemTombstoneRelid, IdemTombstonesWidth, IdemTombstonesWindows,
-	IdemTombstoneCountDefault, IdemTombstoneDefaultHasRows,
-	IdemTombstoneMoveDefaultRows, NULL
-};
-
-typedef enum LeaseOutcome
-{
-	LEASE_UNKNOWN,
-	LEASE_COMPLETED,
-	LEASE_FAILED,
-	LEASE_RESOLVER_ERROR,
-	LEASE_GONE					/* changed meanwhile: nothing done */
-} LeaseOutcome;
-
-static const char *const lease_outcome_kinds[] = {
-	[LEASE_UNKNOWN] = "lease_unknown",
-	[LEASE_COMPLETED] = "lease_completed",
-	[LEASE_FAILED] = "lease_failed",
-	[LEASE_RESOLVER_ERROR] = "resolver_error",
-	[LEASE_GONE] = NULL,
-};
 
 /* ---------------------------------------------------------------------
- * Transactions, settings and locks
+ * The pass
  * ---------------------------------------------------------------------
  */
-
-/*
- * Begin one step: a transaction of its own for the worker, SPI, and the
- * settings every step runs with.
- */
-static void
-IdemStepBegin(MaintPass *p)
-{
-	if (p->own_xacts)
-	{
-		SetCurrentStatementStartTimestamp();
-		StartTransactionCommand();
-		PushActiveSnapshot(GetTransactionSnapshot());
-	}
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	p->guc_nest = NewGUCNestLevel();
-	(void) set_config_option("search_path", "pg_catalog, pg_temp",
-							 PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
-	(void) set_config_option("lock_timeout", IDEM_MAINT_LOCK_TIMEOUT_MS,
-							 PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
-}
-
-static void
-IdemStepEnd(MaintPass *p)
-{
-	AtEOXact_GUC(true, p->guc_nest);
-	SPI_finish();
-	if (p->own_xacts)
-	{
-		PopActiveSnapshot();
-		CommitTransactionCommand();
-	}
-}
-
-static void
-IdemEmit(MaintPass *p, const char *kind, const char *object, int64 rows)
-{
-	p->emit(p->arg, kind, object, rows);
-}
-
-typedef struct LockTimeoutCall
-{
-	MaintPass  *p;
-	void		(*fn) (MaintPass *p, void *arg);
-	void	   *arg;
-} LockTimeoutCall;
-
-static void
-IdemCallWithPass(void *arg)
-{
-	LockTimeoutCall *c = (LockTimeoutCall *) arg;
-
-	c->fn(c->p, c->arg);
-}
-
-/*
- * Run fn (which creates the partition object, or drops the expired
- * partitions of object, as dropping says) in a subtransaction.  When it
- * fails for want of a lock (lock_timeout), roll it back, log, report a
- * "skipped" action and return false; any other error is raised again.
- */
-static bool
-IdemRunWithLockTimeout(MaintPass *p, bool dropping, const char *object,
-					   void (*fn) (MaintPass *p, void *arg), void *arg)
-{
-	LockTimeoutCall c = {p, fn, arg};
-	ErrorData  *edata = IdemRunInSubtransaction(IdemCallWithPass, &c);
-
-	if (edata == NULL)
-		return true;
-	if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-		ReThrowError(edata);
-
-	ereport(LOG,
-			(dropping ?
-			 errmsg("idempotency maintenance skipped dropping the expired partitions of \"%s\": %s",
-					object, edata->message) :
-			 errmsg("idempotency maintenance skipped creating partition \"%s\": %s",
-					object, edata->message),
-			 errdetail("The next maintenance pass tries again.")));
-	FreeErrorData(edata);
-	IdemEmit(p, "skipped", object, -1);
-	return false;
-}
-
-static void
-IdemExecDDL(const char *sql)
-{
-	int			rc = IdemRunOwnDDL(sql);
-
-	if (rc < 0)
-		elog(ERROR, "idempotency maintenance: \"%s\" failed: %s",
-			 sql, SPI_result_code_string(rc));
-}
 
 /*
  * The lock that keeps two passes of this database apart: session-level for
@@ -351,976 +73,8 @@ IdemPassLockTag(LOCKTAG *tag)
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, 0, 0, IDEM_LOCKTAG_MAINTENANCE);
 }
 
-/* ---------------------------------------------------------------------
- * Names and times
- * ---------------------------------------------------------------------
- */
-
-/* Microseconds from the Unix epoch to PostgreSQL's (2000-01-01). */
-#define UNIX_TO_PG_USECS \
-	((int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * USECS_PER_DAY)
-
-/* Start of the partition_interval slot that holds ts (UTC, from the epoch). */
-static TimestampTz
-IdemSlotStart(TimestampTz ts, int64 width)
-{
-	int64		unix_us = ts + UNIX_TO_PG_USECS;
-	int64		q = unix_us / width;
-
-	if (unix_us % width < 0)
-		q--;
-	return q * width - UNIX_TO_PG_USECS;
-}
-
 static void
-IdemTimestampToUtcTm(TimestampTz ts, struct pg_tm *tm)
-{
-	fsec_t		fsec;
-
-	if (timestamp2tm(ts, NULL, tm, &fsec, NULL, NULL) != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
-				 errmsg("timestamp out of range")));
-}
-
-/* A timestamptz literal in UTC, whatever the session's TimeZone. */
-static char *
-IdemUtcLiteral(TimestampTz ts)
-{
-	struct pg_tm tm;
-	int64		usec = ts % USECS_PER_SEC;
-
-	if (usec < 0)
-		usec += USECS_PER_SEC;
-	IdemTimestampToUtcTm(ts, &tm);
-	return psprintf("'%04d-%02d-%02d %02d:%02d:%02d.%06d+00'",
-					tm.tm_year, tm.tm_mon, tm.tm_mday,
-					tm.tm_hour, tm.tm_min, tm.tm_sec, (int) usec);
-}
-
-/* keys_pYYYYMMDDtHHMM (prefix keys_p), with seconds when the start has any. */
-static char *
-IdemPartitionName(const char *prefix, TimestampTz lo)
-{
-	struct pg_tm tm;
-
-	IdemTimestampToUtcTm(lo, &tm);
-	if (tm.tm_sec != 0 || lo % USECS_PER_SEC != 0)
-		return psprintf("%s%04d%02d%02dt%02d%02d%02d", prefix,
-						tm.tm_year, tm.tm_mon, tm.tm_mday,
-						tm.tm_hour, tm.tm_min, tm.tm_sec);
-	return psprintf("%s%04d%02d%02dt%02d%02d", prefix,
-					tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min);
-}
-
-/* What logs show of a key: idem_key_hash(tenant, endpoint, key). */
-static char *
-IdemLeaseKeyHash(const IdemStaleLease *l)
-{
-	char	   *out = palloc(IDEM_KEY_HASH_LEN + 1);
-
-	IdemKeyHash(l->tenant, strlen(l->tenant), l->endpoint, strlen(l->endpoint),
-				l->key, strlen(l->key), out);
-	return out;
-}
-
-/* ---------------------------------------------------------------------
- * Partitions
- * ---------------------------------------------------------------------
- */
-
-static int
-IdemRangeCmp(const ListCell *a, const ListCell *b)
-{
-	MaintRange *ra = lfirst(a);
-	MaintRange *rb = lfirst(b);
-
-	if (ra->lo_inf != rb->lo_inf)
-		return ra->lo_inf ? -1 : 1;
-	if (ra->lo < rb->lo)
-		return -1;
-	return ra->lo > rb->lo ? 1 : 0;
-}
-
-/* The dated partitions of table t, by lower bound (in p->cxt). */
-static List *
-IdemListPartitions(MaintPass *p, const MaintTable *t)
-{
-	List	   *children = find_inheritance_children(t->relid(), NoLock);
-	List	   *result = NIL;
-	ListCell   *lc;
-
-	foreach(lc, children)
-	{
-		Oid			relid = lfirst_oid(lc);
-		HeapTuple	tup;
-		Datum		d;
-		bool		isnull;
-		PartitionBoundSpec *spec;
-		PartitionRangeDatum *lo;
-		PartitionRangeDatum *hi;
-		MaintRange *r;
-		MemoryContext old;
-
-		tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-		if (!HeapTupleIsValid(tup))
-			continue;			/* dropped meanwhile */
-		d = SysCacheGetAttr(RELOID, tup, Anum_pg_class_relpartbound, &isnull);
-		if (isnull)
-		{
-			ReleaseSysCache(tup);
-			continue;
-		}
-		spec = castNode(PartitionBoundSpec, stringToNode(TextDatumGetCString(d)));
-		ReleaseSysCache(tup);
-		if (spec->is_default || spec->strategy != PARTITION_STRATEGY_RANGE)
-			continue;
-		lo = linitial_node(PartitionRangeDatum, spec->lowerdatums);
-		hi = linitial_node(PartitionRangeDatum, spec->upperdatums);
-
-		old = MemoryContextSwitchTo(p->cxt);
-		r = palloc0(sizeof(MaintRange));
-		r->relid = relid;
-		r->lo_inf = lo->kind != PARTITION_RANGE_DATUM_VALUE;
-		r->hi_inf = hi->kind != PARTITION_RANGE_DATUM_VALUE;
-		if (!r->lo_inf)
-			r->lo = DatumGetTimestampTz(castNode(Const, lo->value)->constvalue);
-		if (!r->hi_inf)
-			r->hi = DatumGetTimestampTz(castNode(Const, hi->value)->constvalue);
-		result = lappend(result, r);
-		MemoryContextSwitchTo(old);
-	}
-	list_sort(result, IdemRangeCmp);
-	return result;
-}
-
-/*
- * The ranges to make so that the windows of t (see MaintTable) are covered:
- * every partition_interval slot that meets one, less what existing
- * partitions already cover (they may have another width when the setting
- * changed).
- */
-/* the most partitions of one table a pass in one transaction makes */
-#define IDEM_PREMAKE_PER_TRANSACTION 64
-
-static List *
-IdemPlanPremake(MaintPass *p, const MaintTable *t, List *existing)
-{
-	int64		width = t->width();
-	int64	   *from;
-	int64	   *to;
-	int			nwindows = t->windows(p, &from, &to);
-	TimestampTz next = DT_NOBEGIN;	/* slots before it are planned */
-	List	   *plan = NIL;
-	int			w;
-	MemoryContext old = MemoryContextSwitchTo(p->cxt);
-
-	for (w = 0; w < nwindows; w++)
-	{
-		/* a slot that has ended by as_of would be dropped at once */
-		TimestampTz slot = Max(IdemSlotStart(p->as_of + Max(from[w], 0), width),
-							   next);
-		TimestampTz horizon = p->as_of + to[w];
-
-		for (; slot < horizon; slot += width)
-		{
-			TimestampTz cur = slot;
-			TimestampTz end = slot + width;
-			ListCell   *lc;
-
-			foreach(lc, existing)
-			{
-				MaintRange *r = lfirst(lc);
-
-				if (cur >= end)
-					break;
-				if (!r->hi_inf && r->hi <= cur)
-					continue;	/* wholly before */
-				if (!r->lo_inf && r->lo >= end)
-					break;		/* wholly after, as are the rest */
-				if (!r->lo_inf && r->lo > cur)
-				{
-					MaintRange *m = palloc0(sizeof(MaintRange));
-
-					m->lo = cur;
-					m->hi = r->lo;
-					plan = lappend(plan, m);
-				}
-				cur = r->hi_inf ? end : Max(cur, r->hi);
-			}
-			if (cur < end)
-			{
-				MaintRange *m = palloc0(sizeof(MaintRange));
-
-				m->lo = cur;
-				m->hi = end;
-				plan = lappend(plan, m);
-			}
-			next = end;
-		}
-	}
-	MemoryContextSwitchTo(old);
-	return plan;
-}
-
-/* A partition's rows as pg_class.reltuples estimates them; -1 if never counted. */
-static int64
-IdemPartitionEstimate(Oid relid)
-{
-	int64		estimate = -1;
-	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-
-	if (HeapTupleIsValid(tup))
-	{
-		float4		reltuples = ((Form_pg_class) GETSTRUCT(tup))->reltuples;
-
-		if (reltuples >= 0)
-			estimate = (int64) reltuples;
-		ReleaseSysCache(tup);
-	}
-	return estimate;
-}
-
-typedef struct CreateArgs
-{
-	const MaintTable *table;
-	MaintRange *range;
-	char	   *name;
-	int64		moved;
-} CreateArgs;
-
-/*
- * Make one partition: a standalone table with a CHECK constraint matching
- * its range (so that ATTACH need not scan it), the rows of its range moved
- * out of the default partition, then ATTACH.  Claims keep running against
- * the parent (ATTACH takes SHARE UPDATE EXCLUSIVE on it); only the default
- * partition is locked exclusively, and only for as long as the step lasts.
- */
-static void
-IdemCreatePartition(MaintPass *p, void *arg)
-{
-	CreateArgs *a = arg;
-	const MaintTable *t = a->table;
-	char	   *qname = quote_qualified_identifier(IDEM_SCHEMA, a->name);
-	char	   *lo = IdemUtcLiteral(a->range->lo);
-	char	   *hi = IdemUtcLiteral(a->range->hi);
-	char	   *lock_parent_exclusive = psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
-												 t->name);
-	StringInfoData sql;
-
-	initStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "CREATE TABLE %s (LIKE idempotency.%s INCLUDING DEFAULTS"
-					 " INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION,"
-					 " CONSTRAINT %s CHECK (expires_at >= %s AND expires_at < %s)%s)",
-					 qname, t->name, quote_identifier(psprintf("%s_range", a->name)),
-					 lo, hi, t->table_extra);
-	IdemExecDDL(sql.data);
-	resetStringInfo(&sql);
-	appendStringInfo(&sql, t->index_sql, a->name, qname);
-	IdemExecDDL(sql.data);
-	if (t->identity_index)
-		IdemExecDDL(psprintf("ALTER TABLE %s REPLICA IDENTITY USING INDEX %s", qname,
-							 quote_identifier(psprintf("%s%s", a->name, t->identity_index))));
-	else
-		IdemExecDDL(psprintf("ALTER TABLE %s REPLICA IDENTITY FULL", qname));
-
-	/*
-	 * Rows to move out of the default partition: a claim that had read the
-	 * list of partitions before the move could look for its key in the
-	 * default partition only.  As a precaution the move happens under ACCESS
-	 * EXCLUSIVE on the parent, so that every claim reads the list afresh
-	 * after it; moves are rare (maintenance fell behind).  Otherwise ATTACH's
-	 * own locks do, taken in the order it takes them.
-	 */
-	if (t->default_has_rows(a->range->lo, a->range->hi))
-		IdemExecDDL(lock_parent_exclusive);
-	else
-		IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN SHARE UPDATE EXCLUSIVE MODE",
-							 t->name));
-	IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
-						 t->dflt));
-
-	/* rows that arrived meanwhile */
-	if (t->default_has_rows(a->range->lo, a->range->hi))
-		IdemExecDDL(lock_parent_exclusive);
-
-	a->moved = t->move_default_rows(a->range->lo, a->range->hi, qname);
-
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "ALTER TABLE idempotency.%s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
-					 t->name, qname, lo, hi);
-	IdemExecDDL(sql.data);
-}
-
-static void
-IdemPremake(MaintPass *p, const MaintTable *t)
-{
-	List	   *plan;
-	ListCell   *lc;
-
-	IdemStepBegin(p);
-	/* a schema older than 0.3.0 has no tombstones */
-	if (t == &tombstones_table && !IdemTombstonesActive())
-		plan = NIL;
-	else
-		plan = IdemPlanPremake(p, t, IdemListPartitions(p, t));
-	IdemStepEnd(p);
-
-	foreach(lc, plan)
-	{
-		CreateArgs	a;
-		MemoryContext old;
-
-		/*
-		 * One transaction holds the locks of every partition it makes until
-		 * it ends: a pass in one transaction (idem_maintenance()) makes a
-		 * bounded number, and the next pass makes the rest.
-		 */
-		if (!p->own_xacts && !p->preview &&
-			foreach_current_index(lc) >= IDEM_PREMAKE_PER_TRANSACTION)
-		{
-			ereport(NOTICE,
-					(errmsg("maintenance made %d partitions of idempotency.%s, the most one transaction makes",
-							IDEM_PREMAKE_PER_TRANSACTION, t->name),
-					 errdetail("%d more are planned; the next pass makes them.",
-							   list_length(plan) - IDEM_PREMAKE_PER_TRANSACTION),
-					 errhint("Rows whose partition is not made yet go to the default partition and move when it is made.")));
-			break;
-		}
-		IdemStepBegin(p);
-		a.table = t;
-		a.range = lfirst(lc);
-		old = MemoryContextSwitchTo(p->cxt);
-		a.name = IdemPartitionName(t->prefix, a.range->lo);
-		MemoryContextSwitchTo(old);
-		a.moved = 0;
-		if (p->preview)
-			IdemEmit(p, "create", a.name, t->count_default(&a.range->lo, a.range->hi));
-		else if (IdemRunWithLockTimeout(p, false, a.name, IdemCreatePartition, &a))
-			IdemEmit(p, "create", a.name, a.moved);
-		IdemStepEnd(p);
-	}
-}
-
-typedef struct DropArgs
-{
-	const MaintTable *table;
-	List	   *ranges;			/* MaintRange of the partitions to drop */
-	List	   *names;			/* their names, then their row estimates */
-	List	   *estimates;
-	List	   *tombstoned;		/* tombstones written of each */
-} DropArgs;
-
-/*
- * The rows of relation relid that the snapshot seen did not see: those of
- * transactions that committed after it was taken (a new version of a row
- * that seen saw, too).  Read with the latest snapshot, under a lock that
- * keeps every writer out.
- */
-static List *
-IdemRowsNotSeen(Oid relid, Snapshot seen)
-{
-	Relation	rel = table_open(relid, AccessShareLock);
-	Snapshot	latest = RegisterSnapshot(GetLatestSnapshot());
-	TableScanDesc scan = table_beginscan(rel, latest, 0, NULL);
-	TupleTableSlot *slot = table_slot_create(rel, NULL);
-	TupleTableSlot *check = table_slot_create(rel, NULL);
-	List	   *tids = NIL;
-
-	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
-	{
-		ItemPointerData tid = slot->tts_tid;
-
-		CHECK_FOR_INTERRUPTS();
-		if (!table_tuple_fetch_row_version(rel, &tid, seen, check))
-		{
-			ItemPointer copy = palloc(sizeof(ItemPointerData));
-
-			ItemPointerCopy(&tid, copy);
-			tids = lappend(tids, copy);
-		}
-	}
-	ExecDropSingleTupleTableSlot(check);
-	ExecDropSingleTupleTableSlot(slot);
-	table_endscan(scan);
-	UnregisterSnapshot(latest);
-	table_close(rel, NoLock);
-	return tids;
-}
-
-/*
- * Drop partitions whose range has ended.  Dropping a partition takes ACCESS
- * EXCLUSIVE on the parent: it is taken once, with the short lock_timeout,
- * for all of them, in the last step of the pass.  The tombstones of a
- * partition of keys are written first, before that lock, in the same
- * subtransaction, so that they are written once: claims keep running while
- * they are written (the partition's rows are all expired, and a claim that
- * has no live row reads them or their tombstones), and when the lock is
- * not granted, they go with the partition's drop.
- *
- * A transaction that wrote into the partition may commit between that
- * reading and the lock (one still open past its key's expiry, or any with
- * a pass as of a later time): once the lock is held, no writer is left
- * (every write of keys holds ROW EXCLUSIVE on the parent until its
- * transaction ends), and the rows the first reading did not see are read
- * again with the latest snapshot and get their tombstones too, so that no
- * committed key is dropped without one.
- */
-static void
-IdemDropPartitions(MaintPass *p, void *arg)
-{
-	DropArgs   *a = arg;
-	const MaintTable *t = a->table;
-	ListCell   *lc;
-	ListCell   *lc2;
-	StringInfoData sql;
-	MemoryContext old;
-	Snapshot	seen = NULL;
-	List	   *relids = NIL;
-
-	if (t->tombstones != NULL && IdemTombstonesActive())
-		seen = RegisterSnapshot(GetLatestSnapshot());
-
-	initStringInfo(&sql);
-	appendStringInfoString(&sql, "DROP TABLE ");
-	foreach(lc, a->ranges)
-	{
-		MaintRange *r = lfirst(lc);
-		char	   *relname = get_rel_name(r->relid);
-		char	   *nspname = get_namespace_name(get_rel_namespace(r->relid));
-		int64		estimate = IdemPartitionEstimate(r->relid);
-		int64		tombstoned = -1;
-
-		if (relname == NULL || nspname == NULL)
-			continue;			/* dropped meanwhile */
-		if (seen != NULL)
-			tombstoned = t->tombstones(r->relid, p->as_of, false, seen, NIL);
-		if (a->names != NIL)
-			appendStringInfoString(&sql, ", ");
-		appendStringInfoString(&sql, quote_qualified_identifier(nspname, relname));
-		relids = lappend_oid(relids, r->relid);
-
-		old = MemoryContextSwitchTo(p->cxt);
-		a->names = lappend(a->names, pstrdup(relname));
-		a->estimates = lappend(a->estimates, palloc(sizeof(int64)));
-		*(int64 *) llast(a->estimates) = estimate;
-		a->tombstoned = lappend(a->tombstoned, palloc(sizeof(int64)));
-		*(int64 *) llast(a->tombstoned) = tombstoned;
-		MemoryContextSwitchTo(old);
-	}
-
-	IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
-						 t->name));
-
-	if (seen != NULL)
-	{
-		forboth(lc, relids, lc2, a->tombstoned)
-		{
-			List	   *tids = IdemRowsNotSeen(lfirst_oid(lc), seen);
-
-			if (tids != NIL)
-			{
-				Snapshot	latest = RegisterSnapshot(GetLatestSnapshot());
-
-				*(int64 *) lfirst(lc2) +=
-					t->tombstones(lfirst_oid(lc), p->as_of, false, latest, tids);
-				UnregisterSnapshot(latest);
-			}
-			list_free_deep(tids);
-		}
-		UnregisterSnapshot(seen);
-	}
-
-	/* one statement: one dependency walk for all of them */
-	if (a->names != NIL)
-		IdemExecDDL(sql.data);
-}
-
-static void
-IdemRetention(MaintPass *p, const MaintTable *t)
-{
-	DropArgs	a = {t, NIL, NIL, NIL, NIL};
-	ListCell   *lc;
-
-	IdemStepBegin(p);
-	/* a schema older than 0.3.0 has no tombstones */
-	if (t == &tombstones_table && !IdemTombstonesActive())
-	{
-		IdemStepEnd(p);
-		return;
-	}
-	foreach(lc, IdemListPartitions(p, t))
-	{
-		MaintRange *r = lfirst(lc);
-
-		if (r->hi_inf || r->hi > p->as_of)
-			continue;
-		if (p->preview)
-		{
-			char	   *relname = get_rel_name(r->relid);
-
-			if (relname == NULL)
-				continue;
-			if (t->tombstones != NULL && IdemTombstonesActive())
-			{
-				int64		n = t->tombstones(r->relid, p->as_of, true, NULL, NIL);
-
-				if (n > 0)
-					IdemEmit(p, "tombstone", relname, n);
-			}
-			IdemEmit(p, "drop", relname, IdemPartitionEstimate(r->relid));
-		}
-		else
-			a.ranges = lappend(a.ranges, r);
-	}
-	if (a.ranges != NIL &&
-		IdemRunWithLockTimeout(p, true, t->name, IdemDropPartitions, &a))
-	{
-		ListCell   *lc2;
-		ListCell   *lc3;
-
-		forthree(lc, a.names, lc2, a.estimates, lc3, a.tombstoned)
-		{
-			if (*(int64 *) lfirst(lc3) > 0)
-				IdemEmit(p, "tombstone", lfirst(lc), *(int64 *) lfirst(lc3));
-			IdemEmit(p, "drop", lfirst(lc), *(int64 *) lfirst(lc2));
-		}
-	}
-	IdemStepEnd(p);
-}
-
-/*
- * Expired rows leave the default partition (it should hold few rows),
- * leaving their tombstones.
- */
-static void
-IdemPurgeDefault(MaintPass *p)
-{
-	int64		n;
-	int64		tombstoned = 0;
-
-	IdemStepBegin(p);
-	if (!IdemTombstonesActive())
-		n = p->preview ? IdemKeystoreCountDefault(NULL, p->as_of) :
-			IdemKeystorePurgeDefault(p->as_of);
-	else if (p->preview)
-	{
-		n = IdemKeystoreCountDefault(NULL, p->as_of);
-		if (n > 0)
-			tombstoned = IdemTombstonesOfPartition(get_relname_relid("keys_default",
-																	 get_namespace_oid(IDEM_SCHEMA, false)),
-												   p->as_of, true, NULL, NIL);
-	}
-	else
-		n = IdemTombstonePurgeKeysDefault(p->as_of, &tombstoned);
-	if (tombstoned > 0)
-		IdemEmit(p, "tombstone", "keys_default", tombstoned);
-	if (n > 0)
-		IdemEmit(p, "purge", "keys_default", n);
-	IdemStepEnd(p);
-}
-
-/* Expired tombstones leave the default partition of tombstones. */
-static void
-IdemPurgeTombstonesDefault(MaintPass *p)
-{
-	int64		n;
-
-	IdemStepBegin(p);
-	if (!IdemTombstonesActive())
-		n = 0;					/* a schema older than 0.3.0 */
-	else if (p->preview)
-		n = IdemTombstoneCountDefault(NULL, p->as_of);
-	else
-		n = IdemTombstonePurgeDefault(p->as_of);
-	if (n > 0)
-		IdemEmit(p, "purge", "tombstones_default", n);
-	IdemStepEnd(p);
-}
-
-/* ---------------------------------------------------------------------
- * Stale leases
- * ---------------------------------------------------------------------
- */
-
-static void
-IdemReportLease(const IdemStaleLease *l, const char *to_state, int status)
-{
-	IdemTransition t;
-
-	memset(&t, 0, sizeof(t));
-	t.tenant = l->tenant;
-	t.endpoint = l->endpoint;
-	t.key = l->key;
-	t.fingerprint = l->fingerprint;
-	t.from_state = "in_progress";
-	t.to_state = to_state;
-	t.replayed = false;
-	t.response_status = status;
-	t.started = l->created_at;
-	IdemReportTransition(&t);
-}
-
-typedef struct ResolveArgs
-{
-	const IdemStaleLease *lease;
-	const IdemEndpointPolicy *policy;
-	LeaseOutcome outcome;
-	int			status;
-} ResolveArgs;
-
-/* Call the resolver and apply its answer; runs in a subtransaction. */
-static void
-IdemResolveLease(MaintPass *p, ResolveArgs *a)
-{
-	const IdemStaleLease *l = a->lease;
-	Oid			resolver;
-	FmgrInfo	flinfo;
-
-	LOCAL_FCINFO(fcinfo, 3);
-	Datum		answer;
-	Oid			types[2] = {JSONBOID, TEXTOID};
-	Datum		values[2];
-	int			rc;
-	bool		isnull;
-	char	   *status_type;
-	char	   *status_text;
-	IdemResponse resp;
-	Oid			role;
-	IdemUserSwitch user;
-
-	/*
-	 * The function is found again by its name at each call; it, and the
-	 * role, may have changed since the row was written.
-	 */
-	role = IdemResolverRole(l->endpoint, a->policy->resolver_name, &resolver);
-	IdemResolverCheckSignature(resolver, l->endpoint);
-	IdemResolverCheckRole(resolver, role, l->endpoint);
-
-	fmgr_info(resolver, &flinfo);
-	InitFunctionCallInfoData(*fcinfo, &flinfo, 3, DEFAULT_COLLATION_OID, NULL, NULL);
-	fcinfo->args[0].value = CStringGetTextDatum(l->tenant);
-	fcinfo->args[0].isnull = false;
-	fcinfo->args[1].value = CStringGetTextDatum(l->endpoint);
-	fcinfo->args[1].isnull = false;
-	fcinfo->args[2].value = CStringGetTextDatum(l->key);
-	fcinfo->args[2].isnull = false;
-
-	/*
-	 * The resolver runs as the endpoint's resolver_role (the role that set
-	 * it), not as the pass (the extension's owner), and may not change
-	 * session state: whoever may edit idempotency.endpoints can name a
-	 * resolver, but not run code with rights they do not have.  A SECURITY
-	 * DEFINER resolver runs as its owner, who lent those rights by granting
-	 * EXECUTE.  An error restores the user with the subtransaction.
-	 */
-	IdemSwitchUser(&user, role, SECURITY_RESTRICTED_OPERATION);
-	answer = FunctionCallInvoke(fcinfo);
-	IdemRestoreUser(&user);
-
-	if (fcinfo->isnull)
-	{
-		/* no business record: the operation did not happen */
-		if (IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_FAILED,
-									"resolver found no business record", NULL))
-			a->outcome = LEASE_FAILED;
-		else
-			a->outcome = LEASE_GONE;
-		return;
-	}
-
-	/* pick the answer apart */
-	values[0] = answer;
-	values[1] = CStringGetTextDatum("UTF8");
-	rc = SPI_execute_with_args("SELECT jsonb_typeof($1),"
-							   " jsonb_typeof($1 -> 'status'), $1 ->> 'status',"
-							   " jsonb_typeof($1 -> 'headers'), $1 -> 'headers',"
-							   " convert_to(($1 -> 'body')::text, $2)",
-							   2, types, values, NULL, true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "reading a resolver's answer failed: %s", SPI_result_code_string(rc));
-
-	status_type = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2);
-	status_text = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
-	{
-		char	   *top = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-		char	   *headers_type = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4);
-		char	   *end = NULL;
-		long		status = 0;
-		Datum		body;
-
-		if (status_text != NULL)
-		{
-			errno = 0;
-			status = strtol(status_text, &end, 10);
-		}
-		if (top == NULL || strcmp(top, "object") != 0 ||
-			status_type == NULL || strcmp(status_type, "number") != 0 ||
-			end == NULL || *end != '\0' || errno != 0 || status < 100 || status > 599 ||
-			(headers_type != NULL && strcmp(headers_type, "null") != 0 &&
-			 strcmp(headers_type, "object") != 0))
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("resolver %s of endpoint \"%s\" returned an invalid answer",
-							format_procedure(resolver), l->endpoint),
-					 errdetail("A resolver returns NULL or a JSON object with an integer \"status\" from 100 to 599, an optional \"body\" and an optional object \"headers\".")));
-
-		memset(&resp, 0, sizeof(resp));
-		resp.status = (int32) status;
-		if (headers_type != NULL && strcmp(headers_type, "object") == 0)
-			resp.headers = DatumGetJsonbP(SPI_getbinval(SPI_tuptable->vals[0],
-														SPI_tuptable->tupdesc, 5, &isnull));
-		/* no "body": NULL, which must not be detoasted */
-		body = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 6, &isnull);
-		if (isnull)
-		{
-			resp.body = NULL;
-			resp.body_kind = IDEM_BODY_NONE;
-		}
-		else
-		{
-			resp.body = DatumGetByteaP(body);
-			resp.body_kind = IDEM_BODY_JSON;
-		}
-	}
-
-	/* what the endpoint keeps of it (headers, size cap, encryption) */
-	IdemResponseForStorage(a->policy, &resp);
-
-	if (!IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_COMPLETED, NULL, &resp))
-		a->outcome = LEASE_GONE;
-	else
-	{
-		a->outcome = LEASE_COMPLETED;
-		a->status = resp.status;
-	}
-}
-
-typedef struct ResolveCall
-{
-	MaintPass  *p;
-	ResolveArgs *a;
-} ResolveCall;
-
-static void
-IdemCallResolveLease(void *arg)
-{
-	ResolveCall *c = (ResolveCall *) arg;
-
-	IdemResolveLease(c->p, c->a);
-}
-
-/*
- * idempotency.resolver_timeout: a timeout of this process's own, which
- * cancels the resolver's call the way a statement timeout cancels a query
- * (the resolver sees a query cancel at its next interrupt check).
- */
-static volatile sig_atomic_t resolver_timed_out = false;
-static TimeoutId resolver_timeout_id;
-static bool resolver_timeout_registered = false;
-
-static void
-IdemResolverTimeoutHandler(void)
-{
-	resolver_timed_out = true;
-	InterruptPending = true;
-	QueryCancelPending = true;
-	SetLatch(MyLatch);
-}
-
-/*
- * Settle one stale lease through the endpoint's resolver.  A resolver that
- * raises, or does not answer within idempotency.resolver_timeout, leaves the
- * row as it was: the error is logged and the pass goes on.
- */
-static LeaseOutcome
-IdemResolveLeaseGuarded(MaintPass *p, const IdemStaleLease *l,
-						const IdemEndpointPolicy *policy, int *status)
-{
-	ResolveArgs a;
-	ResolveCall c = {p, &a};
-	ErrorData  *edata;
-	int			timeout_ms = idem_resolver_timeout;
-	bool		timed_out;
-
-	a.lease = l;
-	a.policy = policy;
-	a.outcome = LEASE_RESOLVER_ERROR;
-	a.status = -1;
-
-	if (timeout_ms > 0 && !resolver_timeout_registered)
-	{
-		resolver_timeout_id = RegisterTimeout(USER_TIMEOUT, IdemResolverTimeoutHandler);
-		resolver_timeout_registered = true;
-	}
-	resolver_timed_out = false;
-	if (timeout_ms > 0)
-		enable_timeout_after(resolver_timeout_id, timeout_ms);
-	edata = IdemRunInSubtransaction(IdemCallResolveLease, &c);
-	if (timeout_ms > 0)
-		disable_timeout(resolver_timeout_id, false);
-	timed_out = resolver_timed_out;
-	if (timed_out)
-	{
-		/* the cancel was this timeout's: none is left for the pass */
-		QueryCancelPending = false;
-		resolver_timed_out = false;
-	}
-
-	if (edata != NULL)
-	{
-		/* a cancel (not the timeout's) or shutdown stops the pass */
-		if ((edata->sqlerrcode == ERRCODE_QUERY_CANCELED && !timed_out) ||
-			edata->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN)
-			ReThrowError(edata);
-
-		if (timed_out)
-			ereport(WARNING,
-					(errmsg("idempotency resolver of endpoint \"%s\" did not answer within %d ms for tenant \"%s\", key hash %s",
-							l->endpoint, timeout_ms, l->tenant, IdemLeaseKeyHash(l)),
-					 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again."),
-					 errhint("A resolver should only look the operation up; raise idempotency.resolver_timeout if it needs longer.")));
-		else
-			ereport(WARNING,
-					(errmsg("idempotency resolver of endpoint \"%s\" failed for tenant \"%s\", key hash %s: %s",
-							l->endpoint, l->tenant, IdemLeaseKeyHash(l), edata->message),
-					 errdetail("The key stays in_progress; the next maintenance pass calls the resolver again.")));
-		FreeErrorData(edata);
-		a.outcome = LEASE_RESOLVER_ERROR;
-	}
-
-	*status = a.status;
-	return a.outcome;
-}
-
-typedef struct LeaseCount
-{
-	char	   *endpoint;
-	int64		n[LEASE_GONE];
-} LeaseCount;
-
-/*
- * Preview of step 1: per endpoint, the stale leases that a pass would give
- * to the endpoint's resolver ("lease_resolve") or mark unknown.
- */
-static void
-IdemStaleLeasesPreview(MaintPass *p)
-{
-	int			nrows;
-	char	  **endpoints;
-	int64	   *counts;
-
-	nrows = IdemKeystoreCountStaleLeases(p->as_of, &endpoints, &counts);
-	for (int i = 0; i < nrows; i++)
-	{
-		const IdemEndpointPolicy *policy = IdemGetEndpointPolicy(endpoints[i]);
-
-		IdemEmit(p, policy->resolve_on_expiry && policy->has_resolver ?
-				 "lease_resolve" : "lease_unknown", endpoints[i], counts[i]);
-	}
-}
-
-static void
-IdemStaleLeases(MaintPass *p)
-{
-	int			nrows;
-	IdemStaleLease *leases;
-	List	   *counts = NIL;
-	ListCell   *lc;
-
-	IdemStepBegin(p);
-	if (p->preview)
-	{
-		IdemStaleLeasesPreview(p);
-		IdemStepEnd(p);
-		return;
-	}
-	nrows = IdemKeystoreStaleLeases(p->as_of, &leases);
-
-	for (int i = 0; i < nrows; i++)
-	{
-		IdemStaleLease *l = &leases[i];
-		IdemEndpointPolicy policy = *IdemGetEndpointPolicy(l->endpoint);
-		LeaseOutcome outcome;
-		int			status = -1;
-		LeaseCount *count = NULL;
-
-		CHECK_FOR_INTERRUPTS();
-
-		if (policy.resolve_on_expiry && policy.has_resolver)
-			outcome = IdemResolveLeaseGuarded(p, l, &policy, &status);
-		else
-			outcome = IdemKeystoreSettleLease(l, p->as_of, IDEM_STATE_UNKNOWN,
-											  NULL, NULL) ?
-				LEASE_UNKNOWN : LEASE_GONE;
-
-		/* counted once per key: when its state changed */
-		if (outcome == LEASE_UNKNOWN || outcome == LEASE_COMPLETED ||
-			outcome == LEASE_FAILED)
-			IdemStatsCount(l->endpoint, IDEM_COUNT_LEASES_EXPIRED);
-
-		switch (outcome)
-		{
-			case LEASE_UNKNOWN:
-				ereport(WARNING,
-						(errmsg("idempotency lease expired: tenant \"%s\", endpoint \"%s\", key hash %s is now unknown",
-								l->tenant, l->endpoint, IdemLeaseKeyHash(l)),
-						 errdetail("Its holder neither finished nor renewed the lease in time; duplicates get outcome_pending until an operator resolves the key."),
-						 errhint("Record the real outcome with idempotency.idem_resolve().")));
-				IdemReportLease(l, "unknown", -1);
-				break;
-			case LEASE_COMPLETED:
-				IdemStatsCount(l->endpoint, IDEM_COUNT_RESOLVED);
-				IdemReportLease(l, "completed", status);
-				break;
-			case LEASE_FAILED:
-				IdemStatsCount(l->endpoint, IDEM_COUNT_RESOLVED);
-				IdemReportLease(l, "failed", -1);
-				break;
-			case LEASE_RESOLVER_ERROR:
-			case LEASE_GONE:
-				break;
-		}
-		if (outcome == LEASE_GONE)
-			continue;
-
-		/* one result row per endpoint and outcome; rows come by endpoint */
-		if (counts != NIL)
-		{
-			count = llast(counts);
-			if (strcmp(count->endpoint, l->endpoint) != 0)
-				count = NULL;
-		}
-		if (count == NULL)
-		{
-			count = palloc0(sizeof(LeaseCount));
-			count->endpoint = l->endpoint;
-			counts = lappend(counts, count);
-		}
-		count->n[outcome]++;
-	}
-
-	foreach(lc, counts)
-	{
-		LeaseCount *count = lfirst(lc);
-		int			o;
-
-		for (o = 0; o < LEASE_GONE; o++)
-			if (count->n[o] > 0)
-				IdemEmit(p, lease_outcome_kinds[o], count->endpoint, count->n[o]);
-	}
-	IdemStepEnd(p);
-}
-
-/* ---------------------------------------------------------------------
- * The pass
- * ---------------------------------------------------------------------
- */
-
-static void
-IdemPassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
+IdemPassInit(IdemMaintPass *p, TimestampTz as_of, bool own_xacts,
 			 IdemMaintEmit emit, void *arg)
 {
 	memset(p, 0, sizeof(*p));
@@ -1340,7 +94,7 @@ IdemPassInit(MaintPass *p, TimestampTz as_of, bool own_xacts,
  * holds no expires_at, to the default partition).  Runs in a step.
  */
 static char *
-IdemSubscription(MaintPass *p)
+IdemSubscription(IdemMaintPass *p)
 {
 	char	   *result = NULL;
 
@@ -1370,15 +124,15 @@ IdemSubscription(MaintPass *p)
  * coordinator makes and drops partitions, which Citus carries to the shards.
  */
 static void
-IdemRunSteps(MaintPass *p)
+IdemRunSteps(IdemMaintPass *p)
 {
 	IdemKeysNode node;
 	char	   *subscription;
 
-	IdemStepBegin(p);
+	IdemMaintStepBegin(p);
 	node = IdemKeystoreNode();
 	subscription = IdemSubscription(p);
-	IdemStepEnd(p);
+	IdemMaintStepEnd(p);
 	if (subscription)
 	{
 		ereport(p->own_xacts ? LOG : NOTICE,
@@ -1386,20 +140,20 @@ IdemRunSteps(MaintPass *p)
 						subscription),
 				 errdetail("A logical replica keeps the publisher's keys as they come; maintenance runs here once the subscription is dropped."),
 				 errhint("At the switch-over, drop the subscription (doc/operations.md, \"Logical replication and blue/green switch-over\").")));
-		IdemEmit(p, "skipped", "subscription", -1);
+		IdemMaintReport(p, IDEM_MAINT_SKIPPED, "subscription", -1);
 		return;
 	}
-	IdemStaleLeases(p);
+	IdemMaintStaleLeases(p);
 	/* tombstones land in dated partitions, made first */
-	IdemPremake(p, &tombstones_table);
-	IdemPurgeDefault(p);
+	IdemMaintPremake(p, IDEM_PARTITIONED_TOMBSTONES);
+	IdemMaintPurgeKeysDefault(p);
 	/* a Citus worker: the coordinator makes and drops the partitions */
 	if (node == IDEM_KEYS_CITUS_WORKER)
 		return;
-	IdemPremake(p, &keys_table);
-	IdemRetention(p, &keys_table);
-	IdemRetention(p, &tombstones_table);
-	IdemPurgeTombstonesDefault(p);
+	IdemMaintPremake(p, IDEM_PARTITIONED_KEYS);
+	IdemMaintRetention(p, IDEM_PARTITIONED_KEYS);
+	IdemMaintRetention(p, IDEM_PARTITIONED_TOMBSTONES);
+	IdemMaintPurgeTombstonesDefault(p);
 }
 
 /*
@@ -1410,7 +164,7 @@ IdemRunSteps(MaintPass *p)
 void
 IdemMaintenancePreview(TimestampTz as_of, IdemMaintEmit emit, void *arg)
 {
-	MaintPass	p;
+	IdemMaintPass p;
 
 	IdemPassInit(&p, as_of, false, emit, arg);
 	p.preview = true;
@@ -1422,7 +176,7 @@ bool
 IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 					IdemMaintEmit emit, void *arg)
 {
-	MaintPass	p;
+	IdemMaintPass p;
 	LOCKTAG		tag;
 
 	IdemPassInit(&p, as_of, own_xacts, emit, arg);
@@ -1435,7 +189,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 		if (LockAcquire(&tag, ExclusiveLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
 		{
 			CommitTransactionCommand();
-			IdemEmit(&p, "busy", NULL, -1);
+			IdemMaintReport(&p, IDEM_MAINT_BUSY, NULL, -1);
 			return false;
 		}
 		CommitTransactionCommand();
@@ -1447,7 +201,7 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 	{
 		if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 		{
-			IdemEmit(&p, "busy", NULL, -1);
+			IdemMaintReport(&p, IDEM_MAINT_BUSY, NULL, -1);
 			return false;
 		}
 		p.cxt = CurrentMemoryContext;
@@ -1475,13 +229,13 @@ IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
  */
 
 static void
-IdemEmitTuple(void *arg, const char *kind, const char *object, int64 rows)
+IdemEmitTuple(void *arg, IdemMaintKind kind, const char *object, int64 rows)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) arg;
 	Datum		values[3];
 	bool		nulls[3] = {false, false, false};
 
-	values[0] = CStringGetTextDatum(kind);
+	values[0] = CStringGetTextDatum(IdemMaintKindName(kind));
 	if (object)
 		values[1] = CStringGetTextDatum(object);
 	else
@@ -1564,3 +318,4 @@ idem_maintenance(PG_FUNCTION_ARGS)
 		(void) IdemMaintenancePass(as_of, false, IdemEmitTuple, rsinfo);
 	return (Datum) 0;
 }
+

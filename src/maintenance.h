@@ -11,18 +11,13 @@
 
 #include "datatype/timestamp.h"
 
+#include "maint_pass.h"
+
 /*
  * Field 4 of the advisory locktag that keeps two passes of the same database
  * apart ("IM"); pg_advisory_lock only uses 1 and 2 there.
  */
 #define IDEM_LOCKTAG_MAINTENANCE	0x494D
-
-/*
- * Receives one action of a pass: kind, object (NULL when none) and rows
- * (negative when not known).
- */
-typedef void (*IdemMaintEmit) (void *arg, const char *kind,
-							   const char *object, int64 rows);
 
 /*
  * Run one pass as if the clock read as_of.  With own_xacts, each step runs

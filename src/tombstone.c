@@ -523,12 +523,6 @@ IdemTombstoneTtls(int64 **ttls)
 }
 
 int64
-IdemTombstoneCountDefault(const TimestampTz *lo, TimestampTz hi)
-{
-	return IdemCountExpiring("idempotency.tombstones_default", lo, hi);
-}
-
-int64
 IdemTombstonePurgeDefault(TimestampTz as_of)
 {
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
@@ -537,16 +531,4 @@ IdemTombstonePurgeDefault(TimestampTz as_of)
 	return (int64) IdemSpiExec("DELETE FROM ONLY idempotency.tombstones_default"
 							   " WHERE expires_at <= $1",
 							   1, argtypes, args, NULL, false, SPI_OK_DELETE);
-}
-
-bool
-IdemTombstoneDefaultHasRows(TimestampTz lo, TimestampTz hi)
-{
-	return IdemExpiringExists("idempotency.tombstones_default", lo, hi);
-}
-
-int64
-IdemTombstoneMoveDefaultRows(TimestampTz lo, TimestampTz hi, const char *qname)
-{
-	return IdemExpiringMove("idempotency.tombstones_default", lo, hi, qname);
 }

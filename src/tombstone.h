@@ -54,16 +54,12 @@ extern int64 IdemTombstonePurgeKeysDefault(TimestampTz as_of,
 
 /*
  * For maintenance: the table, the distinct tombstone_ttl in use (the
- * setting's and the endpoints'), and the rows of the default partition (as
- * for the keys, see keystore.h).
+ * setting's and the endpoints'), and the delete of the default partition's
+ * rows whose expires_at is at most as_of (returns how many).
  */
 extern Oid	IdemTombstoneRelid(void);
 extern bool IdemTombstoneTableExists(void);	/* false before 0.3.0 */
 extern int	IdemTombstoneTtls(int64 **ttls);
-extern int64 IdemTombstoneCountDefault(const TimestampTz *lo, TimestampTz hi);
 extern int64 IdemTombstonePurgeDefault(TimestampTz as_of);
-extern bool IdemTombstoneDefaultHasRows(TimestampTz lo, TimestampTz hi);
-extern int64 IdemTombstoneMoveDefaultRows(TimestampTz lo, TimestampTz hi,
-										  const char *qname);
 
 #endif							/* IDEM_TOMBSTONE_H */

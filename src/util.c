@@ -216,37 +216,6 @@ IdemRegisterRelcacheCallback(RelcacheCallbackFunction fn)
 }
 
 /*
- * Rows of the table qname (a default partition: counted ONLY) whose
- * expires_at is in [*lo, hi), or, with lo NULL, at most hi.  Maintenance
- * counts with it what it would move or purge.
- */
-int64
-IdemCountExpiring(const char *qname, const TimestampTz *lo, TimestampTz hi)
-{
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(hi), TimestampTzGetDatum(lo ? *lo : 0)};
-	bool		isnull;
-	int64		count;
-	int			rc;
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args(psprintf(lo ?
-										"SELECT count(*) FROM ONLY %s"
-										" WHERE expires_at >= $2 AND expires_at < $1" :
-										"SELECT count(*) FROM ONLY %s"
-										" WHERE expires_at <= $1", qname),
-							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "counting rows of %s failed: %s",
-			 qname, SPI_result_code_string(rc));
-	count = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-										SPI_tuptable->tupdesc, 1, &isnull));
-	SPI_finish();
-	return count;
-}
-
-/*
  * Run one statement through SPI, connected for it alone (maintenance's
  * statements, the rarer changes of a row); raises unless SPI answers
  * expected, and returns the rows processed.
@@ -266,36 +235,4 @@ IdemSpiExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
 	processed = SPI_processed;
 	SPI_finish();
 	return processed;
-}
-
-/* Whether the table qname (ONLY) holds rows whose expires_at is in [lo, hi). */
-bool
-IdemExpiringExists(const char *qname, TimestampTz lo, TimestampTz hi)
-{
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
-
-	return IdemSpiExec(psprintf("SELECT 1 FROM ONLY %s"
-								" WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
-								qname),
-					   2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
-}
-
-/*
- * Move the rows of the table qname (ONLY: a default partition) whose
- * expires_at is in [lo, hi) into the table target (a partition about to be
- * attached); returns how many.
- */
-int64
-IdemExpiringMove(const char *qname, TimestampTz lo, TimestampTz hi,
-				 const char *target)
-{
-	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
-	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
-
-	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY %s"
-										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
-										" INSERT INTO %s SELECT * FROM moved",
-										qname, target),
-							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
 }

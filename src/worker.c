@@ -255,28 +255,23 @@ IdemLauncherMain(Datum main_arg)
 /* The per-endpoint counts of stale leases, by outcome. */
 static const struct
 {
-	const char *kind;
 	const char *singular;
 	const char *plural;
 }			lease_messages[] =
 {
-	{
-		"lease_unknown",
+	[IDEM_MAINT_LEASE_UNKNOWN] = {
 		gettext_noop("idempotency maintenance marked %lld stale lease of endpoint \"%s\" unknown"),
 		gettext_noop("idempotency maintenance marked %lld stale leases of endpoint \"%s\" unknown")
 	},
-	{
-		"lease_completed",
+	[IDEM_MAINT_LEASE_COMPLETED] = {
 		gettext_noop("idempotency maintenance completed %lld stale lease of endpoint \"%s\" with its resolver's answer"),
 		gettext_noop("idempotency maintenance completed %lld stale leases of endpoint \"%s\" with its resolver's answer")
 	},
-	{
-		"lease_failed",
+	[IDEM_MAINT_LEASE_FAILED] = {
 		gettext_noop("idempotency maintenance marked %lld stale lease of endpoint \"%s\" failed because its resolver found no business record"),
 		gettext_noop("idempotency maintenance marked %lld stale leases of endpoint \"%s\" failed because its resolver found no business record")
 	},
-	{
-		"resolver_error",
+	[IDEM_MAINT_RESOLVER_ERROR] = {
 		gettext_noop("idempotency maintenance left %lld stale lease of endpoint \"%s\" in progress because its resolver failed or did not answer"),
 		gettext_noop("idempotency maintenance left %lld stale leases of endpoint \"%s\" in progress because its resolver failed or did not answer")
 	},
@@ -287,57 +282,63 @@ static const struct
  * rows), each in a message of its own.
  */
 static void
-IdemLogAction(void *arg, const char *kind, const char *object, int64 rows)
+IdemLogAction(void *arg, IdemMaintKind kind, const char *object, int64 rows)
 {
 	long long	n = (long long) rows;
 	unsigned long un = (unsigned long) Max(rows, 0);
 
-	if (strcmp(kind, "busy") == 0)
-		ereport(DEBUG1,
-				(errmsg("idempotency maintenance found another pass running in database \"%s\"",
-						get_database_name(MyDatabaseId))));
-	else if (strcmp(kind, "skipped") == 0)
+	switch (kind)
 	{
-		/* maintenance.c has logged the step and why it was skipped */
-	}
-	else if (strcmp(kind, "create") == 0 && rows > 0)
-		ereport(LOG,
-				(errmsg_plural("idempotency maintenance created partition \"%s\" and moved %lld row into it from the default partition",
-							   "idempotency maintenance created partition \"%s\" and moved %lld rows into it from the default partition",
-							   un, object, n)));
-	else if (strcmp(kind, "create") == 0)
-		ereport(LOG,
-				(errmsg("idempotency maintenance created partition \"%s\"", object)));
-	else if (strcmp(kind, "drop") == 0 && rows >= 0)
-		ereport(LOG,
-				(errmsg_plural("idempotency maintenance dropped partition \"%s\", whose range has ended, with about %lld row",
-							   "idempotency maintenance dropped partition \"%s\", whose range has ended, with about %lld rows",
-							   un, object, n)));
-	else if (strcmp(kind, "drop") == 0)
-		ereport(LOG,
-				(errmsg("idempotency maintenance dropped partition \"%s\", whose range has ended", object)));
-	else if (strcmp(kind, "purge") == 0)
-		ereport(LOG,
-				(errmsg_plural("idempotency maintenance deleted %lld expired row from the default partition",
-							   "idempotency maintenance deleted %lld expired rows from the default partition",
-							   un, n)));
-	else
-	{
-		for (size_t i = 0; i < lengthof(lease_messages); i++)
-		{
-			if (strcmp(kind, lease_messages[i].kind) == 0)
-			{
+		case IDEM_MAINT_BUSY:
+			ereport(DEBUG1,
+					(errmsg("idempotency maintenance found another pass running in database \"%s\"",
+							get_database_name(MyDatabaseId))));
+			break;
+		case IDEM_MAINT_SKIPPED:
+			/* the pass has logged the step and why it was skipped */
+			break;
+		case IDEM_MAINT_CREATE:
+			if (rows > 0)
 				ereport(LOG,
-						(errmsg_plural(lease_messages[i].singular,
-									   lease_messages[i].plural,
-									   un, n, object)));
-				return;
-			}
-		}
-		/* a kind this file does not know yet: say it as idem_maintenance() does */
-		ereport(LOG,
-				(errmsg_internal("idempotency maintenance action \"%s\" on \"%s\", rows %lld",
-								 kind, object ? object : "", n)));
+						(errmsg_plural("idempotency maintenance created partition \"%s\" and moved %lld row into it from the default partition",
+									   "idempotency maintenance created partition \"%s\" and moved %lld rows into it from the default partition",
+									   un, object, n)));
+			else
+				ereport(LOG,
+						(errmsg("idempotency maintenance created partition \"%s\"", object)));
+			break;
+		case IDEM_MAINT_DROP:
+			if (rows >= 0)
+				ereport(LOG,
+						(errmsg_plural("idempotency maintenance dropped partition \"%s\", whose range has ended, with about %lld row",
+									   "idempotency maintenance dropped partition \"%s\", whose range has ended, with about %lld rows",
+									   un, object, n)));
+			else
+				ereport(LOG,
+						(errmsg("idempotency maintenance dropped partition \"%s\", whose range has ended", object)));
+			break;
+		case IDEM_MAINT_PURGE:
+			ereport(LOG,
+					(errmsg_plural("idempotency maintenance deleted %lld expired row from the default partition",
+								   "idempotency maintenance deleted %lld expired rows from the default partition",
+								   un, n)));
+			break;
+		case IDEM_MAINT_LEASE_UNKNOWN:
+		case IDEM_MAINT_LEASE_COMPLETED:
+		case IDEM_MAINT_LEASE_FAILED:
+		case IDEM_MAINT_RESOLVER_ERROR:
+			ereport(LOG,
+					(errmsg_plural(lease_messages[kind].singular,
+								   lease_messages[kind].plural,
+								   un, n, object)));
+			break;
+		case IDEM_MAINT_TOMBSTONE:
+		case IDEM_MAINT_LEASE_RESOLVE:
+			/* no message of their own: say it as idem_maintenance() does */
+			ereport(LOG,
+					(errmsg_internal("idempotency maintenance action \"%s\" on \"%s\", rows %lld",
+									 IdemMaintKindName(kind), object ? object : "", n)));
+			break;
 	}
 }
 
