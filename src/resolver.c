@@ -32,19 +32,9 @@
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 
+#include "compat.h"
 #include "idempotency.h"
 #include "resolver.h"
-
-/* EXECUTE on a function: object_aclcheck from PostgreSQL 16 on */
-static bool
-IdemMayExecute(Oid func, Oid role)
-{
-#if PG_VERSION_NUM >= 160000
-	return object_aclcheck(ProcedureRelationId, func, role, ACL_EXECUTE) == ACLCHECK_OK;
-#else
-	return pg_proc_aclcheck(func, role, ACL_EXECUTE) == ACLCHECK_OK;
-#endif
-}
 
 void
 IdemResolverCheckSignature(Oid resolver, const char *endpoint)
@@ -84,7 +74,7 @@ IdemResolverCheckRole(Oid resolver, Oid role, const char *endpoint)
 				 errmsg("the resolver of endpoint \"%s\" has no role to run as", endpoint),
 				 errdetail("Its resolver_role is %u, which is not a role.", role),
 				 errhint("Set the endpoint's resolver again, or name an existing resolver_role.")));
-	if (!IdemMayExecute(resolver, role))
+	if (!IdemProcExecuteAllowed(resolver, role))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("role \"%s\" may not execute resolver %s of endpoint \"%s\"",
@@ -319,7 +309,7 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 						name, endpoint)));
 
 	IdemResolverCheckSignature(resolver, endpoint);
-	if (!IdemMayExecute(resolver, me))
+	if (!IdemProcExecuteAllowed(resolver, me))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to name %s as the resolver of endpoint \"%s\"",
