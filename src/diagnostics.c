@@ -74,6 +74,7 @@
 #include "keygen.h"
 #include "keys.h"
 #include "keystore.h"
+#include "schema.h"
 #include "scope.h"
 
 #define IDEM_DIAG_VERSION		1
@@ -150,13 +151,13 @@ IdemDiagLoadSecret(void)
 		IdemRegisterRelcacheCallback(IdemDiagSecretInvalidate);
 		diag_callback_registered = true;
 	}
-	diag_secret_relid = get_relname_relid("diagnostics_secret",
-										  get_namespace_oid("idempotency", false));
-	if (!OidIsValid(diag_secret_relid))
+	if (!IdemSchemaHas(IDEM_SCHEMA_DIAGNOSTICS))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("table idempotency.diagnostics_secret does not exist"),
 				 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
+	diag_secret_relid = get_relname_relid("diagnostics_secret",
+										  get_namespace_oid("idempotency", false));
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
