@@ -20,15 +20,10 @@
  */
 #include "postgres.h"
 
-#include <limits.h>
-
 #include "catalog/pg_type.h"
-#include "common/jsonapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
-#include "utils/fmgrprotos.h"
-#include "utils/jsonfuncs.h"
 #include "utils/numeric.h"
 
 #include "canonical_int.h"

@@ -27,6 +27,7 @@
 
 #include "canonical_int.h"
 #include "canonical_json.h"
+#include "compat.h"
 #include "number_format.h"
 
 static bool IdemTextValue(TextScan *ts, int depth, const int *active,
