@@ -185,7 +185,6 @@ IdemTryParseExclusions(ArrayType *pointers, IdemExclusions **ex)
 
 /* ---------- serialization ---------- */
 
-
 static void IdemEmitValue(CanonState *st, const ChildRef *ref, int depth,
 						  const int *active, int nactive);
 

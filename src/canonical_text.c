@@ -33,7 +33,6 @@
 static bool IdemTextValue(TextScan *ts, int depth, const int *active,
 						  int nactive);
 
-
 /* room for n more bytes (and the terminator) in out */
 static inline void
 IdemReserve(StringInfo out, int n)
@@ -309,7 +308,6 @@ IdemTextNumber(TextScan *ts)
 	return true;
 }
 
-
 static bool
 IdemTextLiteral(TextScan *ts, const char *word, int len)
 {
@@ -318,7 +316,6 @@ IdemTextLiteral(TextScan *ts, const char *word, int len)
 	appendBinaryStringInfo(ts->st.out, word, len);
 	return true;
 }
-
 
 /*
  * The members of an object written from body on, in the text's order, put

@@ -35,7 +35,6 @@
 
 #define IDEM_DIAG_SECRET_LEN	32
 
-
 static uint8 diag_secret[IDEM_DIAG_SECRET_LEN];
 static bool diag_secret_valid = false;
 
@@ -141,7 +140,6 @@ IdemDiagHmac(pg_hmac_ctx *ctx, const uint8 *key, size_t keylen,
 		pg_hmac_final(ctx, out, PG_SHA256_DIGEST_LENGTH) < 0)
 		IdemDiagHmacFailed(ctx);
 }
-
 
 /*
  * The key of a scope, and the tag that says which scope (and secret) a

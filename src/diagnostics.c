@@ -376,7 +376,6 @@ IdemRequestDigest(const IdemScope *scope, Jsonb *body, const char *method,
  * ----------------------------------------------------------------
  */
 
-
 /*
  * A member name as a digest holds it (canonical, without quotes) that a
  * JSON Pointer can be made of: no NUL byte, escapes that undo to a
