@@ -2,8 +2,9 @@
  *
  * canonical_json.h
  *	  RFC 8785 (JSON Canonicalization Scheme) serialization of jsonb values
- *	  and of raw JSON text, with members dropped by JSON Pointer (RFC 6901);
- *	  raw JSON text turned into jsonb directly.
+ *	  (canonical_json.c) and of raw JSON text (canonical_text.c), with
+ *	  members dropped by JSON Pointer (RFC 6901); raw JSON text turned into
+ *	  jsonb directly (json_build.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -58,18 +59,18 @@ extern bool IdemTryCanonicalizeJsonText(StringInfo out, text *json,
 										pg_cryptohash_ctx *sink);
 
 /*
+ * The JSON escape whose backslash is at *pp, unescaped onto buf; *pp is
+ * left on its last byte.  False for an escape JSON does not allow.
+ */
+extern bool IdemJsonUnescape(const char **pp, const char *end, StringInfo buf);
+
+/*
  * Raw JSON text (len bytes at s, UTF-8) as jsonb, built directly: the same
  * datum jsonb_in gives, byte for byte.  NULL, raising no errors of its
  * own, for any text it leaves to jsonb_in: invalid JSON, \u0000 or lone
  * surrogates, invalid UTF-8, numbers beyond the bounds of the fast path,
  * deep nesting, very long text, a database not in UTF-8.
  */
-/*
- * The JSON escape whose backslash is at *pp, unescaped onto buf; *pp is
- * left on its last byte.  False for an escape JSON does not allow.
- */
-extern bool IdemJsonUnescape(const char **pp, const char *end, StringInfo buf);
-
 extern Jsonb *IdemTryJsonTextToJsonb(const char *s, int len);
 
 /*

@@ -6,10 +6,13 @@
  *	  wherever a server API changed; each maps to the call of the version it
  *	  is compiled against.
  *
- *	  16: varlena access macros moved to varatt.h; pg_class_ownercheck gave
- *	      way to object_ownercheck; JSON semantic action callbacks return a
+ *	  16: varlena access macros moved to varatt.h; pg_class_ownercheck and
+ *	      pg_proc_aclcheck gave way to object_ownercheck and
+ *	      object_aclcheck; JSON semantic action callbacks return a
  *	      JsonParseErrorType; build_attrmap_by_name_if_req gained missing_ok;
- *	      ExecInsertIndexTuples gained onlySummarizing.
+ *	      ExecInsertIndexTuples gained onlySummarizing; GUC check hooks
+ *	      allocate with guc_malloc and free with guc_free (malloc and free
+ *	      before).
  *	  17: makeJsonLexContext takes the context to initialize (NULL: a new
  *	      one is allocated) as its first argument.
  *	  18: index_beginscan takes an IndexScanInstrumentation (NULL: none);
@@ -38,6 +41,27 @@
 #else
 #define IdemRelationOwnerCheck(relid, roleid) \
 	pg_class_ownercheck((relid), (roleid))
+#endif
+
+/* whether roleid may execute function funcid (callers include utils/acl.h) */
+#if PG_VERSION_NUM >= 160000
+#define IdemProcExecuteAllowed(funcid, roleid) \
+	(object_aclcheck(ProcedureRelationId, (funcid), (roleid), ACL_EXECUTE) == ACLCHECK_OK)
+#else
+#define IdemProcExecuteAllowed(funcid, roleid) \
+	(pg_proc_aclcheck((funcid), (roleid), ACL_EXECUTE) == ACLCHECK_OK)
+#endif
+
+/*
+ * The memory of a string GUC's value or extra, as the GUC machinery frees
+ * it (check hooks must allocate with this); callers include utils/guc.h.
+ */
+#if PG_VERSION_NUM >= 160000
+#define IdemGucAlloc(size)	guc_malloc(LOG, (size))
+#define IdemGucFree(ptr)	guc_free(ptr)
+#else
+#define IdemGucAlloc(size)	malloc(size)
+#define IdemGucFree(ptr)	free(ptr)
 #endif
 
 /*

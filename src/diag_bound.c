@@ -56,18 +56,14 @@ typedef struct DiagBoundEntry
 static LWLock *diag_bound_lock = NULL;
 static HTAB *diag_bound_hash = NULL;
 
-#if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 static void
 IdemDiagBoundShmemRequest(void)
 {
-#if PG_VERSION_NUM >= 150000
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-#endif
 	RequestAddinShmemSpace(hash_estimate_size(idem_diagnostics_tracked_keys,
 											  sizeof(DiagBoundEntry)));
 	RequestNamedLWLockTranche(IDEM_DIAG_BOUND_TRANCHE, 1);
@@ -99,12 +95,8 @@ IdemDiagBoundInit(void)
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 
-#if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = IdemDiagBoundShmemRequest;
-#else
-	IdemDiagBoundShmemRequest();
-#endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = IdemDiagBoundShmemStartup;
 }

@@ -1,8 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * diagnostics.c
- *	  Mismatch diagnostics: idem_request_digest, and what a claim of a
- *	  reused key with another request says about the difference.
+ *	  Mismatch diagnostics: request digests, made (idem_request_digest)
+ *	  and read (a claim checks the one it is given).  The comparison of
+ *	  two is in diag_compare.c, the keys in diag_secret.c, the format in
+ *	  diag_format.h.
  *
  *	  A request digest is a structural summary of the canonical request:
  *	  one entry per JSON Pointer of the body, down to a bounded depth, in
@@ -13,13 +15,10 @@
  *	  bytes.  Method and path, when given, have a keyed hash each.  No
  *	  value is ever stored; names and the shape of the document are.
  *
- *	  The hashes are keyed with a key of the scope: HMAC-SHA256(secret,
- *	  SHA-256 of tenant, endpoint and key, framed), where the secret is 32
- *	  random bytes made for the database by CREATE EXTENSION and kept in
- *	  idempotency.diagnostics_secret, readable by the extension's owner
- *	  only.  So the same body gives unrelated digests under two keys, and
- *	  whoever reads a stored digest without the secret cannot test guesses
- *	  of a value (an amount) against it.
+ *	  The hashes are keyed with a key of the scope (diag_secret.c), so that
+ *	  the same body gives unrelated digests under two keys, and whoever
+ *	  reads a stored digest without the secret cannot test guesses of a
+ *	  value (an amount) against it.
  *
  *	  Each node's hash is SHA-256 of the scope's key followed by its kind
  *	  and either the canonical bytes of a value that is not a container or,
@@ -35,235 +34,26 @@
  *	  until it fits (the root alone always does): a deeper difference is
  *	  then reported at the member that holds it, marked truncated.
  *
- *	  Format (version 1):
- *		byte 0		version (1)
- *		bytes 1-8	scope tag: HMAC-SHA256(scope key, "scope"), first 8 bytes
- *		byte 9		flags: 1 method, 2 path, 4 body, 8 summarised
- *		[8 bytes]	method hash, [8 bytes] path hash, when flagged
- *		entries, when the body is flagged, in preorder:
- *			depth (1 byte, 0 for the root), entry flags (1 byte: 1 members
- *			listed, 2 array element, 4 object, 8 array), the name (member
- *			of an object only: its length in 1 byte below 128, else 2 bytes
- *			with the top bit set, then the canonical name without quotes),
- *			the hash (8 bytes)
- *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include "catalog/namespace.h"
-#include "catalog/pg_type.h"
 #include "common/cryptohash.h"
-#include "common/hmac.h"
 #include "common/sha2.h"
-#include "executor/spi.h"
 #include "fmgr.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/inval.h"
 #include "utils/jsonb.h"
-#include "utils/lsyscache.h"
 
 #include "canonical_json.h"
+#include "diag_format.h"
 #include "diagnostics.h"
 #include "endpoint.h"
 #include "guc.h"
 #include "idempotency.h"
-#include "keygen.h"
-#include "keys.h"
-#include "keystore.h"
 #include "scope.h"
-
-#define IDEM_DIAG_VERSION		1
-#define IDEM_DIAG_MAC_LEN		8
-#define IDEM_DIAG_HEADER_LEN	10
-#define IDEM_DIAG_MAX_DEPTH		8
-#define IDEM_DIAG_MAX_MEMBERS	256
-#define IDEM_DIAG_MAX_NAME		32767
-#define IDEM_DIAG_SECRET_LEN	32
-
-/* header flags */
-#define DIAG_HAS_METHOD		0x01
-#define DIAG_HAS_PATH		0x02
-#define DIAG_HAS_BODY		0x04
-#define DIAG_SUMMARISED		0x08
-
-/* entry flags */
-#define DIAG_LISTED			0x01
-#define DIAG_ELEMENT		0x02
-#define DIAG_OBJECT			0x04
-#define DIAG_ARRAY			0x08
-#define DIAG_KIND(f)		((f) & (DIAG_OBJECT | DIAG_ARRAY))
-
-/* ----------------------------------------------------------------
- *		the secret and the scope's key
- * ----------------------------------------------------------------
- */
-
-static uint8 diag_secret[IDEM_DIAG_SECRET_LEN];
-static bool diag_secret_valid = false;
-
-/*
- * The key of the last scope asked for: a request's digest and its claim
- * ask for the same one, in that order.  Forgotten with the secret.
- */
-static struct
-{
-	bool		valid;
-	int			lens[3];
-	char		parts[3][IDEM_SCOPE_MAX_LEN];
-	uint8		key[PG_SHA256_DIGEST_LENGTH];
-	uint8		tag[IDEM_DIAG_MAC_LEN];
-}			diag_last;
-static Oid	diag_secret_relid = InvalidOid;
-static bool diag_callback_registered = false;
-
-/* The secret's row changed (its trigger sends an invalidation), or all did. */
-static void
-IdemDiagSecretInvalidate(Datum arg, Oid relid)
-{
-	if (!OidIsValid(relid) || !OidIsValid(diag_secret_relid) ||
-		relid == diag_secret_relid)
-	{
-		diag_secret_valid = false;
-		diag_secret_relid = InvalidOid;
-		diag_last.valid = false;
-	}
-}
-
-/* Read the secret, as the extension's owner (nobody else may). */
-static void
-IdemDiagLoadSecret(void)
-{
-	IdemOwnerSection section;
-	int			rc;
-	bool		isnull;
-	Datum		d;
-	bytea	   *b;
-
-	if (diag_secret_valid)
-		return;
-	if (!diag_callback_registered)
-	{
-		IdemRegisterRelcacheCallback(IdemDiagSecretInvalidate);
-		diag_callback_registered = true;
-	}
-	diag_secret_relid = get_relname_relid("diagnostics_secret",
-										  get_namespace_oid("idempotency", false));
-	if (!OidIsValid(diag_secret_relid))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("table idempotency.diagnostics_secret does not exist"),
-				 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
-	rc = SPI_execute("SELECT secret FROM idempotency.diagnostics_secret", true, 2);
-	if (rc != SPI_OK_SELECT)
-		elog(ERROR, "reading idempotency.diagnostics_secret failed: %s",
-			 SPI_result_code_string(rc));
-	if (SPI_processed != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("idempotency.diagnostics_secret must hold exactly one row"),
-				 errhint("Insert one secret of 32 random bytes, as the extension's install script does.")));
-	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	b = isnull ? NULL : DatumGetByteaPP(d);
-	if (b == NULL || VARSIZE_ANY_EXHDR(b) != IDEM_DIAG_SECRET_LEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("the secret in idempotency.diagnostics_secret is not %d bytes long",
-						IDEM_DIAG_SECRET_LEN)));
-	memcpy(diag_secret, VARDATA_ANY(b), IDEM_DIAG_SECRET_LEN);
-	diag_last.valid = false;
-	IdemEndOwnerSection(&section);
-	SPI_finish();
-	diag_secret_valid = true;
-}
-
-static void
-IdemDiagHmacFailed(pg_hmac_ctx *ctx)
-{
-	const char *msg = pg_hmac_error(ctx);
-
-	pg_hmac_free(ctx);
-	ereport(ERROR,
-			(errcode(ERRCODE_INTERNAL_ERROR),
-			 errmsg("could not compute HMAC-SHA256: %s", msg)));
-}
-
-/* out = HMAC-SHA256(key, a || b), in ctx (created by the caller) */
-static void
-IdemDiagHmac(pg_hmac_ctx *ctx, const uint8 *key, size_t keylen,
-			 const void *a, size_t alen, const void *b, size_t blen,
-			 uint8 out[PG_SHA256_DIGEST_LENGTH])
-{
-	if (pg_hmac_init(ctx, key, keylen) < 0 ||
-		pg_hmac_update(ctx, (const uint8 *) a, alen) < 0 ||
-		(blen > 0 && pg_hmac_update(ctx, (const uint8 *) b, blen) < 0) ||
-		pg_hmac_final(ctx, out, PG_SHA256_DIGEST_LENGTH) < 0)
-		IdemDiagHmacFailed(ctx);
-}
-
-/*
- * The key of a scope, and the tag that says which scope (and secret) a
- * digest was made for: HMAC-SHA256(secret, framed SHA-256 of the scope),
- * and the first bytes of HMAC-SHA256(that key, "scope").
- */
-static void
-IdemDiagScopeKey(const IdemScope *scope, uint8 key[PG_SHA256_DIGEST_LENGTH],
-				 uint8 tag[IDEM_DIAG_MAC_LEN])
-{
-	const char *parts[3];
-	int			lens[3];
-	uint8		framed[PG_SHA256_DIGEST_LENGTH];
-	uint8		full[PG_SHA256_DIGEST_LENGTH];
-	pg_hmac_ctx *ctx;
-	bool		same;
-
-	IdemDiagLoadSecret();
-	parts[0] = VARDATA_ANY(scope->tenant);
-	lens[0] = VARSIZE_ANY_EXHDR(scope->tenant);
-	parts[1] = VARDATA_ANY(scope->endpoint);
-	lens[1] = VARSIZE_ANY_EXHDR(scope->endpoint);
-	parts[2] = VARDATA_ANY(scope->key);
-	lens[2] = VARSIZE_ANY_EXHDR(scope->key);
-
-	same = diag_last.valid;
-	for (int i = 0; same && i < 3; i++)
-		same = lens[i] == diag_last.lens[i] &&
-			memcmp(parts[i], diag_last.parts[i], lens[i]) == 0;
-	if (!same)
-	{
-		ctx = pg_hmac_create(PG_SHA256);
-		if (ctx == NULL)
-			elog(ERROR, "out of memory");
-		IdemFramedSha256("idempotency request digest v1", 3, parts, lens, framed);
-		IdemDiagHmac(ctx, diag_secret, IDEM_DIAG_SECRET_LEN,
-					 framed, sizeof(framed), NULL, 0, diag_last.key);
-		IdemDiagHmac(ctx, diag_last.key, PG_SHA256_DIGEST_LENGTH, "scope", 5,
-					 NULL, 0, full);
-		pg_hmac_free(ctx);
-		memcpy(diag_last.tag, full, IDEM_DIAG_MAC_LEN);
-		diag_last.valid = true;
-		for (int i = 0; i < 3; i++)
-		{
-			/* checked scopes have at most IDEM_SCOPE_MAX_LEN bytes */
-			if (lens[i] > IDEM_SCOPE_MAX_LEN)
-			{
-				diag_last.valid = false;
-				break;
-			}
-			diag_last.lens[i] = lens[i];
-			memcpy(diag_last.parts[i], parts[i], lens[i]);
-		}
-	}
-	memcpy(key, diag_last.key, PG_SHA256_DIGEST_LENGTH);
-	memcpy(tag, diag_last.tag, IDEM_DIAG_MAC_LEN);
-}
 
 /* ----------------------------------------------------------------
  *		building a digest from canonical JSON text
@@ -586,28 +376,6 @@ IdemRequestDigest(const IdemScope *scope, Jsonb *body, const char *method,
  * ----------------------------------------------------------------
  */
 
-typedef struct DiagEntry
-{
-	int			depth;
-	uint8		flags;
-	const char *name;
-	int			namelen;
-	const uint8 *mac;
-	int			first_child;	/* -1: none */
-	int			next_sibling;	/* -1: none */
-	int			nchildren;
-} DiagEntry;
-
-typedef struct DiagParsed
-{
-	const uint8 *tag;
-	uint8		flags;
-	const uint8 *method_mac;
-	const uint8 *path_mac;
-	DiagEntry  *e;
-	int			n;
-} DiagParsed;
-
 /*
  * A member name as a digest holds it (canonical, without quotes) that a
  * JSON Pointer can be made of: no NUL byte, escapes that undo to a
@@ -639,133 +407,180 @@ IdemDiagNameValid(const char *name, int len)
 	return valid;
 }
 
-/* Read a digest; false when it is malformed. */
-static bool
-IdemDiagRead(const bytea *digest, DiagParsed *p)
+/* the reading of a digest's entries */
+typedef struct DiagReader
 {
-	const uint8 *s = (const uint8 *) VARDATA_ANY(digest);
-	int			len = VARSIZE_ANY_EXHDR(digest);
+	const uint8 *s;
+	int			len;
 	int			pos;
-	int			parent[256];
+	int			max;			/* entries allocated */
+	int			parent[256];	/* the last entry read at each depth */
 	int			last_at[256];
-	int			max = 0;
+} DiagReader;
 
-	memset(p, 0, sizeof(*p));
+/* Read the header of a digest into p; the offset of its entries, -1 if malformed. */
+static int
+IdemDiagReadHeader(const uint8 *s, int len, DiagParsed *p)
+{
+	int			pos;
+
 	if (len < IDEM_DIAG_HEADER_LEN || s[0] != IDEM_DIAG_VERSION ||
 		(s[9] & ~(DIAG_HAS_METHOD | DIAG_HAS_PATH | DIAG_HAS_BODY | DIAG_SUMMARISED)) != 0)
-		return false;
+		return -1;
 	p->tag = s + 1;
 	p->flags = s[9];
 	pos = IDEM_DIAG_HEADER_LEN;
 	if (p->flags & DIAG_HAS_METHOD)
 	{
 		if (pos + IDEM_DIAG_MAC_LEN > len)
-			return false;
+			return -1;
 		p->method_mac = s + pos;
 		pos += IDEM_DIAG_MAC_LEN;
 	}
 	if (p->flags & DIAG_HAS_PATH)
 	{
 		if (pos + IDEM_DIAG_MAC_LEN > len)
-			return false;
+			return -1;
 		p->path_mac = s + pos;
 		pos += IDEM_DIAG_MAC_LEN;
 	}
-	if (!(p->flags & DIAG_HAS_BODY))
-		return pos == len;
+	return pos;
+}
 
-	while (pos < len)
+/* Whether an entry of this depth and flags may come next in the digest. */
+static bool
+IdemDiagEntryFits(const DiagReader *r, const DiagParsed *p, int depth, uint8 flags)
+{
+	if ((flags & ~(DIAG_LISTED | DIAG_ELEMENT | DIAG_OBJECT | DIAG_ARRAY)) != 0 ||
+		DIAG_KIND(flags) == (DIAG_OBJECT | DIAG_ARRAY) ||
+		((flags & DIAG_LISTED) && DIAG_KIND(flags) == 0))
+		return false;
+
+	/*
+	 * the root first and once; then members of a listed container, as deep
+	 * and as many as a digest made here can have (which also bounds the
+	 * comparison's work)
+	 */
+	if ((p->n == 0) != (depth == 0) || depth > IDEM_DIAG_MAX_DEPTH)
+		return false;
+	if (depth > 0)
 	{
-		DiagEntry  *e;
-		int			depth = s[pos];
-		uint8		flags;
+		const DiagEntry *par;
 
-		if (pos + 2 > len)
+		if (depth > p->e[p->n - 1].depth + 1)
 			return false;
-		flags = s[pos + 1];
-		if ((flags & ~(DIAG_LISTED | DIAG_ELEMENT | DIAG_OBJECT | DIAG_ARRAY)) != 0 ||
-			DIAG_KIND(flags) == (DIAG_OBJECT | DIAG_ARRAY) ||
-			((flags & DIAG_LISTED) && DIAG_KIND(flags) == 0))
+		par = &p->e[r->parent[depth - 1]];
+		if (!(par->flags & DIAG_LISTED) ||
+			((flags & DIAG_ELEMENT) != 0) != ((par->flags & DIAG_ARRAY) != 0))
 			return false;
-		/*
-		 * the root first and once; then members of a listed container, as
-		 * deep and as many as a digest made here can have (which also
-		 * bounds the comparison's work)
-		 */
-		if ((p->n == 0) != (depth == 0) || depth > IDEM_DIAG_MAX_DEPTH)
-			return false;
-		if (depth > 0)
-		{
-			const DiagEntry *par;
-
-			if (depth > p->e[p->n - 1].depth + 1)
-				return false;
-			par = &p->e[parent[depth - 1]];
-			if (!(par->flags & DIAG_LISTED) ||
-				((flags & DIAG_ELEMENT) != 0) != ((par->flags & DIAG_ARRAY) != 0))
-				return false;
-		}
-		else if (flags & DIAG_ELEMENT)
-			return false;
-		if (p->n == max)
-		{
-			max = max ? max * 2 : 16;
-			p->e = p->e ? repalloc(p->e, sizeof(DiagEntry) * max) :
-				palloc(sizeof(DiagEntry) * max);
-		}
-		e = &p->e[p->n];
-		e->depth = depth;
-		e->flags = flags;
-		e->name = NULL;
-		e->namelen = 0;
-		e->first_child = -1;
-		e->next_sibling = -1;
-		e->nchildren = 0;
-		pos += 2;
-		if (depth > 0 && !(flags & DIAG_ELEMENT))
-		{
-			int			namelen;
-
-			if (pos >= len)
-				return false;
-			if (s[pos] < 0x80)
-				namelen = s[pos++];
-			else
-			{
-				if (pos + 2 > len)
-					return false;
-				namelen = ((s[pos] & 0x7F) << 8) | s[pos + 1];
-				pos += 2;
-			}
-			if (pos + namelen > len ||
-				!IdemDiagNameValid((const char *) s + pos, namelen))
-				return false;
-			e->name = (const char *) s + pos;
-			e->namelen = namelen;
-			pos += namelen;
-		}
-		if (pos + IDEM_DIAG_MAC_LEN > len)
-			return false;
-		e->mac = s + pos;
-		pos += IDEM_DIAG_MAC_LEN;
-
-		/* link it to its parent and previous sibling */
-		if (depth > 0)
-		{
-			DiagEntry  *par = &p->e[parent[depth - 1]];
-
-			if (par->nchildren == IDEM_DIAG_MAX_MEMBERS)
-				return false;
-			if (par->nchildren == 0)
-				par->first_child = p->n;
-			else
-				p->e[last_at[depth]].next_sibling = p->n;
-			par->nchildren++;
-		}
-		parent[depth] = p->n;
-		last_at[depth] = p->n;
-		p->n++;
 	}
+	else if (flags & DIAG_ELEMENT)
+		return false;
+	return true;
+}
+
+/* Read the name (of an object's member) and the hash of e; false if malformed. */
+static bool
+IdemDiagReadNameHash(DiagReader *r, DiagEntry *e)
+{
+	const uint8 *s = r->s;
+
+	if (e->depth > 0 && !(e->flags & DIAG_ELEMENT))
+	{
+		int			namelen;
+
+		if (r->pos >= r->len)
+			return false;
+		if (s[r->pos] < 0x80)
+			namelen = s[r->pos++];
+		else
+		{
+			if (r->pos + 2 > r->len)
+				return false;
+			namelen = ((s[r->pos] & 0x7F) << 8) | s[r->pos + 1];
+			r->pos += 2;
+		}
+		if (r->pos + namelen > r->len ||
+			!IdemDiagNameValid((const char *) s + r->pos, namelen))
+			return false;
+		e->name = (const char *) s + r->pos;
+		e->namelen = namelen;
+		r->pos += namelen;
+	}
+	if (r->pos + IDEM_DIAG_MAC_LEN > r->len)
+		return false;
+	e->mac = s + r->pos;
+	r->pos += IDEM_DIAG_MAC_LEN;
+	return true;
+}
+
+/* Read the entry at r->pos into p, linked to its parent; false if malformed. */
+static bool
+IdemDiagReadEntry(DiagReader *r, DiagParsed *p)
+{
+	DiagEntry  *e;
+	int			depth = r->s[r->pos];
+	uint8		flags;
+
+	if (r->pos + 2 > r->len)
+		return false;
+	flags = r->s[r->pos + 1];
+	if (!IdemDiagEntryFits(r, p, depth, flags))
+		return false;
+	if (p->n == r->max)
+	{
+		r->max = r->max ? r->max * 2 : 16;
+		p->e = p->e ? repalloc(p->e, sizeof(DiagEntry) * r->max) :
+			palloc(sizeof(DiagEntry) * r->max);
+	}
+	e = &p->e[p->n];
+	e->depth = depth;
+	e->flags = flags;
+	e->name = NULL;
+	e->namelen = 0;
+	e->first_child = -1;
+	e->next_sibling = -1;
+	e->nchildren = 0;
+	r->pos += 2;
+	if (!IdemDiagReadNameHash(r, e))
+		return false;
+
+	/* link it to its parent and previous sibling */
+	if (depth > 0)
+	{
+		DiagEntry  *par = &p->e[r->parent[depth - 1]];
+
+		if (par->nchildren == IDEM_DIAG_MAX_MEMBERS)
+			return false;
+		if (par->nchildren == 0)
+			par->first_child = p->n;
+		else
+			p->e[r->last_at[depth]].next_sibling = p->n;
+		par->nchildren++;
+	}
+	r->parent[depth] = p->n;
+	r->last_at[depth] = p->n;
+	p->n++;
+	return true;
+}
+
+bool
+IdemDiagRead(const bytea *digest, DiagParsed *p)
+{
+	DiagReader	r;
+
+	memset(p, 0, sizeof(*p));
+	r.s = (const uint8 *) VARDATA_ANY(digest);
+	r.len = VARSIZE_ANY_EXHDR(digest);
+	r.max = 0;
+	r.pos = IdemDiagReadHeader(r.s, r.len, p);
+	if (r.pos < 0)
+		return false;
+	if (!(p->flags & DIAG_HAS_BODY))
+		return r.pos == r.len;
+	while (r.pos < r.len)
+		if (!IdemDiagReadEntry(&r, p))
+			return false;
 	return p->n > 0;
 }
 
@@ -791,321 +606,6 @@ IdemDiagnosticsCheck(const IdemScope *scope, const bytea *digest)
 				 errhint("Compute the digest with the claim's own tenant, endpoint and key.")));
 	if (p.e)
 		pfree(p.e);
-}
-
-/* ----------------------------------------------------------------
- *		comparing two digests
- * ----------------------------------------------------------------
- */
-
-typedef struct DiagCompare
-{
-	const DiagParsed *a;		/* stored: the first request */
-	const DiagParsed *b;		/* given: the reused key's request */
-	const IdemDiagRedaction *redact;	/* never named; or NULL */
-	List	   *changed;		/* JSON Pointers, in the database encoding */
-	List	   *added;
-	List	   *removed;
-	bool		truncated;
-} DiagCompare;
-
-/* Append a reference token to a JSON Pointer: a canonical name, or an index. */
-static void
-IdemDiagAppendToken(StringInfo ptr, const DiagEntry *e, int index)
-{
-	StringInfoData name;
-
-	appendStringInfoChar(ptr, '/');
-	if (e->flags & DIAG_ELEMENT)
-	{
-		appendStringInfo(ptr, "%d", index);
-		return;
-	}
-	/* the name's canonical escapes undone, then escaped as RFC 6901 wants */
-	initStringInfo(&name);
-	for (const char *p = e->name, *end = e->name + e->namelen; p < end; p++)
-	{
-		if (*p != '\\' || !IdemJsonUnescape(&p, end, &name))
-			appendStringInfoChar(&name, *p);
-	}
-	for (int i = 0; i < name.len; i++)
-	{
-		if (name.data[i] == '~')
-			appendBinaryStringInfo(ptr, "~0", 2);
-		else if (name.data[i] == '/')
-			appendBinaryStringInfo(ptr, "~1", 2);
-		else
-			appendStringInfoChar(ptr, name.data[i]);
-	}
-	pfree(name.data);
-}
-
-static void
-IdemDiagPush(List **list, StringInfo ptr)
-{
-	char	   *s = pg_any_to_server(ptr->data, ptr->len, PG_UTF8);
-
-	*list = lappend(*list, s == ptr->data ? pstrdup(s) : s);
-}
-
-#define DIAG_REDACT_NONE	0
-#define DIAG_REDACT_ABOVE	1	/* a redacted member lies below it */
-#define DIAG_REDACT_UNDER	2	/* at or under a redacted pointer */
-
-/*
- * Where the member at ptr (RFC 6901, UTF-8) stands to the redacted
- * pointers: compared token by token, "*" in a redacted pointer matching
- * any one token.
- */
-static int
-IdemDiagRedactedAt(const IdemDiagRedaction *r, const char *ptr, int len)
-{
-	int			result = DIAG_REDACT_NONE;
-
-	for (int i = 0; r != NULL && i < r->n; i++)
-	{
-		const char *a = ptr;
-		const char *aend = ptr + len;
-		const char *b = r->pointers[i];
-		const char *bend = b + strlen(b);
-
-		for (;;)
-		{
-			const char *ta;
-			const char *tb;
-
-			if (b >= bend)
-				return DIAG_REDACT_UNDER;
-			if (a >= aend)
-			{
-				result = DIAG_REDACT_ABOVE;
-				break;
-			}
-			/* both at a "/" */
-			ta = memchr(a + 1, '/', aend - a - 1);
-			tb = memchr(b + 1, '/', bend - b - 1);
-			if (ta == NULL)
-				ta = aend;
-			if (tb == NULL)
-				tb = bend;
-			if (!(tb - b == 2 && b[1] == '*') &&
-				(ta - a != tb - b || memcmp(a, b, ta - a) != 0))
-				break;
-			a = ta;
-			b = tb;
-		}
-	}
-	return result;
-}
-
-/* Push ptr onto list unless it is at or under a redacted pointer. */
-static void
-IdemDiagPushNamed(DiagCompare *c, List **list, StringInfo ptr)
-{
-	if (IdemDiagRedactedAt(c->redact, ptr->data, ptr->len) != DIAG_REDACT_UNDER)
-		IdemDiagPush(list, ptr);
-}
-
-static void
-IdemDiagCompareNodes(DiagCompare *c, int ia, int ib, StringInfo ptr)
-{
-	const DiagEntry *a = &c->a->e[ia];
-	const DiagEntry *b = &c->b->e[ib];
-	int			base = ptr->len;
-	int			redacted = IdemDiagRedactedAt(c->redact, ptr->data, ptr->len);
-
-	check_stack_depth();
-	CHECK_FOR_INTERRUPTS();
-	if (redacted == DIAG_REDACT_UNDER ||
-		memcmp(a->mac, b->mac, IDEM_DIAG_MAC_LEN) == 0)
-		return;
-	if (!(a->flags & DIAG_LISTED) || !(b->flags & DIAG_LISTED) ||
-		DIAG_KIND(a->flags) != DIAG_KIND(b->flags))
-	{
-		/*
-		 * not listed on both sides: the difference may be in a redacted
-		 * member below, and naming this one would tell whether it is
-		 */
-		if (redacted == DIAG_REDACT_ABOVE)
-			return;
-		IdemDiagPush(&c->changed, ptr);
-		if (DIAG_KIND(a->flags) != 0 && DIAG_KIND(a->flags) == DIAG_KIND(b->flags))
-			c->truncated = true;	/* somewhere inside a summarised member */
-		return;
-	}
-	if (DIAG_KIND(a->flags) == DIAG_ARRAY)
-	{
-		int			ca = a->first_child;
-		int			cb = b->first_child;
-		int			index = 0;
-
-		for (; ca >= 0 || cb >= 0; index++)
-		{
-			if (ca >= 0 && cb >= 0)
-			{
-				IdemDiagAppendToken(ptr, &c->a->e[ca], index);
-				IdemDiagCompareNodes(c, ca, cb, ptr);
-			}
-			else if (ca >= 0)
-			{
-				IdemDiagAppendToken(ptr, &c->a->e[ca], index);
-				IdemDiagPushNamed(c, &c->removed, ptr);
-			}
-			else
-			{
-				IdemDiagAppendToken(ptr, &c->b->e[cb], index);
-				IdemDiagPushNamed(c, &c->added, ptr);
-			}
-			ptr->len = base;
-			ptr->data[base] = '\0';
-			if (ca >= 0)
-				ca = c->a->e[ca].next_sibling;
-			if (cb >= 0)
-				cb = c->b->e[cb].next_sibling;
-		}
-	}
-	else
-	{
-		bool	   *matched = palloc0(sizeof(bool) * (b->nchildren + 1));
-		int			ca;
-		int			cb;
-		int			k;
-
-		for (ca = a->first_child; ca >= 0; ca = c->a->e[ca].next_sibling)
-		{
-			const DiagEntry *ea = &c->a->e[ca];
-
-			for (cb = b->first_child, k = 0; cb >= 0; cb = c->b->e[cb].next_sibling, k++)
-			{
-				const DiagEntry *eb = &c->b->e[cb];
-
-				if (!matched[k] && ea->namelen == eb->namelen &&
-					memcmp(ea->name, eb->name, ea->namelen) == 0)
-					break;
-			}
-			IdemDiagAppendToken(ptr, ea, 0);
-			if (cb >= 0)
-			{
-				matched[k] = true;
-				IdemDiagCompareNodes(c, ca, cb, ptr);
-			}
-			else
-				IdemDiagPushNamed(c, &c->removed, ptr);
-			ptr->len = base;
-			ptr->data[base] = '\0';
-		}
-		for (cb = b->first_child, k = 0; cb >= 0; cb = c->b->e[cb].next_sibling, k++)
-		{
-			if (matched[k])
-				continue;
-			IdemDiagAppendToken(ptr, &c->b->e[cb], 0);
-			IdemDiagPushNamed(c, &c->added, ptr);
-			ptr->len = base;
-			ptr->data[base] = '\0';
-		}
-		pfree(matched);
-	}
-}
-
-static void
-IdemDiagPutKey(JsonbParseState **state, const char *key)
-{
-	JsonbValue	v;
-
-	v.type = jbvString;
-	v.val.string.val = (char *) key;
-	v.val.string.len = strlen(key);
-	(void) pushJsonbValue(state, WJB_KEY, &v);
-}
-
-static void
-IdemDiagPutList(JsonbParseState **state, const char *key, List *list)
-{
-	ListCell   *lc;
-
-	IdemDiagPutKey(state, key);
-	(void) pushJsonbValue(state, WJB_BEGIN_ARRAY, NULL);
-	foreach(lc, list)
-	{
-		JsonbValue	v;
-
-		v.type = jbvString;
-		v.val.string.val = lfirst(lc);
-		v.val.string.len = strlen(lfirst(lc));
-		(void) pushJsonbValue(state, WJB_ELEM, &v);
-	}
-	(void) pushJsonbValue(state, WJB_END_ARRAY, NULL);
-}
-
-/* true, false or null (not given on both sides) */
-static void
-IdemDiagPutSame(JsonbParseState **state, const char *key,
-				const uint8 *a, const uint8 *b)
-{
-	JsonbValue	v;
-
-	IdemDiagPutKey(state, key);
-	if (a == NULL || b == NULL)
-		v.type = jbvNull;
-	else
-	{
-		v.type = jbvBool;
-		v.val.boolean = memcmp(a, b, IDEM_DIAG_MAC_LEN) != 0;
-	}
-	(void) pushJsonbValue(state, WJB_VALUE, &v);
-}
-
-IdemDiagRedaction *
-IdemDiagRedactionCopy(const IdemDiagRedaction *r)
-{
-	IdemDiagRedaction *copy;
-
-	if (r == NULL || r->n == 0)
-		return NULL;
-	copy = palloc(sizeof(IdemDiagRedaction));
-	copy->n = r->n;
-	copy->pointers = palloc(sizeof(char *) * r->n);
-	for (int i = 0; i < r->n; i++)
-		copy->pointers[i] = pstrdup(r->pointers[i]);
-	return copy;
-}
-
-Jsonb *
-IdemDiagnose(const bytea *stored, const bytea *given,
-			 const IdemDiagRedaction *redact)
-{
-	DiagParsed	a;
-	DiagParsed	b;
-	DiagCompare c;
-	JsonbParseState *state = NULL;
-	JsonbValue	v;
-	StringInfoData ptr;
-
-	if (!IdemDiagRead(stored, &a) || !IdemDiagRead(given, &b) ||
-		memcmp(a.tag, b.tag, IDEM_DIAG_MAC_LEN) != 0)
-		return NULL;
-
-	memset(&c, 0, sizeof(c));
-	c.a = &a;
-	c.b = &b;
-	c.redact = redact;
-	initStringInfo(&ptr);
-	if ((a.flags & DIAG_HAS_BODY) && (b.flags & DIAG_HAS_BODY))
-		IdemDiagCompareNodes(&c, 0, 0, &ptr);
-	else if ((a.flags & DIAG_HAS_BODY) != (b.flags & DIAG_HAS_BODY))
-		IdemDiagPush(&c.changed, &ptr);	/* "": the whole body */
-
-	(void) pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
-	IdemDiagPutList(&state, "changed", c.changed);
-	IdemDiagPutList(&state, "added", c.added);
-	IdemDiagPutList(&state, "removed", c.removed);
-	IdemDiagPutSame(&state, "method", a.method_mac, b.method_mac);
-	IdemDiagPutSame(&state, "path", a.path_mac, b.path_mac);
-	IdemDiagPutKey(&state, "truncated");
-	v.type = jbvBool;
-	v.val.boolean = c.truncated;
-	(void) pushJsonbValue(&state, WJB_VALUE, &v);
-	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
 }
 
 /* ----------------------------------------------------------------

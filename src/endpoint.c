@@ -40,7 +40,7 @@
 #include "endpoint.h"
 #include "idempotency.h"
 #include "keys.h"
-#include "keystore.h"
+#include "schema.h"
 
 #define IDEM_ENDPOINT_CACHE_MAX 1000
 
@@ -55,6 +55,7 @@ static MemoryContext endpoint_cxt = NULL;	/* the cache and what it points to */
 static EndpointCacheEntry *endpoint_last = NULL;	/* the last one asked for */
 static bool endpoint_callback_registered = false;
 static SPIPlanPtr endpoint_plan = NULL;
+static IdemSchema endpoint_plan_schema;	/* the schema endpoint_plan reads */
 static Oid	endpoints_relid = InvalidOid;	/* once known */
 
 static void
@@ -111,6 +112,29 @@ IdemEndpointRedaction(ArrayType *arr, MemoryContext cxt)
 }
 
 /*
+ * The statement that reads an endpoint's policy, for the installed schema:
+ * a column it lacks reads as NULL (the settings).  The resolver is text from
+ * 0.4.0 on, regprocedure before.
+ */
+static const char *
+IdemEndpointQuery(IdemSchema schema)
+{
+	bool		tombstones = schema >= IDEM_SCHEMA_TOMBSTONES;
+
+	return psprintf("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::text,"
+					" max_response_bytes, store_response, %s, %s, %s, %s"
+					" FROM idempotency.endpoints e WHERE endpoint = $1",
+					schema >= IDEM_SCHEMA_DIAGNOSTICS ?
+					"diagnostics" : "NULL::boolean",
+					tombstones ?
+					"tombstone_ttl > interval '0'" : "NULL::boolean",
+					tombstones ?
+					"on_expired_reuse = 'conflict'" : "NULL::boolean",
+					schema >= IDEM_SCHEMA_REDACTION ?
+					"diagnostics_redact" : "NULL::text[]");
+}
+
+/*
  * The policy of an endpoint, read as the table's owner; what it points to
  * is allocated in cxt.
  */
@@ -119,6 +143,7 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy,
 				 MemoryContext cxt)
 {
 	IdemOwnerSection section;
+	IdemSchema	schema;
 	Datum		arg;
 	int			rc;
 
@@ -134,32 +159,21 @@ IdemEndpointLoad(const char *endpoint, IdemEndpointPolicy *policy,
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
-	if (endpoint_plan == NULL)
+	schema = IdemSchemaVersion();
+	if (endpoint_plan == NULL || endpoint_plan_schema != schema)
 	{
 		Oid			argtypes[1] = {TEXTOID};
 		SPIPlanPtr	plan;
 
-		/*
-		 * The columns of 0.3.0 (diagnostics, tombstone_ttl,
-		 * on_expired_reuse) are read through to_jsonb, so that the library
-		 * also works with a schema of 0.2.0, whose table lacks them, until
-		 * the extension is updated; a missing column reads as NULL.  The
-		 * resolver is text from 0.4.0 on, regprocedure before.
-		 */
-		plan = SPI_prepare("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::text,"
-						   " max_response_bytes, store_response,"
-						   " (to_jsonb(e) -> 'diagnostics')::boolean,"
-						   " (to_jsonb(e) ->> 'tombstone_ttl')::interval > interval '0',"
-						   " (to_jsonb(e) ->> 'on_expired_reuse') = 'conflict',"
-						   " CASE WHEN pg_catalog.jsonb_typeof(to_jsonb(e) -> 'diagnostics_redact') = 'array'"
-						   " THEN ARRAY(SELECT pg_catalog.jsonb_array_elements_text(to_jsonb(e) -> 'diagnostics_redact'))"
-						   " END"
-						   " FROM idempotency.endpoints e WHERE endpoint = $1",
-						   1, argtypes);
+		if (endpoint_plan != NULL)
+			SPI_freeplan(endpoint_plan);
+		endpoint_plan = NULL;
+		plan = SPI_prepare(IdemEndpointQuery(schema), 1, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
 		SPI_keepplan(plan);
 		endpoint_plan = plan;
+		endpoint_plan_schema = schema;
 	}
 	arg = CStringGetTextDatum(endpoint);
 	rc = SPI_execute_plan(endpoint_plan, &arg, NULL, true, 1);
@@ -364,9 +378,14 @@ idem_endpoints_check(PG_FUNCTION_ARGS)
 	IdemEndpointCheckInterval(tup, desc, "ttl", endpoint);
 	IdemEndpointCheckInterval(tup, desc, "lease", endpoint);
 
+	if (!IdemSchemaHas(IDEM_SCHEMA_REDACTION))
+		return PointerGetDatum(tup);
 	attnum = SPI_fnumber(desc, "diagnostics_redact");
-	d = attnum > 0 ? heap_getattr(tup, attnum, desc, &isnull) : (Datum) 0;
-	if (attnum > 0 && !isnull)
+	if (attnum <= 0)
+		elog(ERROR, "idem_endpoints_check: table %s lacks column diagnostics_redact",
+			 RelationGetRelationName(trigdata->tg_relation));
+	d = heap_getattr(tup, attnum, desc, &isnull);
+	if (!isnull)
 	{
 		ArrayType  *arr = DatumGetArrayTypeP(d);
 		IdemExclusions *ex;

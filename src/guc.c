@@ -25,6 +25,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
+#include "compat.h"
 #include "guc.h"
 #include "tenant.h"
 
@@ -61,18 +62,6 @@ static char *idem_encryption_key_setting = NULL;
 #define IDEM_KEY_SETTING	"encryption_key"
 
 static emit_log_hook_type prev_emit_log_hook = NULL;
-
-/*
- * GUC memory: guc_malloc and guc_free from PostgreSQL 16 on, malloc and
- * free before (check hooks must use what the GUC machinery frees with).
- */
-#if PG_VERSION_NUM >= 160000
-#define IdemGucAlloc(size)	guc_malloc(LOG, (size))
-#define IdemGucFree(ptr)	guc_free(ptr)
-#else
-#define IdemGucAlloc(size)	malloc(size)
-#define IdemGucFree(ptr)	free(ptr)
-#endif
 
 /*
  * Check hook of idempotency.encryption_key: the key goes to *extra, the

@@ -51,6 +51,7 @@
 #include "idempotency.h"
 #include "keys.h"
 #include "keystore_int.h"
+#include "schema.h"
 
 /* ----------------------------------------------------------------
  *		the relation, its partitions and their caches
@@ -505,15 +506,8 @@ IdemDigestAttnum(void)
 	(void) IdemKeysRelid();
 	if (digest_attnum_generation != idem_keys_generation)
 	{
-		digest_attnum = InvalidAttrNumber;
-		for (int i = 0; i < idem_keys_desc->natts; i++)
-		{
-			Form_pg_attribute att = TupleDescAttr(idem_keys_desc, i);
-
-			if (!att->attisdropped &&
-				strcmp(NameStr(att->attname), "request_digest") == 0)
-				digest_attnum = att->attnum;
-		}
+		digest_attnum = IdemSchemaHas(IDEM_SCHEMA_DIAGNOSTICS) ?
+			IdemKeysAttnum("request_digest") : InvalidAttrNumber;
 		digest_attnum_generation = idem_keys_generation;
 	}
 	return digest_attnum;

@@ -42,9 +42,6 @@
 #include <string.h>
 
 #include "port/pg_bitutils.h"
-#if PG_VERSION_NUM >= 160000
-#include "varatt.h"				/* VARDATA_ANY moved there in 16 */
-#endif
 
 #include "compat.h"
 #include "number_format.h"

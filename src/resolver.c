@@ -32,19 +32,10 @@
 #include "utils/regproc.h"
 #include "utils/syscache.h"
 
+#include "compat.h"
 #include "idempotency.h"
 #include "resolver.h"
-
-/* EXECUTE on a function: object_aclcheck from PostgreSQL 16 on */
-static bool
-IdemMayExecute(Oid func, Oid role)
-{
-#if PG_VERSION_NUM >= 160000
-	return object_aclcheck(ProcedureRelationId, func, role, ACL_EXECUTE) == ACLCHECK_OK;
-#else
-	return pg_proc_aclcheck(func, role, ACL_EXECUTE) == ACLCHECK_OK;
-#endif
-}
+#include "schema.h"
 
 void
 IdemResolverCheckSignature(Oid resolver, const char *endpoint)
@@ -84,7 +75,7 @@ IdemResolverCheckRole(Oid resolver, Oid role, const char *endpoint)
 				 errmsg("the resolver of endpoint \"%s\" has no role to run as", endpoint),
 				 errdetail("Its resolver_role is %u, which is not a role.", role),
 				 errhint("Set the endpoint's resolver again, or name an existing resolver_role.")));
-	if (!IdemMayExecute(resolver, role))
+	if (!IdemProcExecuteAllowed(resolver, role))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("role \"%s\" may not execute resolver %s of endpoint \"%s\"",
@@ -196,17 +187,18 @@ PG_FUNCTION_INFO_V1(idem_endpoints_resolver);
 
 /*
  * The resolver column of a row as a string; NULL for NULL.  The column is
- * text from 0.4.0 on, regprocedure in a schema not yet updated from 0.3.0.
+ * text from 0.4.0 on (IDEM_SCHEMA_RESOLVER_TEXT), regprocedure in a schema
+ * not yet updated from 0.3.0.
  */
 static char *
-IdemResolverAttr(HeapTuple tup, TupleDesc desc, int attnum)
+IdemResolverAttr(HeapTuple tup, TupleDesc desc, int attnum, bool as_text)
 {
 	bool		isnull;
 	Datum		d = heap_getattr(tup, attnum, desc, &isnull);
 
 	if (isnull)
 		return NULL;
-	if (TupleDescAttr(desc, attnum - 1)->atttypid == REGPROCEDUREOID)
+	if (!as_text)
 		return DatumGetCString(DirectFunctionCall1(regprocedureout, d));
 	return TextDatumGetCString(d);
 }
@@ -235,7 +227,7 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	char	   *name;
 	char	   *old_name = NULL;
 	Oid			resolver;
-	Oid			resolver_type;
+	bool		as_text;
 	Oid			role;
 	Oid			old_role = InvalidOid;
 	char	   *endpoint;
@@ -267,16 +259,18 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	if (resolver_att <= 0 || role_att <= 0 || endpoint_att <= 0)
 		elog(ERROR, "idem_endpoints_resolver: table %s lacks a column it needs",
 			 RelationGetRelationName(trigdata->tg_relation));
-	resolver_type = TupleDescAttr(desc, resolver_att - 1)->atttypid;
-	if (resolver_type != TEXTOID && resolver_type != REGPROCEDUREOID)
-		elog(ERROR, "idem_endpoints_resolver: column resolver of table %s is neither text nor regprocedure",
-			 RelationGetRelationName(trigdata->tg_relation));
+	as_text = IdemSchemaHas(IDEM_SCHEMA_RESOLVER_TEXT);
+	if (TupleDescAttr(desc, resolver_att - 1)->atttypid !=
+		(as_text ? TEXTOID : REGPROCEDUREOID))
+		elog(ERROR, "idem_endpoints_resolver: column resolver of table %s is not of type %s",
+			 RelationGetRelationName(trigdata->tg_relation),
+			 as_text ? "text" : "regprocedure");
 
-	name = IdemResolverAttr(newtup, desc, resolver_att);
+	name = IdemResolverAttr(newtup, desc, resolver_att, as_text);
 	role = IdemOidAttr(newtup, desc, role_att);
 	if (oldtup != NULL)
 	{
-		old_name = IdemResolverAttr(oldtup, desc, resolver_att);
+		old_name = IdemResolverAttr(oldtup, desc, resolver_att, as_text);
 		old_role = IdemOidAttr(oldtup, desc, role_att);
 	}
 
@@ -319,7 +313,7 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 						name, endpoint)));
 
 	IdemResolverCheckSignature(resolver, endpoint);
-	if (!IdemMayExecute(resolver, me))
+	if (!IdemProcExecuteAllowed(resolver, me))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to name %s as the resolver of endpoint \"%s\"",
@@ -338,7 +332,7 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	values[0] = ObjectIdGetDatum(role);
 	cols[1] = resolver_att;
 	nulls[1] = false;
-	values[1] = resolver_type == TEXTOID ?
+	values[1] = as_text ?
 		CStringGetTextDatum(IdemResolverName(resolver)) :
 		ObjectIdGetDatum(resolver);
 	return PointerGetDatum(heap_modify_tuple_by_cols(newtup, desc, 2, cols, values, nulls));

@@ -59,9 +59,7 @@ typedef struct IdemStatsShared
 static IdemStatsShared *idem_shared = NULL;
 static HTAB *idem_stats_hash = NULL;
 
-#if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 static Size
@@ -75,10 +73,8 @@ IdemStatsShmemSize(void)
 static void
 IdemStatsShmemRequest(void)
 {
-#if PG_VERSION_NUM >= 150000
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-#endif
 	RequestAddinShmemSpace(IdemStatsShmemSize());
 	RequestNamedLWLockTranche(IDEM_STATS_TRANCHE, 1);
 }
@@ -123,12 +119,8 @@ IdemStatsInit(void)
 	if (!process_shared_preload_libraries_in_progress)
 		return;
 
-#if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = IdemStatsShmemRequest;
-#else
-	IdemStatsShmemRequest();
-#endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = IdemStatsShmemStartup;
 }

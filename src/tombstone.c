@@ -57,6 +57,7 @@
 #include "idempotency.h"
 #include "keygen.h"
 #include "keystore.h"
+#include "schema.h"
 #include "tombstone.h"
 
 #define TOMBSTONE_LABEL "idempotency tombstone"
@@ -95,7 +96,7 @@ IdemTombstoneInvalidate(Datum arg, Oid relid)
 	}
 }
 
-/* idempotency.tombstones, or InvalidOid in a schema older than 0.3.0 */
+/* idempotency.tombstones, or InvalidOid where it does not exist */
 static Oid
 IdemTombstoneRelidIfAny(void)
 {
@@ -108,12 +109,6 @@ IdemTombstoneRelidIfAny(void)
 		tombstones_relid = get_relname_relid("tombstones",
 											 get_namespace_oid("idempotency", false));
 	return tombstones_relid;
-}
-
-bool
-IdemTombstoneTableExists(void)
-{
-	return OidIsValid(IdemTombstoneRelidIfAny());
 }
 
 Oid
@@ -132,14 +127,14 @@ IdemTombstoneRelid(void)
 }
 
 /*
- * Whether tombstones are kept at all: the table exists (0.3.0 on), and
+ * Whether tombstones are kept at all: the schema has them (0.3.0 on), and
  * idempotency.keys is not distributed by Citus (tombstones are not
  * distributed: in the Citus mode none is written or read).
  */
 bool
 IdemTombstonesActive(void)
 {
-	return IdemTombstoneTableExists() && !IdemKeystoreDistributed();
+	return IdemSchemaHas(IDEM_SCHEMA_TOMBSTONES) && !IdemKeystoreDistributed();
 }
 
 bool

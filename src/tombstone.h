@@ -58,7 +58,6 @@ extern int64 IdemTombstonePurgeKeysDefault(TimestampTz as_of,
  * rows whose expires_at is at most as_of (returns how many).
  */
 extern Oid	IdemTombstoneRelid(void);
-extern bool IdemTombstoneTableExists(void);	/* false before 0.3.0 */
 extern int	IdemTombstoneTtls(int64 **ttls);
 extern int64 IdemTombstonePurgeDefault(TimestampTz as_of);
 
