@@ -13,7 +13,7 @@ import random
 import re
 import warnings
 import zlib
-from typing import (Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence,
+from typing import (Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Set,
                     Tuple, Union)
 
 import psycopg
@@ -269,6 +269,10 @@ def _route_template(routes: Any, scope: Scope, prefix: str = "") -> Optional[str
     return None
 
 
+class _Disconnected(Exception):
+    """The client disconnected before the response was sent."""
+
+
 class _Deadline(Exception):
     """The application did not answer within the deadline."""
 
@@ -490,6 +494,14 @@ class IdempotencyMiddleware:
         return None
 
     @staticmethod
+    async def _disconnect(receive: Receive) -> bool:
+        """True when the server reports the client gone; False (watching
+        stops) when it gives anything else, which a server that has given the
+        whole body does not."""
+        message = await receive()
+        return bool(message["type"] == "http.disconnect")
+
+    @staticmethod
     def _replaying(raw: bytes, more: bool, receive: Receive) -> Receive:
         """receive() for the application: the body read so far, then the rest."""
         sent = False
@@ -600,7 +612,8 @@ class IdempotencyMiddleware:
         conn: Optional[AsyncConn] = None
         heartbeat: Optional["asyncio.Future[None]"] = None
         released = {"conn": False}
-        claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False}
+        claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False, "gone": False}
+        watchers: List["asyncio.Future[Any]"] = []
 
         # the connection back to the pool, once, and the heartbeat stopped:
         # before a lease is settled, which takes a pool connection of its own
@@ -628,6 +641,9 @@ class IdempotencyMiddleware:
                 ctx: Context = claimed["ctx"]
                 return ctx
             claimed["started"] = True
+            if claimed["gone"]:
+                claimed["failed"] = True
+                raise _Disconnected("the client disconnected before the application claimed")
             try:
                 return await claim_steps(endpoint)
             except BaseException:
@@ -768,16 +784,38 @@ class IdempotencyMiddleware:
                         await complete()
 
             app_task = asyncio.ensure_future(self.app(scope, self._replaying(raw, more, receive), capture))
-            if self.deadline:
-                # the handler's deadline runs until the response is sent, not
-                # over the background tasks after it
-                sent_wait = asyncio.ensure_future(sent_event.wait())
-                finished, _ = await asyncio.wait({app_task, sent_wait}, timeout=self.deadline,
-                                                 return_when=asyncio.FIRST_COMPLETED)
+            # Until the response is sent (not over the background tasks after
+            # it): the deadline, and the client's disconnect once the body
+            # was read whole (the server's receive() has nothing else to give
+            # then; the application may wait on it too)
+            sent_wait = asyncio.ensure_future(sent_event.wait())
+            waits: Set["asyncio.Future[Any]"] = {app_task, sent_wait}
+            if not more:
+                gone_wait = asyncio.ensure_future(self._disconnect(receive))
+                watchers.append(gone_wait)
+                waits.add(gone_wait)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + self.deadline if self.deadline else None
+            try:
+                while True:
+                    finished, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED,
+                                                     timeout=None if until is None else max(0.0, until - loop.time()))
+                    if not finished:
+                        app_task.cancel()
+                        raise _Deadline(f"the application did not answer within {self.deadline} s")
+                    if app_task in finished or sent_wait in finished:
+                        break
+                    waits -= finished
+                    if not all(f.result() for f in finished):
+                        continue  # not a disconnect: no more watching
+                    # the client went away while the application runs: a
+                    # claim made is given up, one not made yet is refused
+                    claimed["gone"] = True
+                    if claimed["ctx"] is not None and not done["sent"]:
+                        app_task.cancel()
+                        raise _Disconnected("the client disconnected while the application ran")
+            finally:
                 sent_wait.cancel()
-                if not finished:
-                    app_task.cancel()
-                    raise _Deadline(f"the application did not answer within {self.deadline} s")
             try:
                 await app_task
             except Exception as err:
@@ -797,6 +835,17 @@ class IdempotencyMiddleware:
             if conn is not None:
                 await conn.rollback()
             await self._send_answer(send, "body_invalid", message=str(err))
+        except _Disconnected as err:
+            # nothing can be sent any more; the application may still hold
+            # the connection inside a query: closed, not rolled back (the
+            # server rolls back and frees the claim).  Lease mode: marked
+            # unknown, or released after no_side_effect(), as after a raise
+            if conn is not None:
+                await conn.close()
+            self.log(f"client_disconnected: {err}; the transaction was rolled back and its connection closed", None)
+            if state["lease_token"] is not None:
+                await give_back()
+                await self._settle_lease(box["req"], state, str(err))
         except _Deadline as err:
             # the application may still hold the connection inside a query:
             # closed, not rolled back (the server rolls back and frees the claim)
@@ -835,6 +884,8 @@ class IdempotencyMiddleware:
                 await self._settle_lease(box["req"], state, f"the handler failed: {err}")
             raise
         finally:
+            for w in watchers:
+                w.cancel()
             scope.get("state", {}).pop("idempotency", None)
             scope.get("state", {}).pop(_CLAIM, None)
             await give_back()
