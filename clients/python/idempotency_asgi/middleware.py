@@ -645,7 +645,13 @@ class IdempotencyMiddleware:
                 claimed["failed"] = True
                 raise _Disconnected("the client disconnected before the application claimed")
             try:
-                return await claim_steps(endpoint)
+                ctx = await claim_steps(endpoint)
+                if claimed["gone"]:
+                    # gone during the claim (its wait): the application does
+                    # not run; nothing happened, so a lease is released
+                    state["no_side_effect"] = True
+                    raise _Disconnected("the client disconnected before the application ran")
+                return ctx
             except BaseException:
                 # what the application sends after this (a mounted
                 # application's own error page for the exception on its way

@@ -60,6 +60,16 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
     async def disconnect_mid_handler(self, app: FastAPI, key: str, hold: float = 0.0, **headers: str) -> List[Any]:
         """Drives the app as a server would, and says http.disconnect once the handler hangs."""
         self.started[key] = asyncio.Event()
+        call, gone, sent = self.drive(app, key, x_hang="1", **headers)
+        await asyncio.wait_for(self.started[key].wait(), 10)
+        await asyncio.sleep(hold)
+        gone.set()
+        await asyncio.wait_for(call, 10)
+        return sent
+
+    def drive(self, app: FastAPI, key: str, **headers: str) -> Any:
+        """The app called as a server calls it: (the call, the event that
+        makes receive() say http.disconnect, the messages sent)."""
         gone = asyncio.Event()
         body_sent = False
 
@@ -74,17 +84,12 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
 
         async def send(message: Any) -> None:
             sent.append(message)
-        hdrs = [(b"idempotency-key", key.encode()), (b"content-type", b"application/json"), (b"x-hang", b"1")]
+        hdrs = [(b"idempotency-key", key.encode()), (b"content-type", b"application/json")]
         hdrs += [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
                  "scheme": "http", "path": "/pay", "raw_path": b"/pay", "query_string": b"", "root_path": "",
                  "headers": hdrs, "client": ("127.0.0.1", 1), "server": ("test", 80)}
-        call = asyncio.ensure_future(app(scope, receive, send))
-        await asyncio.wait_for(self.started[key].wait(), 10)
-        await asyncio.sleep(hold)
-        gone.set()
-        await asyncio.wait_for(call, 10)
-        return sent
+        return asyncio.ensure_future(app(scope, receive, send)), gone, sent
 
     async def state(self, key: str) -> Optional[str]:
         cur = await self.admin.execute("SELECT state FROM idempotency.keys WHERE key = %s", (key,))
@@ -129,5 +134,25 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
                 self.assertEqual((r.status_code, r.json()["error"]["code"]), (409, "outcome_pending"))
                 r = await c.post("/pay", json={}, headers={"Idempotency-Key": k2})
                 self.assertEqual((r.status_code, r.json()), (200, {"run": 2}))
+        finally:
+            await pool.close()
+
+    async def test_gone_during_the_claims_wait_runs_nothing(self) -> None:
+        pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=3, open=False)
+        await pool.open()
+        try:
+            app, key = self.app(pool, wait="10 seconds"), f"py-{uuid.uuid4().hex}"
+            self.started[key] = asyncio.Event()
+            first, first_gone, _ = self.drive(app, key, x_hang="1")
+            await asyncio.wait_for(self.started[key].wait(), 10)
+            second, second_gone, sent = self.drive(app, key)
+            await asyncio.sleep(0.3)  # the second waits in its claim
+            second_gone.set()
+            first_gone.set()  # the first is given up: the second's claim executes, for nobody
+            await asyncio.wait_for(asyncio.gather(first, second), 10)
+            self.assertEqual(sent, [])
+            self.assertEqual(self.runs[key], 1)
+            self.assertIsNone(await self.state(key))
+            self.assertTrue(any("before the application ran" in m for m in self.logged), self.logged)
         finally:
             await pool.close()
