@@ -385,6 +385,22 @@ function idempotent(options, ...handlers) {
         client.release();
       }
     };
+    // a run given up (its deadline, its client gone): the client closed and
+    // its backend ended, which may still be running a handler's query (the
+    // server notices a closed socket only when that query ends) and holds
+    // the claim meanwhile.  Ended after the client is given back, so that
+    // a pool of one has a connection for it
+    const giveUp = async (err) => {
+      lostError = err;
+      const pid = client.processID;
+      giveBack();
+      if (!pid) return;
+      try {
+        await o.pool.query('SELECT pg_terminate_backend($1)', [pid]);
+      } catch (e) {
+        o.log('could not end the backend of a run given up; it ends when its query does', e);
+      }
+    };
     let heartbeat = null;
     let inTransaction = false;
     try {
@@ -499,7 +515,8 @@ function idempotent(options, ...handlers) {
     } catch (err) {
       state.onDisconnect = null;
       if (heartbeat) { clearInterval(heartbeat); heartbeat = null; }
-      if (inTransaction && !lostError && !isConnectionLoss(err)) {
+      // a run given up may be inside a query: no ROLLBACK queued behind it
+      if (inTransaction && !lostError && !isConnectionLoss(err) && !err.idempotencyDisconnect && !err.idempotencyDeadline) {
         try { await client.query('ROLLBACK'); } catch (e) { lostError = e; }
       }
       if (capture) capture.reset();
@@ -521,19 +538,19 @@ function idempotent(options, ...handlers) {
         // rolls the transaction back, which frees the claim); in lease mode
         // the key is released when they had not started or had declared
         // noSideEffect(), otherwise marked unknown, as after a throw
-        lostError = err;
+        await giveUp(err);
         o.log(`client_disconnected: ${err.message}; the transaction was rolled back and its connection closed` +
           (state.leaseToken ? '' : ', the key is free for a retry'));
-        if (state.leaseToken) { giveBack(); await settleLease(request, state, err.message, err.idempotencyDisconnect === 'before'); }
+        if (state.leaseToken) { await settleLease(request, state, err.message, err.idempotencyDisconnect === 'before'); }
         return 'done';
       }
       if (err.idempotencyDeadline) {
-        // the handler may still be using the client: it is closed (the
-        // server rolls back and frees the claim), not given back as it is
-        lostError = err;
+        // the handler may still be using the client: it is closed and its
+        // backend ended (the claim freed), not given back as it is
+        await giveUp(err);
         o.log(`handler_timeout: the handlers did not answer within deadlineMs (${o.deadlineMs} ms); the transaction was ` +
           'rolled back and its connection closed. Find what they wait for, or raise deadlineMs', err);
-        if (state.leaseToken) { giveBack(); await settleLease(request, state, err.message); }
+        if (state.leaseToken) await settleLease(request, state, err.message);
         sendAnswer(res, answer(o.profile, 'unavailable', { retryAfter: 1, code: 'handler_timeout' }));
         return 'done';
       }
