@@ -494,6 +494,18 @@ class IdempotencyMiddleware:
         return None
 
     @staticmethod
+    async def _give_up(conn: AsyncConn) -> None:
+        """The connection of a run given up: the query the application may
+        still be running in it cancelled (the server would finish it before
+        noticing a closed socket, holding the claim), then closed, which
+        rolls the transaction back."""
+        try:
+            conn.cancel()
+        except Exception:  # nothing to cancel, or the server is gone
+            pass
+        await conn.close()
+
+    @staticmethod
     async def _disconnect(receive: Receive) -> bool:
         """True when the server reports the client gone; False (watching
         stops) when it gives anything else, which a server that has given the
@@ -847,7 +859,7 @@ class IdempotencyMiddleware:
             # server rolls back and frees the claim).  Lease mode: marked
             # unknown, or released after no_side_effect(), as after a raise
             if conn is not None:
-                await conn.close()
+                await self._give_up(conn)
             self.log(f"client_disconnected: {err}; the transaction was rolled back and its connection closed", None)
             if state["lease_token"] is not None:
                 await give_back()
@@ -856,7 +868,7 @@ class IdempotencyMiddleware:
             # the application may still hold the connection inside a query:
             # closed, not rolled back (the server rolls back and frees the claim)
             if conn is not None:
-                await conn.close()
+                await self._give_up(conn)
             self.log(f"handler_timeout: the application did not answer within deadline ({self.deadline} s); the "
                      "transaction was rolled back and its connection closed. Find what it waits for, or raise "
                      "deadline", err)

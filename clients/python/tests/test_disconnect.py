@@ -53,6 +53,8 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
                 ctx.no_side_effect()
             if request.headers.get("x-hang"):
                 self.started[key].set()
+                if request.headers.get("x-hang") == "query":
+                    await ctx.conn.execute("SELECT pg_sleep(60)")  # a query that takes long
                 await asyncio.Event().wait()
             return {"run": self.runs[key]}
         return app
@@ -60,7 +62,7 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
     async def disconnect_mid_handler(self, app: FastAPI, key: str, hold: float = 0.0, **headers: str) -> List[Any]:
         """Drives the app as a server would, and says http.disconnect once the handler hangs."""
         self.started[key] = asyncio.Event()
-        call, gone, sent = self.drive(app, key, x_hang="1", **headers)
+        call, gone, sent = self.drive(app, key, **{"x_hang": "1", **headers})
         await asyncio.wait_for(self.started[key].wait(), 10)
         await asyncio.sleep(hold)
         gone.set()
@@ -156,3 +158,17 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
             self.assertTrue(any("before the application ran" in m for m in self.logged), self.logged)
         finally:
             await pool.close()
+
+    async def test_inside_a_long_query_the_claim_is_free_at_once(self) -> None:
+        app, key = self.app(self.pool, wait="10 seconds"), f"py-{uuid.uuid4().hex}"
+        await self.disconnect_mid_handler(app, key, hold=0.2, x_hang="query")
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        async with httpx.AsyncClient(app=app, base_url="http://test") as c:
+            r = await asyncio.wait_for(c.post("/pay", json={}, headers={"Idempotency-Key": key}), 20)
+        self.assertEqual((r.status_code, r.json()), (200, {"run": 2}))
+        self.assertLess(loop.time() - t0, 5, "the retry waited for the claim")
+        cur = await self.admin.execute("SELECT count(*) FROM pg_stat_activity "
+                                       "WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'")
+        row = await cur.fetchone()
+        self.assertEqual(row[0] if row else None, 0, "the handler's query still runs")
