@@ -22,10 +22,10 @@ def tenant(scope: Dict[str, object]) -> str:
 
 
 app = FastAPI()
-# opt_in: only the routes that depend on idempotency claim a key (and take a
+# only the routes that depend on idempotency claim a key (and take a
 # connection); their endpoint is the route template FastAPI matched
 app.add_middleware(IdempotencyMiddleware, pool=pool, tenant=tenant, profile="ietf",
-                   exclude=["/metadata/request_ts"], wait="5 seconds", ttl="1 day", opt_in=True)
+                   exclude=["/metadata/request_ts"], wait="5 seconds", ttl="1 day")
 
 
 class Charge(BaseModel):

@@ -41,10 +41,11 @@ export interface IdempotencyOptions {
   /** Lease mode: the heartbeat's period in milliseconds (default a third of the lease). */
   heartbeatMs?: number;
   /**
-   * The handlers' deadline in milliseconds (default none): past it the
-   * transaction is rolled back, its connection closed (the claim freed; in
-   * lease mode the key marked unknown unless noSideEffect()), and the request
-   * answered 503 handler_timeout.
+   * The handlers' deadline in milliseconds (default 60000; 0 turns it off):
+   * past it the transaction is rolled back, its connection closed (the claim
+   * freed; in lease mode the key marked unknown unless noSideEffect()), and
+   * the request answered 503 handler_timeout.  A client that disconnects
+   * while the handlers run ends their run the same way, without an answer.
    */
   deadlineMs?: number;
   /** Whether a response with this status is stored (default: below 500). */

@@ -86,6 +86,13 @@ class ConfigError extends Error {
 
 const poolsWatched = new WeakSet();
 
+// The handlers' deadline when the options give none: 60 s, above what a
+// handler usually takes and below what HTTP clients usually wait; past it
+// a hung handler gives its claim and its connection back.
+const DEFAULT_DEADLINE_MS = 60000;
+// setTimeout's largest delay (about 24.8 days)
+const MAX_TIMER_MS = 2147483647;
+
 // The default log: one line on stderr, with the error's message and code.
 function defaultLog(message, err) {
   const detail = err ? `: ${err.message || err}${err.code ? ` (${err.code})` : ''}` : '';
@@ -115,8 +122,11 @@ function normalize(options) {
   o.waitSql = pgInterval(o.wait);
   o.ttlSql = pgInterval(o.ttl);
   o.checked = null; // a promise: the intervals read by the server
-  if (o.deadlineMs != null && !(Number.isFinite(o.deadlineMs) && o.deadlineMs > 0)) {
-    throw new TypeError('idempotent: deadlineMs is a number of milliseconds above 0');
+  // deadlineMs: 0 (or null, Infinity) turns the deadline off
+  if (o.deadlineMs === undefined) o.deadlineMs = DEFAULT_DEADLINE_MS;
+  if (o.deadlineMs === null || o.deadlineMs === Infinity) o.deadlineMs = 0;
+  if (!(Number.isFinite(o.deadlineMs) && o.deadlineMs >= 0 && o.deadlineMs <= MAX_TIMER_MS)) {
+    throw new TypeError(`idempotent: deadlineMs is a number of milliseconds from 1 to ${MAX_TIMER_MS}, or 0 for none`);
   }
   if (!poolsWatched.has(o.pool) && typeof o.pool.on === 'function') {
     // an idle client whose backend was killed emits 'error' on the pool,
@@ -245,6 +255,23 @@ function idempotent(options, ...handlers) {
   }
 
   async function middleware(req, res, next) {
+    // a client that goes away (its connection closed before the response
+    // was sent) ends the handlers' run: see attemptOnce
+    const state = { leaseToken: null, noSideEffect: false, connectFailed: false, disconnected: false, onDisconnect: null };
+    const onClose = () => {
+      if (res.writableFinished) return;
+      state.disconnected = true;
+      if (state.onDisconnect) state.onDisconnect();
+    };
+    res.on('close', onClose);
+    try {
+      await handle(req, res, next, state);
+    } finally {
+      res.removeListener('close', onClose);
+    }
+  }
+
+  async function handle(req, res, next, state) {
     let rawKey;
     let key;
     try {
@@ -265,6 +292,7 @@ function idempotent(options, ...handlers) {
     try {
       body = await fingerprintBody(req, o.limit);
     } catch (err) {
+      if (state.disconnected) return undefined; // the request was aborted while its body was read
       if (!(err instanceof BodyError)) return next(err);
       return sendAnswer(res, answer(o.profile, 'body_invalid', { message: err.message }));
     }
@@ -281,20 +309,21 @@ function idempotent(options, ...handlers) {
     }
     const request = { tenant, endpoint, key, rawKey, path: req.originalUrl || req.url, json: body.json };
     const runner = makeRunner(req, res, next, handlers);
-    const state = { leaseToken: null, noSideEffect: false, connectFailed: false };
     for (let attempt = 0; ; attempt++) {
       const outcome = await attemptOnce(req, res, next, request, runner, state);
-      if (outcome !== 'retry') return;
-      if (attempt >= o.retries || !runner.repeatable) break;
+      if (outcome !== 'retry') return undefined;
+      if (attempt >= o.retries || !runner.repeatable || state.disconnected) break;
       await new Promise((r) => setTimeout(r, (5 + Math.random() * 20) * 2 ** attempt));
     }
     if (state.leaseToken) await settleLease(request, state, 'retries exhausted');
+    if (state.disconnected) return undefined;
     if (state.connectFailed) {
       o.log('database_unavailable: no connection from the pool; check the pool\'s connection settings ' +
         '(host, port, user, password) and that the server runs and accepts connections');
     }
     sendAnswer(res, answer(o.profile, 'unavailable',
       { retryAfter: 1, code: state.connectFailed ? 'database_unavailable' : undefined }));
+    return undefined;
   }
 
   async function settleLease(request, state, reason, release = false) {
@@ -339,6 +368,39 @@ function idempotent(options, ...handlers) {
       if (capture) capture.abort(err);
     };
     client.on('error', onClientError);
+    // the client back to the pool, once: as broken (closed) after a lost
+    // connection or a run given up.  Done before a lease is settled, which
+    // takes a pool connection of its own (with a pool of one, it would
+    // wait for this one forever)
+    let givenBack = false;
+    const giveBack = () => {
+      if (givenBack) return;
+      givenBack = true;
+      if (heartbeat) { clearInterval(heartbeat); heartbeat = null; }
+      client.off('error', onClientError);
+      if (lostError) {
+        client.on('error', () => {});
+        client.release(lostError);
+      } else {
+        client.release();
+      }
+    };
+    // a run given up (its deadline, its client gone): the client closed and
+    // its backend ended, which may still be running a handler's query (the
+    // server notices a closed socket only when that query ends) and holds
+    // the claim meanwhile.  Ended after the client is given back, so that
+    // a pool of one has a connection for it
+    const giveUp = async (err) => {
+      lostError = err;
+      const pid = client.processID;
+      giveBack();
+      if (!pid) return;
+      try {
+        await o.pool.query('SELECT pg_terminate_backend($1)', [pid]);
+      } catch (e) {
+        o.log('could not end the backend of a run given up; it ends when its query does', e);
+      }
+    };
     let heartbeat = null;
     let inTransaction = false;
     try {
@@ -412,14 +474,24 @@ function idempotent(options, ...handlers) {
         },
       };
       capture = captureResponse(res);
+      // the client went away: during the claim (the handlers are not run),
+      // or while they run (their run is ended at once)
+      const disconnectError = (ran) => {
+        const err = new Error(ran ? 'the client disconnected while the handlers ran' : 'the client disconnected before the handlers ran');
+        err.idempotencyDisconnect = ran ? 'running' : 'before';
+        return err;
+      };
+      if (state.disconnected) throw disconnectError(false);
+      state.onDisconnect = () => capture.abort(disconnectError(true));
       const out = await runWithDeadline(capture, runner);
+      state.onDisconnect = null;
       if (lostError) throw lostError;
       if (!o.storeStatus(out.status)) {
         inTransaction = false;
         await client.query('ROLLBACK');
         // a 5xx is the handler's own failure: not stored, the key given
         // back so that a retry runs again (lease mode too)
-        if (state.leaseToken) await settleLease(request, state, `the handler answered ${out.status}`, true);
+        if (state.leaseToken) { giveBack(); await settleLease(request, state, `the handler answered ${out.status}`, true); }
         capture.send(out);
         return 'done';
       }
@@ -441,8 +513,10 @@ function idempotent(options, ...handlers) {
       runAfterCommit(afterCommit, res);
       return 'done';
     } catch (err) {
+      state.onDisconnect = null;
       if (heartbeat) { clearInterval(heartbeat); heartbeat = null; }
-      if (inTransaction && !lostError && !isConnectionLoss(err)) {
+      // a run given up may be inside a query: no ROLLBACK queued behind it
+      if (inTransaction && !lostError && !isConnectionLoss(err) && !err.idempotencyDisconnect && !err.idempotencyDeadline) {
         try { await client.query('ROLLBACK'); } catch (e) { lostError = e; }
       }
       if (capture) capture.reset();
@@ -450,18 +524,30 @@ function idempotent(options, ...handlers) {
         o.log('response_too_large: the response is larger than idempotency.max_response_bytes (or the endpoint\'s ' +
           'max_response_bytes) and cannot be stored for replay; its work was rolled back. Answer a smaller body, ' +
           'raise the limit, or set store_response = false for the endpoint', err);
-        if (state.leaseToken) await settleLease(request, state, 'response too large', true);
+        if (state.leaseToken) { giveBack(); await settleLease(request, state, 'response too large', true); }
         sendAnswer(res, answer(o.profile, 'too_large', { code: 'response_too_large' }));
         return 'done';
       }
       if (CONFIG_SQLSTATES.has(sqlstate(err)) && err.idempotencyOwn) {
-        if (state.leaseToken) await settleLease(request, state, 'not configured', true);
+        if (state.leaseToken) { giveBack(); await settleLease(request, state, 'not configured', true); }
         return notConfigured(res, err);
       }
+      if (err.idempotencyDisconnect) {
+        // nothing can be sent any more.  The handlers may still be using
+        // the client: it is closed, not given back as it is (the server
+        // rolls the transaction back, which frees the claim); in lease mode
+        // the key is released when they had not started or had declared
+        // noSideEffect(), otherwise marked unknown, as after a throw
+        await giveUp(err);
+        o.log(`client_disconnected: ${err.message}; the transaction was rolled back and its connection closed` +
+          (state.leaseToken ? '' : ', the key is free for a retry'));
+        if (state.leaseToken) { await settleLease(request, state, err.message, err.idempotencyDisconnect === 'before'); }
+        return 'done';
+      }
       if (err.idempotencyDeadline) {
-        // the handler may still be using the client: it is closed (the
-        // server rolls back and frees the claim), not given back as it is
-        lostError = err;
+        // the handler may still be using the client: it is closed and its
+        // backend ended (the claim freed), not given back as it is
+        await giveUp(err);
         o.log(`handler_timeout: the handlers did not answer within deadlineMs (${o.deadlineMs} ms); the transaction was ` +
           'rolled back and its connection closed. Find what they wait for, or raise deadlineMs', err);
         if (state.leaseToken) await settleLease(request, state, err.message);
@@ -476,19 +562,12 @@ function idempotent(options, ...handlers) {
         sendAnswer(res, answer(o.profile, 'body_invalid', { message: err.message }));
         return 'done';
       }
-      if (state.leaseToken) await settleLease(request, state, `the handler failed: ${err.message}`);
+      if (state.leaseToken) { giveBack(); await settleLease(request, state, `the handler failed: ${err.message}`); }
       if (capture) capture.restore();
       next(err);
       return 'done';
     } finally {
-      if (heartbeat) clearInterval(heartbeat);
-      client.off('error', onClientError);
-      if (lostError) {
-        client.on('error', () => {});
-        client.release(lostError);
-      } else {
-        client.release();
-      }
+      giveBack();
     }
   }
 
@@ -506,7 +585,7 @@ function idempotent(options, ...handlers) {
     else res.once('close', start);
   }
 
-  // The handlers' run, given up after deadlineMs (an option; none by default).
+  // The handlers' run, given up after deadlineMs (60 s by default, 0: none).
   function runWithDeadline(capture, runner) {
     const run = capture.run(runner);
     if (!o.deadlineMs) return run;

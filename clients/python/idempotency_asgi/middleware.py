@@ -6,11 +6,14 @@ and commits before the first byte is sent, and answers replays, conflicts
 and mismatches per the chosen profile."""
 
 import asyncio
+import importlib
 import json
 import logging
 import random
 import re
-from typing import (Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence,
+import warnings
+import zlib
+from typing import (Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Set,
                     Tuple, Union)
 
 import psycopg
@@ -96,6 +99,10 @@ TOO_LARGE_FIX = ("the response is larger than idempotency.max_response_bytes (or
 
 LOGGER = logging.getLogger("idempotency_asgi")
 
+#: the application's deadline in seconds when the options give none: past it
+#: a hung application gives its claim and its connection back
+DEFAULT_DEADLINE = 60.0
+
 
 def _default_log(message: str, err: Optional[BaseException] = None) -> None:
     """The default log: the standard logging module, logger "idempotency_asgi"."""
@@ -110,6 +117,71 @@ def _header_bytes(value: str) -> bytes:
         return value.encode("latin-1")
     except UnicodeEncodeError:
         return value.encode("utf-8")
+
+
+# A stored body encoded (Content-Encoding: a GZipMiddleware inside this
+# middleware compressed it for the first client) is decoded for a client
+# whose Accept-Encoding does not take that encoding, the header dropped:
+# gzip and deflate always, br when the brotli module is installed; another
+# encoding is sent as stored.
+def _gunzip(body: bytes) -> bytes:
+    return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+
+
+def _inflate(body: bytes) -> bytes:
+    try:
+        return zlib.decompress(body)
+    except zlib.error:  # raw deflate, without the zlib wrapper
+        return zlib.decompress(body, -zlib.MAX_WBITS)
+
+
+_DECODERS: Dict[str, Callable[[bytes], bytes]] = {"gzip": _gunzip, "x-gzip": _gunzip, "deflate": _inflate}
+try:
+    _DECODERS["br"] = importlib.import_module("brotli").decompress
+except ImportError:  # optional
+    pass
+
+
+def _accepts(accept_encoding: Optional[str], coding: str) -> bool:
+    """Whether Accept-Encoding takes this content coding (q above 0)."""
+    if not accept_encoding:
+        return False
+    star: Optional[bool] = None
+    for part in accept_encoding.split(","):
+        name, *params = [p.strip() for p in part.strip().lower().split(";")]
+        q = next((p for p in params if p.startswith("q=")), None)
+        try:
+            ok = q is None or float(q[2:]) > 0
+        except ValueError:
+            ok = False
+        if name == coding or (coding == "x-gzip" and name == "gzip"):
+            return ok
+        if name == "*":
+            star = ok
+    return star is True
+
+
+def _decode_for_client(accept_encoding: Optional[str], headers: Dict[str, Any], body: bytes) -> bytes:
+    """The stored body as this client can read it (headers updated)."""
+    name = next((k for k in headers if k.lower() == "content-encoding"), None)
+    if name is None or not body:
+        return body
+    value = headers[name]
+    codings = [c.strip().lower() for c in (",".join(value) if isinstance(value, list) else str(value)).split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if all(_accepts(accept_encoding, c) for c in codings):
+        return body
+    out = body
+    try:
+        for c in reversed(codings):
+            decode = _DECODERS.get(c)
+            if decode is None:
+                return body  # an encoding this middleware cannot undo: sent as stored
+            out = decode(out)
+    except (zlib.error, OSError, ValueError):
+        return body
+    del headers[name]
+    return out
 
 
 def _sqlstate(err: BaseException) -> Optional[str]:
@@ -146,10 +218,12 @@ _CLAIM = "idempotency_claim"
 
 
 async def claim(request: Any, endpoint: Optional[str] = None) -> "Context":
-    """The claim of a request, for a route that opts in (the middleware with
-    opt_in=True): takes the connection, claims the key, and returns the
-    Context (also request.state.idempotency).  endpoint: the route template
-    by default (FastAPI's route); Starlette routes name it."""
+    """The claim of a request, for a route that opts in (Starlette endpoints;
+    FastAPI routes use the dependency idempotency): reads the key and the
+    body, takes the connection, claims the key, and returns the Context (also
+    request.state.idempotency).  endpoint: by default the method and the
+    template of the route the request matched, behind the templates of the
+    mounts it went through."""
     scope = request.scope
     claim_now = scope.get("state", {}).get(_CLAIM)
     if claim_now is None:
@@ -164,6 +238,39 @@ async def idempotency(request: Request) -> "Context":
     """FastAPI dependency: ctx: Context = Depends(idempotency).  The route
     opts in; its template names the endpoint."""
     return await claim(request)
+
+
+class _Refused(Exception):
+    """The request is refused before its claim: its key or its body."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+
+
+def _route_template(routes: Any, scope: Scope, prefix: str = "") -> Optional[str]:
+    """The template of the route Starlette's router gives this request: the
+    first route that matches it fully; a mount (Mount, Host) adds its own
+    template and is searched in turn with the scope it makes.  None when no
+    route matches (or only for another method)."""
+    from starlette.routing import Host, Match, Mount
+    for route in routes or []:
+        match, child = route.matches(scope)
+        if match != Match.FULL:
+            continue
+        if isinstance(route, (Mount, Host)):
+            # a Mount's path_format ends with the {path} it hands on
+            own = route.path_format if isinstance(route, Mount) else ""
+            own = own[:-len("/{path}")] if own.endswith("/{path}") else own
+            return _route_template(route.routes, {**scope, **child}, prefix + own)
+        template = getattr(route, "path_format", None) or getattr(route, "path", None)
+        return prefix + template if isinstance(template, str) else None
+    return None
+
+
+class _Disconnected(Exception):
+    """The client disconnected before the response was sent."""
 
 
 class _Deadline(Exception):
@@ -213,10 +320,15 @@ class IdempotencyMiddleware:
     profile: 'stripe' or 'ietf'; key_policy: 'refuse' or 'hash';
     exclude: JSON Pointers left out of the fingerprint; lease, wait, ttl:
     intervals ('30 seconds'); required: refuse keyless requests;
-    methods: the methods it applies to; retries: runs again after a
+    methods: the methods it applies to; opt_in (default True): only the
+    routes that ask for it claim a key (FastAPI: Depends(idempotency);
+    Starlette: await claim(request)), the others take no connection and are
+    never refused; False (deprecated) claims every request of methods before
+    the application runs; retries: runs again after a
     serialization failure, deadlock or lost connection; deadline: seconds
     after which an application that has not answered is given up (its
-    transaction rolled back, its connection closed, 503 handler_timeout)."""
+    transaction rolled back, its connection closed, 503 handler_timeout;
+    60 by default, 0 or None for none)."""
 
     def __init__(self, app: ASGIApp,
                  pool: Union[AsyncConnectionPool, Callable[[], AsyncConnectionPool]],
@@ -228,7 +340,7 @@ class IdempotencyMiddleware:
                  methods: Sequence[str] = ("POST", "PUT", "PATCH", "DELETE"), retries: int = 3,
                  limit: int = 1024 * 1024, isolation: Optional[str] = None, heartbeat: Optional[float] = None,
                  store_status: Callable[[int], bool] = lambda status: status < 500,
-                 deadline: Optional[float] = None, opt_in: bool = False,
+                 deadline: Optional[float] = DEFAULT_DEADLINE, opt_in: bool = True,
                  log: Optional[Logger] = None) -> None:
         if profile not in ("stripe", "ietf"):
             raise ValueError("profile is 'stripe' or 'ietf'")
@@ -254,10 +366,18 @@ class IdempotencyMiddleware:
         self.limit = limit
         self.isolation = isolation
         self.store_status = store_status
-        if deadline is not None and not deadline > 0:
-            raise ValueError("deadline is a number of seconds above 0")
-        self.deadline = deadline
+        # 0 or None: no deadline
+        if deadline is not None and (isinstance(deadline, bool) or not deadline >= 0 or deadline == float("inf")):
+            raise ValueError("deadline is a number of seconds above 0, or 0 for none")
+        self.deadline = deadline or None
         self.opt_in = opt_in
+        if not opt_in:
+            message = ("IdempotencyMiddleware(opt_in=False) is deprecated and will be removed: it claims a key and "
+                       "takes a pool connection for every request of `methods`, before the application runs. "
+                       "Let the routes that need it opt in (FastAPI: Depends(idempotency); Starlette: "
+                       "await claim(request)) and drop opt_in=False")
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            LOGGER.warning("idempotency: %s", message)
         self.log: Logger = log or _default_log
 
     @property
@@ -268,18 +388,10 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"].upper() not in self.methods:
             return await self.app(scope, receive, send)
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
-        try:
-            key_values = [v for k, v in headers if k == "idempotency-key"]
-            parsed = parse_key_header(key_values)
-            # replays echo the header as the client sent it
-            raw_key = None if parsed is None else key_values[0].strip()
-            key = None if parsed is None else apply_key_policy(parsed, self.key_policy)
-        except IdempotencyKeyError as err:
-            return await self._send_answer(send, "key_invalid", message=str(err))
-        if key is None and self.required:
-            return await self._send_answer(send, "key_missing",
-                                           message="this request needs an Idempotency-Key header")
-        raw, more = b"", True
+        # the body is read first (the application gets it again); a body
+        # above limit is refused, or with opt_in passed on as it comes and
+        # refused only if the route claims
+        raw, more, too_large = b"", True, False
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
@@ -287,33 +399,35 @@ class IdempotencyMiddleware:
             raw += message.get("body", b"")
             more = message.get("more_body", False)
             if len(raw) > self.limit:
-                return await self._send_answer(send, "body_invalid", message="request body too large")
-        content_type = next((v for k, v in headers if k == "content-type"), "")
-        try:
-            body_json, _ = fingerprint_body(content_type, raw)
-        except BodyError as err:
-            return await self._send_answer(send, "body_invalid", message=str(err))
-        endpoint = None
-        if not self.opt_in:
-            endpoint = await self._endpoint(scope)
-            if endpoint is None:  # no route matches: nothing to protect
-                return await self.app(scope, self._replaying(raw, receive), send)
-        tenant = self.tenant(scope) if callable(self.tenant) else self.tenant
-        if asyncio.iscoroutine(tenant):
-            tenant = await tenant
+                too_large = True
+                if not self.opt_in:
+                    return await self._send_answer(send, "body_invalid", message="request body too large")
+                break
         path = scope.get("root_path", "") + scope["path"]
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")
-        req = {"tenant": tenant, "endpoint": endpoint, "key": key, "raw_key": raw_key,
-               "method": scope["method"], "path": path, "json": body_json}
+        # the route tree as the application at this middleware sees it, for
+        # the route template (routing changes the scope as it goes)
+        entry = {**scope}
+        request = {"headers": headers, "raw": raw, "too_large": too_large, "path": path,
+                   "method": scope["method"], "entry": entry}
+        box: Dict[str, Any] = {"req": None, "request": request}
+        if not self.opt_in:
+            endpoint = await self._endpoint(entry)
+            if endpoint is None:  # no route matches: nothing to protect
+                return await self.app(scope, self._replaying(raw, more, receive), send)
+            try:
+                box["req"] = await self._prepare(scope, request, endpoint)
+            except _Refused as r:
+                return await self._send_answer(send, r.outcome, message=r.message)
         state: Dict[str, Any] = {"lease_token": None, "no_side_effect": False, "connect_failed": False}
         for attempt in range(self.retries + 1):
             try:
-                return await self._attempt(scope, receive, send, raw, req, state)
+                return await self._attempt(scope, receive, send, raw, more, box, state)
             except _Retry:
                 await asyncio.sleep((0.005 + random.random() * 0.02) * 2 ** attempt)
         if state["lease_token"] is not None:
-            await self._settle_lease(req, state, "retries exhausted")
+            await self._settle_lease(box["req"], state, "retries exhausted")
         if state["connect_failed"]:
             self.log("database_unavailable: no connection from the pool; check its connection settings (host, port, "
                      "user, password), that it was opened, and that the server runs and accepts connections", None)
@@ -321,45 +435,94 @@ class IdempotencyMiddleware:
             return
         await self._send_answer(send, "unavailable", retry_after=1)
 
-    async def _route_endpoint(self, scope: Scope) -> str:
-        """opt_in: the endpoint option, or the method and the template of the
-        route the framework matched (FastAPI puts it in scope["route"]),
-        behind the mount's root_path."""
-        if self.endpoint is not None:
-            e = await self._endpoint(scope)
-            if e is not None:
-                return e
-        route = scope.get("route")
-        template = getattr(route, "path_format", None) or getattr(route, "path", None)
-        if not isinstance(template, str):
-            raise _NotConfigured("the framework names no route template for this request (Starlette): give the "
-                                 "endpoint, claim(request, endpoint='POST /v1/orders')")
-        return f"{scope['method']} {scope.get('root_path', '')}{template}"
+    async def _prepare(self, scope: Scope, request: Dict[str, Any], endpoint: str) -> Dict[str, Any]:
+        """The request as the claim needs it: its key, fingerprinted body and
+        tenant.  At once, or (opt_in) when the route claims, so that a route
+        that does not is never refused for its key or its body."""
+        headers = request["headers"]
+        try:
+            key_values = [v for k, v in headers if k == "idempotency-key"]
+            parsed = parse_key_header(key_values)
+            # replays echo the header as the client sent it
+            raw_key = None if parsed is None else key_values[0].strip()
+            key = None if parsed is None else apply_key_policy(parsed, self.key_policy)
+        except IdempotencyKeyError as err:
+            raise _Refused("key_invalid", str(err)) from err
+        if key is None and self.required:
+            raise _Refused("key_missing", "this request needs an Idempotency-Key header")
+        if request["too_large"]:
+            raise _Refused("body_invalid", "request body too large")
+        content_type = next((v for k, v in headers if k == "content-type"), "")
+        try:
+            body_json, _ = fingerprint_body(content_type, request["raw"])
+        except BodyError as err:
+            raise _Refused("body_invalid", str(err)) from err
+        tenant = self.tenant(scope) if callable(self.tenant) else self.tenant
+        if asyncio.iscoroutine(tenant):
+            tenant = await tenant
+        accept_encoding = ", ".join(v for k, v in headers if k == "accept-encoding") or None
+        return {"tenant": tenant, "endpoint": endpoint, "key": key, "raw_key": raw_key,
+                "method": request["method"], "path": request["path"], "json": body_json,
+                "accept_encoding": accept_encoding}
 
-    async def _endpoint(self, scope: Scope) -> Optional[str]:
+    async def _route_endpoint(self, scope: Scope, entry: Scope) -> str:
+        """opt_in: the endpoint option, or the method and the template of the
+        route the request matched, mounts included."""
+        e = await self._endpoint(entry, scope)
+        if e is None:
+            raise _NotConfigured("the route this request matched has no template the middleware can read (a mount "
+                                 "whose application has no routes, or the middleware added to a mounted "
+                                 "application): give the endpoint, claim(request, endpoint='POST /v1/orders'), or "
+                                 "add the middleware to the outermost application")
+        return e
+
+    async def _endpoint(self, entry: Scope, scope: Optional[Scope] = None) -> Optional[str]:
+        """The endpoint option, or the method and the route template: the
+        routes of the application the middleware wraps, matched as its
+        router matches them, through mounted sub-applications (each mount's
+        own template, parameters included: /accounts/{acct}/orders/{oid})."""
         if self.endpoint is not None:
-            e = self.endpoint(scope) if callable(self.endpoint) else self.endpoint
+            e = self.endpoint(scope or entry) if callable(self.endpoint) else self.endpoint
             return (await e) if isinstance(e, Awaitable) else e
-        app = scope.get("app")
-        router = getattr(app, "router", None)
-        if router is None:
-            return f"{scope['method']} {scope['path']}"
-        from starlette.routing import Match
-        for route in router.routes:
-            match, _ = route.matches(scope)
-            if match == Match.FULL:
-                return f"{scope['method']} {scope.get('root_path', '')}{route.path}"
+        method = entry["method"]
+        template = _route_template(getattr(entry.get("app"), "routes", None), entry)
+        if template is not None:
+            return f"{method} {entry.get('root_path', '')}{template}"
+        if getattr(entry.get("app"), "routes", None) is None:
+            # not a Starlette application: its concrete path
+            return f"{method} {entry.get('root_path', '')}{entry['path']}"
         return None
 
     @staticmethod
-    def _replaying(raw: bytes, receive: Receive) -> Receive:
+    async def _give_up(conn: AsyncConn) -> None:
+        """The connection of a run given up: the query the application may
+        still be running in it cancelled (the server would finish it before
+        noticing a closed socket, holding the claim), then closed, which
+        rolls the transaction back."""
+        try:
+            conn.cancel()
+        except Exception:  # nothing to cancel, or the server is gone
+            pass
+        await conn.close()
+
+    @staticmethod
+    async def _disconnect(receive: Receive) -> bool:
+        """True when the server reports the client gone; False (watching
+        stops) when it gives anything else, which a server that has given the
+        whole body does not."""
+        message = await receive()
+        return bool(message["type"] == "http.disconnect")
+
+    @staticmethod
+    def _replaying(raw: bytes, more: bool, receive: Receive) -> Receive:
+        """receive() for the application: the body read so far, then the rest."""
         sent = False
 
         async def replay() -> Message:
             nonlocal sent
             if not sent:
                 sent = True
-                return {"type": "http.request", "body": raw, "more_body": False}
+                return {"type": "http.request", "body": raw, "more_body": more}
             return await receive()
         return replay
 
@@ -368,15 +531,19 @@ class IdempotencyMiddleware:
         await self._send(send, status, headers, json.dumps(body).encode())
 
     @staticmethod
-    async def _send(send: Send, status: int, headers: Dict[str, Any], body: Optional[bytes]) -> None:
+    async def _send(send: Send, status: int, headers: Dict[str, Any], body: Optional[bytes],
+                    head: bool = False) -> None:
+        """Sends an answer or a replay.  A HEAD answer keeps the stored
+        Content-Length (that of the body it did not send) and has no body."""
         out: List[Tuple[bytes, bytes]] = []
         for name, value in headers.items():
             for v in value if isinstance(value, list) else [value]:
                 out.append((name.lower().encode("latin-1"), _header_bytes(str(v))))
+        length = next((v for k, v in out if k == b"content-length"), None) if head else None
         out = [h for h in out if h[0] != b"content-length"]
-        out.append((b"content-length", str(len(body or b"")).encode()))
+        out.append((b"content-length", length if length is not None else str(len(body or b"")).encode()))
         await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": body or b"", "more_body": False})
+        await send({"type": "http.response.body", "body": b"" if head else body or b"", "more_body": False})
 
     async def _settle_lease(self, req: Dict[str, Any], state: Dict[str, Any], reason: str,
                             release: bool = False) -> None:
@@ -440,7 +607,8 @@ class IdempotencyMiddleware:
         if c["action"] == "replay":
             headers = {k: v for k, v in (c["response_headers"] or {}).items() if k.lower() != "idempotency-key"}
             headers["Idempotency-Key"] = req["raw_key"]
-            await self._send(send, c["response_status"], headers, bytes(c["response_body"] or b""))
+            body = _decode_for_client(req["accept_encoding"], headers, bytes(c["response_body"] or b""))
+            await self._send(send, c["response_status"], headers, body, head=req["method"] == "HEAD")
             return
         outcome = ACTION_OUTCOME.get(c["action"])
         if outcome is None:
@@ -448,23 +616,68 @@ class IdempotencyMiddleware:
         await self._send_answer(send, outcome, code=c["error_code"], retry_after=c["retry_after"],
                                 mismatch=c.get("mismatch"))
 
-    async def _attempt(self, scope: Scope, receive: Receive, send: Send, raw: bytes, req: Dict[str, Any],
-                       state: Dict[str, Any]) -> None:
-        """One run of the request; raises _Retry when it should run again."""
+    async def _attempt(self, scope: Scope, receive: Receive, send: Send, raw: bytes, more: bool,
+                       box: Dict[str, Any], state: Dict[str, Any]) -> None:
+        """One run of the request; raises _Retry when it should run again.
+        box["req"] is the prepared request (None until an opt_in route
+        claims)."""
         conn: Optional[AsyncConn] = None
         heartbeat: Optional["asyncio.Future[None]"] = None
         released = {"conn": False}
-        claimed: Dict[str, Any] = {"ctx": None, "token": None}
+        claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False, "gone": False}
+        watchers: List["asyncio.Future[Any]"] = []
+
+        # the connection back to the pool, once, and the heartbeat stopped:
+        # before a lease is settled, which takes a pool connection of its own
+        # (with a pool of one it would wait for this one)
+        async def give_back() -> None:
+            nonlocal heartbeat
+            if heartbeat is not None:
+                heartbeat.cancel()
+                heartbeat = None
+            if conn is None or released["conn"]:
+                return
+            released["conn"] = True
+            if not conn.broken and not conn.closed and conn.autocommit:  # a lease claim that failed
+                try:
+                    await conn.set_autocommit(False)
+                except psycopg.Error:
+                    pass
+            await self.pool.putconn(conn)
 
         # The claim: a pool connection, the key claimed, the transaction the
         # application writes in.  At once, or (opt_in) when the route asks
         # for it through idempotency()/claim(), with the route's template.
         async def claim_now(endpoint: Optional[str]) -> Context:
-            nonlocal conn, heartbeat
             if claimed["ctx"] is not None:
                 ctx: Context = claimed["ctx"]
                 return ctx
-            req["endpoint"] = endpoint if endpoint is not None else await self._route_endpoint(scope)
+            claimed["started"] = True
+            if claimed["gone"]:
+                claimed["failed"] = True
+                raise _Disconnected("the client disconnected before the application claimed")
+            try:
+                ctx = await claim_steps(endpoint)
+                if claimed["gone"]:
+                    # gone during the claim (its wait): the application does
+                    # not run; nothing happened, so a lease is released
+                    state["no_side_effect"] = True
+                    raise _Disconnected("the client disconnected before the application ran")
+                return ctx
+            except BaseException:
+                # what the application sends after this (a mounted
+                # application's own error page for the exception on its way
+                # out) is dropped: the exception is answered here
+                claimed["failed"] = True
+                raise
+
+        async def claim_steps(endpoint: Optional[str]) -> Context:
+            nonlocal conn, heartbeat
+            req: Optional[Dict[str, Any]] = box["req"]
+            if req is None:
+                request = box["request"]
+                e = endpoint if endpoint is not None else await self._route_endpoint(scope, request["entry"])
+                req = box["req"] = await self._prepare(scope, request, e)
             try:
                 conn = await self.pool.getconn()
             except Exception as err:
@@ -504,8 +717,7 @@ class IdempotencyMiddleware:
             if self.opt_in:
                 scope.setdefault("state", {})[_CLAIM] = claim_now
             else:
-                await claim_now(req["endpoint"])
-            key = req["key"]
+                await claim_now(box["req"]["endpoint"])
             captured: Dict[str, Any] = {"status": None, "headers": [], "body": []}
             done = {"sent": False}
             sent_event = asyncio.Event()
@@ -518,20 +730,30 @@ class IdempotencyMiddleware:
                 nonlocal heartbeat
                 if captured["status"] is None or conn is None:
                     raise RuntimeError("the application sent no response")
+                req: Dict[str, Any] = box["req"]
+                key = req["key"]
                 body = b"".join(captured["body"])
                 status = captured["status"]
+                head = scope["method"].upper() == "HEAD"
+                # a HEAD answer: the Content-Length of the body a GET gets
+                # (the application's, or that of what it sent), no body
+                length = str(len(body)).encode()
+                if head:
+                    length = next((v for k, v in captured["headers"] if k.lower() == b"content-length"), length)
+                    body = b""
                 if not self.store_status(status):
                     await conn.rollback()
                     if state["lease_token"] is not None:
                         # a 5xx is the handler's own failure: not stored, the key
                         # given back so that a retry runs again (lease mode too)
+                        await give_back()
                         await self._settle_lease(req, state, f"the handler answered {status}", release=True)
                 else:
                     if key is not None:
                         stored: Dict[str, Any] = {}
                         for name, value in captured["headers"]:
                             name = name.decode("latin-1").lower()
-                            if name in NOT_STORED:
+                            if name in NOT_STORED and not (head and name == "content-length"):
                                 continue
                             value = value.decode("latin-1")
                             if name in stored:
@@ -539,6 +761,8 @@ class IdempotencyMiddleware:
                                 stored[name] = (prev if isinstance(prev, list) else [prev]) + [value]
                             else:
                                 stored[name] = value
+                        if head:
+                            stored["content-length"] = length.decode("latin-1")
                         try:
                             await conn.execute(SQL_FINISH, (req["tenant"], req["endpoint"], key, status, body,
                                                             json.dumps(stored), state["lease_token"] or claimed["token"]))
@@ -551,21 +775,17 @@ class IdempotencyMiddleware:
                     await conn.commit()
                     state["lease_token"] = None
                 headers = [(k, v) for k, v in captured["headers"] if k.lower() != b"content-length"]
-                headers.append((b"content-length", str(len(body)).encode()))
+                headers.append((b"content-length", length))
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 done["sent"] = True
                 sent_event.set()
-                if heartbeat is not None:
-                    heartbeat.cancel()
-                    heartbeat = None
-                released["conn"] = True
-                await self.pool.putconn(conn)
+                await give_back()
 
             async def capture(message: Message) -> None:
-                if done["sent"]:
+                if done["sent"] or claimed["failed"]:
                     return
-                if conn is None:
+                if not claimed["started"]:
                     # opt_in: a route that did not ask for the claim passes
                     # through untouched, without a connection
                     await send(message)
@@ -581,17 +801,39 @@ class IdempotencyMiddleware:
                     if not message.get("more_body", False):
                         await complete()
 
-            app_task = asyncio.ensure_future(self.app(scope, self._replaying(raw, receive), capture))
-            if self.deadline:
-                # the handler's deadline runs until the response is sent, not
-                # over the background tasks after it
-                sent_wait = asyncio.ensure_future(sent_event.wait())
-                finished, _ = await asyncio.wait({app_task, sent_wait}, timeout=self.deadline,
-                                                 return_when=asyncio.FIRST_COMPLETED)
+            app_task = asyncio.ensure_future(self.app(scope, self._replaying(raw, more, receive), capture))
+            # Until the response is sent (not over the background tasks after
+            # it): the deadline, and the client's disconnect once the body
+            # was read whole (the server's receive() has nothing else to give
+            # then; the application may wait on it too)
+            sent_wait = asyncio.ensure_future(sent_event.wait())
+            waits: Set["asyncio.Future[Any]"] = {app_task, sent_wait}
+            if not more:
+                gone_wait = asyncio.ensure_future(self._disconnect(receive))
+                watchers.append(gone_wait)
+                waits.add(gone_wait)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + self.deadline if self.deadline else None
+            try:
+                while True:
+                    finished, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED,
+                                                     timeout=None if until is None else max(0.0, until - loop.time()))
+                    if not finished:
+                        app_task.cancel()
+                        raise _Deadline(f"the application did not answer within {self.deadline} s")
+                    if app_task in finished or sent_wait in finished:
+                        break
+                    waits -= finished
+                    if not all(f.result() for f in finished):
+                        continue  # not a disconnect: no more watching
+                    # the client went away while the application runs: a
+                    # claim made is given up, one not made yet is refused
+                    claimed["gone"] = True
+                    if claimed["ctx"] is not None and not done["sent"]:
+                        app_task.cancel()
+                        raise _Disconnected("the client disconnected while the application ran")
+            finally:
                 sent_wait.cancel()
-                if not finished:
-                    app_task.cancel()
-                    raise _Deadline(f"the application did not answer within {self.deadline} s")
             try:
                 await app_task
             except Exception as err:
@@ -604,27 +846,42 @@ class IdempotencyMiddleware:
         except _Retry:
             raise
         except _Answered as a:
-            await self._answer_claim(send, req, a.claim)
+            await self._answer_claim(send, box["req"], a.claim)
+        except _Refused as r:
+            await self._send_answer(send, r.outcome, message=r.message)
         except _BodyRefused as err:
             if conn is not None:
                 await conn.rollback()
             await self._send_answer(send, "body_invalid", message=str(err))
+        except _Disconnected as err:
+            # nothing can be sent any more; the application may still hold
+            # the connection inside a query: closed, not rolled back (the
+            # server rolls back and frees the claim).  Lease mode: marked
+            # unknown, or released after no_side_effect(), as after a raise
+            if conn is not None:
+                await self._give_up(conn)
+            self.log(f"client_disconnected: {err}; the transaction was rolled back and its connection closed", None)
+            if state["lease_token"] is not None:
+                await give_back()
+                await self._settle_lease(box["req"], state, str(err))
         except _Deadline as err:
             # the application may still hold the connection inside a query:
             # closed, not rolled back (the server rolls back and frees the claim)
             if conn is not None:
-                await conn.close()
+                await self._give_up(conn)
             self.log(f"handler_timeout: the application did not answer within deadline ({self.deadline} s); the "
                      "transaction was rolled back and its connection closed. Find what it waits for, or raise "
                      "deadline", err)
             if state["lease_token"] is not None:
-                await self._settle_lease(req, state, str(err))
+                await give_back()
+                await self._settle_lease(box["req"], state, str(err))
             await self._send_answer(send, "unavailable", retry_after=1, code="handler_timeout")
         except (_NotConfigured, _TooLarge) as err:
             if conn is not None and not conn.broken:
                 await conn.rollback()
             if state["lease_token"] is not None:
-                await self._settle_lease(req, state, "not stored", release=True)
+                await give_back()
+                await self._settle_lease(box["req"], state, "not stored", release=True)
             if isinstance(err, _TooLarge):
                 self.log(f"response_too_large: {TOO_LARGE_FIX}", err.__cause__)
                 await self._send_answer(send, "too_large", code="response_too_large")
@@ -641,17 +898,12 @@ class IdempotencyMiddleware:
                 self.log("request will be run again", err)
                 raise _Retry() from err
             if state["lease_token"] is not None:
-                await self._settle_lease(req, state, f"the handler failed: {err}")
+                await give_back()
+                await self._settle_lease(box["req"], state, f"the handler failed: {err}")
             raise
         finally:
-            if heartbeat is not None:
-                heartbeat.cancel()
+            for w in watchers:
+                w.cancel()
             scope.get("state", {}).pop("idempotency", None)
             scope.get("state", {}).pop(_CLAIM, None)
-            if conn is not None and not conn.broken and conn.autocommit:  # a lease claim that failed
-                try:
-                    await conn.set_autocommit(False)
-                except psycopg.Error:
-                    pass
-            if conn is not None and not released["conn"]:
-                await self.pool.putconn(conn)
+            await give_back()

@@ -11,10 +11,10 @@ from typing import Any, Dict, List, Optional
 
 import httpx
 import psycopg
-from fastapi import BackgroundTasks, FastAPI, Request
+from fastapi import BackgroundTasks, Depends, FastAPI, Request
 from psycopg_pool import AsyncConnectionPool
 
-from idempotency_asgi import IdempotencyMiddleware
+from idempotency_asgi import IdempotencyMiddleware, idempotency
 
 CONNINFO = psycopg.conninfo.make_conninfo(
     host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
@@ -51,7 +51,7 @@ class Background(unittest.IsolatedAsyncioTestCase):
             self.task_runs[key] = self.task_runs.get(key, 0) + 1
             await self.release.wait()
 
-        @app.post("/pay/{kind}")
+        @app.post("/pay/{kind}", dependencies=[Depends(idempotency)])
         async def pay(kind: str, request: Request, tasks: BackgroundTasks) -> Dict[str, Any]:
             ctx = request.state.idempotency
             await ctx.conn.execute("INSERT INTO bg_payments (idem_key) VALUES (%s)", (ctx.key,))

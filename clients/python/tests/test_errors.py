@@ -12,11 +12,11 @@ from typing import Any, Dict, List, Optional
 
 import httpx
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 
-from idempotency_asgi import IdempotencyMiddleware
+from idempotency_asgi import IdempotencyMiddleware, idempotency
 
 CONNINFO = psycopg.conninfo.make_conninfo(
     host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
@@ -58,7 +58,7 @@ class Errors(unittest.IsolatedAsyncioTestCase):
             return answer(self.runs[ctx.key]) if answer else {"ok": True}
 
         for path in ("/x", "/big", "/ietf-big"):
-            app.post(path)(handler)
+            app.post(path, dependencies=[Depends(idempotency)])(handler)
         c = httpx.AsyncClient(app=app, base_url="http://test")
         self.clients.append(c)
         return c
@@ -133,7 +133,7 @@ class Errors(unittest.IsolatedAsyncioTestCase):
         await dead.open()
         app = FastAPI()
         app.add_middleware(IdempotencyMiddleware, pool=dead, tenant="t", retries=0)
-        app.post("/x")(lambda: {})
+        app.post("/x", dependencies=[Depends(idempotency)])(lambda: {})
         try:
             with self.assertLogs("idempotency_asgi", level=logging.ERROR) as logs:
                 async with httpx.AsyncClient(app=app, base_url="http://test") as c:

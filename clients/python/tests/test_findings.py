@@ -12,11 +12,11 @@ from typing import Any, Dict
 
 import httpx
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 
-from idempotency_asgi import IdempotencyMiddleware
+from idempotency_asgi import IdempotencyMiddleware, idempotency
 
 CONNINFO = psycopg.conninfo.make_conninfo(
     host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
@@ -33,7 +33,7 @@ class Findings(unittest.IsolatedAsyncioTestCase):
         app = FastAPI()
         app.add_middleware(IdempotencyMiddleware, pool=self.pool, tenant="t", key_policy="hash")
 
-        @app.post("/k")
+        @app.post("/k", dependencies=[Depends(idempotency)])
         async def k(request: Request) -> Any:
             key = request.state.idempotency.key
             self.runs[key] = self.runs.get(key, 0) + 1
@@ -86,7 +86,7 @@ class Deadline(unittest.IsolatedAsyncioTestCase):
         app.add_middleware(IdempotencyMiddleware, pool=pool, tenant="t", deadline=0.3,
                            log=lambda m, e=None: logged.append(m))
 
-        @app.post("/hang")
+        @app.post("/hang", dependencies=[Depends(idempotency)])
         async def hang(request: Request) -> Any:
             await request.state.idempotency.conn.execute("SELECT 1")
             if request.headers.get("x-hang"):

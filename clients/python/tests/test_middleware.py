@@ -9,11 +9,11 @@ import uuid
 
 import httpx
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 
-from idempotency_asgi import IdempotencyMiddleware
+from idempotency_asgi import IdempotencyMiddleware, idempotency
 
 CONNINFO = psycopg.conninfo.make_conninfo(
     host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
@@ -40,10 +40,9 @@ def build_app(pool, hooks, runs, admin, **options):
                 return r
         return JSONResponse({"id": cid, "amount": int(body.get("amount", 0))}, headers={"Request-Id": f"req_{runs[key]}"})
 
-    app.post("/v1/charges")(handler)
-    app.post("/v1/charges/{cid}/capture")(handler)
-    app.post("/v1/policy")(handler)
-    app.post("/v1/expiring")(handler)
+    # the routes opt in with the dependency: the claim is made before the handler runs
+    for path in ("/v1/charges", "/v1/charges/{cid}/capture", "/v1/policy", "/v1/expiring"):
+        app.post(path, dependencies=[Depends(idempotency)])(handler)
     return app
 
 

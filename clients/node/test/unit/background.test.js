@@ -8,21 +8,10 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const express = require('express');
-const pg = require('pg');
 const { idempotent } = require('../../src/index.js');
 
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
-const skip = !process.env.IDEM_TEST_PGPORT && 'IDEM_TEST_PGPORT not set';
+const { skip, serve } = require('../support');
 
-let pool;
-let admin;
-let server;
-let base;
 const logged = [];
 const taskRuns = {};
 const seenCommitted = {};
@@ -32,12 +21,12 @@ let releaseSlow;
 const slowReleased = new Promise((r) => { releaseSlow = r; });
 let slowDone = false;
 
-const count = async (key) => Number((await admin.query('SELECT count(*) AS n FROM bg_payments WHERE idem_key = $1', [key])).rows[0].n);
+const count = async (key) => Number((await env.admin.query('SELECT count(*) AS n FROM bg_payments WHERE idem_key = $1', [key])).rows[0].n);
 
 function app() {
   const a = express();
   // a pool of one client: a task that held it would block the next request
-  const opts = { pool, tenant: 't', log: (m, e) => logged.push(`${m}: ${e && e.message}`) };
+  const opts = { pool: env.pool, tenant: 't', log: (m, e) => logged.push(`${m}: ${e && e.message}`) };
   a.post('/pay/:kind', idempotent(opts, async (req, res) => {
     const { key, client } = req.idempotency;
     handlerRuns[key] = (handlerRuns[key] || 0) + 1;
@@ -65,27 +54,16 @@ function app() {
   return a;
 }
 
-test.before(async () => {
-  if (skip) return;
-  pool = new pg.Pool({ ...conn, max: 1 });
-  admin = new pg.Client(conn);
-  await admin.connect();
-  await admin.query('CREATE TABLE IF NOT EXISTS bg_payments (idem_key text)');
-  await new Promise((resolve) => { server = app().listen(0, '127.0.0.1', resolve); });
-  base = `http://127.0.0.1:${server.address().port}`;
-});
-
-test.after(async () => {
-  if (skip) return;
-  releaseSlow();
-  await new Promise((r) => server.close(r));
-  await pool.end();
-  await admin.end();
+const env = serve({
+  max: 1, // a pool of one client: a task that held it would block the next request
+  sql: ['CREATE TABLE IF NOT EXISTS bg_payments (idem_key text)'],
+  app,
+  after: () => releaseSlow(),
 });
 
 let n = 0;
 const newKey = () => `bg${process.pid}-${Date.now()}-${++n}`;
-const post = (path, key) => fetch(base + path, { method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json' }, body: '{}' });
+const post = (path, key) => fetch(env.base + path, { method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json' }, body: '{}' });
 const settle = () => new Promise((r) => setTimeout(r, 200));
 
 test('a failing task: the payment committed, the response sent, the task run once and logged', { skip }, async () => {

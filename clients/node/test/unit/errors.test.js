@@ -11,19 +11,9 @@ const express = require('express');
 const pg = require('pg');
 const { idempotent } = require('../../src/index.js');
 
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
-const skip = !process.env.IDEM_TEST_PGPORT && 'IDEM_TEST_PGPORT not set';
+const { conn, skip, listen, serve } = require('../support');
 
-let pool;
 let deadPool;
-let admin;
-let server;
-let base;
 const logged = [];
 const runs = {};
 const log = (message, err) => logged.push(`${message} ${err ? err.message : ''}`);
@@ -38,52 +28,43 @@ function app() {
   };
   const ok = (req, res) => res.json({ ok: true });
   for (const ttl of ['24 hours', '1 day', 'P1D', '24h', 86400]) {
-    a.post(`/ttl/${encodeURIComponent(String(ttl))}`, idempotent({ pool, tenant: 't', ttl, log }), handler(ok));
+    a.post(`/ttl/${encodeURIComponent(String(ttl))}`, idempotent({ pool: env.pool, tenant: 't', ttl, log }), handler(ok));
   }
-  a.post('/bad-interval', idempotent({ pool, tenant: 't', ttl: 'tomorrow-ish', log }), handler(ok));
-  a.post('/big', idempotent({ pool, tenant: 't', log }), handler((req, res) => res.json({ pad: 'x'.repeat(500) })));
+  a.post('/bad-interval', idempotent({ pool: env.pool, tenant: 't', ttl: 'tomorrow-ish', log }), handler(ok));
+  a.post('/big', idempotent({ pool: env.pool, tenant: 't', log }), handler((req, res) => res.json({ pad: 'x'.repeat(500) })));
   a.post('/dead', idempotent({ pool: deadPool, tenant: 't', retries: 1, log }), handler(ok));
-  a.post('/lease503', idempotent({ pool, tenant: 't', lease: '10 seconds', log }),
+  a.post('/lease503', idempotent({ pool: env.pool, tenant: 't', lease: '10 seconds', log }),
     handler((req, res, n) => (n === 1 ? res.status(503).json({ down: true }) : res.json({ n }))));
-  a.post('/ietf-big', idempotent({ pool, tenant: 't', profile: 'ietf', log }), handler((req, res) => res.json({ pad: 'x'.repeat(500) })));
+  a.post('/ietf-big', idempotent({ pool: env.pool, tenant: 't', profile: 'ietf', log }), handler((req, res) => res.json({ pad: 'x'.repeat(500) })));
   return a;
 }
 
-test.before(async () => {
-  if (skip) return;
-  pool = new pg.Pool({ ...conn, max: 5 });
-  deadPool = new pg.Pool({ ...conn, port: 1, max: 1, connectionTimeoutMillis: 2000 });
-  admin = new pg.Client(conn);
-  await admin.connect();
-  await admin.query('CREATE TABLE IF NOT EXISTS err_charges (idem_key text)');
-  for (const e of ['POST /big', 'POST /ietf-big']) {
-    await admin.query('INSERT INTO idempotency.endpoints (endpoint, max_response_bytes) VALUES ($1, 200) ON CONFLICT DO NOTHING', [e]);
-  }
-  await new Promise((resolve) => { server = app().listen(0, '127.0.0.1', resolve); });
-  base = `http://127.0.0.1:${server.address().port}`;
-});
-
-test.after(async () => {
-  if (skip) return;
-  await new Promise((r) => server.close(r));
-  await pool.end();
-  await deadPool.end();
-  await admin.end();
+const env = serve({
+  max: 5,
+  sql: ['CREATE TABLE IF NOT EXISTS err_charges (idem_key text)'],
+  app,
+  before: async ({ admin }) => {
+    deadPool = new pg.Pool({ ...conn, port: 1, max: 1, connectionTimeoutMillis: 2000 });
+    for (const e of ['POST /big', 'POST /ietf-big']) {
+      await admin.query('INSERT INTO idempotency.endpoints (endpoint, max_response_bytes) VALUES ($1, 200) ON CONFLICT DO NOTHING', [e]);
+    }
+  },
+  after: () => deadPool.end(),
 });
 
 let n = 0;
 const newKey = () => `e${process.pid}-${Date.now()}-${++n}`;
-const post = (path, key) => fetch(base + path, {
+const post = (path, key) => fetch(env.base + path, {
   method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json' }, body: '{"a":1}',
 });
-const count = async (key) => Number((await admin.query('SELECT count(*) AS n FROM err_charges WHERE idem_key = $1', [key])).rows[0].n);
+const count = async (key) => Number((await env.admin.query('SELECT count(*) AS n FROM err_charges WHERE idem_key = $1', [key])).rows[0].n);
 
 test('ttl as PostgreSQL reads it: 24 hours, 1 day, P1D, 24h, a number of seconds', { skip }, async () => {
   for (const ttl of ['24 hours', '1 day', 'P1D', '24h', '86400']) {
     const key = newKey();
     const r = await post(`/ttl/${encodeURIComponent(ttl)}`, key);
     assert.equal(r.status, 200, ttl);
-    const { rows } = await admin.query(
+    const { rows } = await env.admin.query(
       "SELECT extract(epoch FROM expires_at - created_at)::int AS s FROM idempotency.keys WHERE key = $1", [key]);
     assert.equal(rows[0].s, 86400, ttl);
   }
@@ -129,7 +110,7 @@ test('lease mode: a 5xx answer is not stored and gives the key back, the retry r
   assert.equal(r2.status, 200);
   assert.deepEqual(await r2.json(), { n: 2 });
   assert.equal(await count(key), 1);
-  const { rows } = await admin.query('SELECT state FROM idempotency.keys WHERE key = $1', [key]);
+  const { rows } = await env.admin.query('SELECT state FROM idempotency.keys WHERE key = $1', [key]);
   assert.equal(rows[0].state, 'completed');
 });
 
@@ -137,7 +118,7 @@ test('the default log writes one line on stderr', { skip }, async () => {
   const { idempotent: make } = require('../../src/index.js');
   const a = express();
   a.post('/x', make({ pool: deadPool, tenant: 't', retries: 0 }), (req, res) => res.json({}));
-  const s = await new Promise((resolve) => { const srv = a.listen(0, '127.0.0.1', () => resolve(srv)); });
+  const s = await listen(a);
   const lines = [];
   const write = process.stderr.write;
   process.stderr.write = (chunk, ...rest) => { lines.push(String(chunk)); return write.call(process.stderr, chunk, ...rest); };

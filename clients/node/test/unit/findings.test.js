@@ -10,21 +10,10 @@ const assert = require('node:assert/strict');
 const http = require('node:http');
 const crypto = require('node:crypto');
 const express = require('express');
-const pg = require('pg');
 const { idempotent } = require('../../src/index.js');
 
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
-const skip = !process.env.IDEM_TEST_PGPORT && 'IDEM_TEST_PGPORT not set';
+const { skip, listen, serve } = require('../support');
 
-let pool;
-let admin;
-let server;
-let port;
 const runs = {};
 
 function app() {
@@ -35,26 +24,12 @@ function app() {
     res.set('X-Spelled-Like-This', 'yes');
     res.json({ key, run: runs[key] });
   };
-  a.post('/k', idempotent({ pool, tenant: 't', keyPolicy: 'hash' }, handler));
-  a.get('/thing', idempotent({ pool, tenant: 't' }, handler));
+  a.post('/k', idempotent({ pool: env.pool, tenant: 't', keyPolicy: 'hash' }, handler));
+  a.get('/thing', idempotent({ pool: env.pool, tenant: 't' }, handler));
   return a;
 }
 
-test.before(async () => {
-  if (skip) return;
-  pool = new pg.Pool({ ...conn, max: 4 });
-  admin = new pg.Client(conn);
-  await admin.connect();
-  await new Promise((resolve) => { server = app().listen(0, '127.0.0.1', resolve); });
-  port = server.address().port;
-});
-
-test.after(async () => {
-  if (skip) return;
-  await new Promise((r) => server.close(r));
-  await pool.end();
-  await admin.end();
-});
+const env = serve({ max: 4, app });
 
 // a raw request: header values go out as the Latin-1 reading of the string
 // (so a UTF-8 key is given as its bytes), raw header names come back
@@ -62,7 +37,7 @@ function request(method, path, key, body) {
   return new Promise((resolve, reject) => {
     const headers = { 'Idempotency-Key': key };
     if (body !== undefined) { headers['Content-Type'] = 'application/json'; headers['Content-Length'] = Buffer.byteLength(body); }
-    const req = http.request({ host: '127.0.0.1', port, method, path, headers }, (res) => {
+    const req = http.request({ host: '127.0.0.1', port: env.port, method, path, headers }, (res) => {
       const chunks = [];
       res.on('data', (c) => chunks.push(c));
       res.on('end', () => resolve({ status: res.statusCode, rawHeaders: res.rawHeaders, headers: res.headers, body: Buffer.concat(chunks) }));
@@ -99,7 +74,7 @@ test('replayed header names as the handler spelled them; a stored value outside 
   const key = newKey();
   const r1 = await request('POST', '/k', key, '{}');
   assert.ok(r1.rawHeaders.includes('X-Spelled-Like-This'), r1.rawHeaders.join(','));
-  await admin.query(`UPDATE idempotency.keys SET response_headers = response_headers || '{"X-Note": "Zürich → 東京"}'
+  await env.admin.query(`UPDATE idempotency.keys SET response_headers = response_headers || '{"X-Note": "Zürich → 東京"}'
                      WHERE key = $1`, [key]);
   const r2 = await request('POST', '/k', key, '{}');
   assert.equal(r2.status, 200);
@@ -126,11 +101,11 @@ test('a HEAD answer and its replay carry the Content-Length of the body a GET ge
 test('a gzip body stored by a compression after the middleware: replayed decoded to a client without Accept-Encoding', { skip }, async () => {
   const zlib = require('node:zlib');
   const a = express();
-  a.post('/gz', idempotent({ pool, tenant: 't' }, (req, res) => {
+  a.post('/gz', idempotent({ pool: env.pool, tenant: 't' }, (req, res) => {
     const body = zlib.gzipSync(Buffer.from(JSON.stringify({ hello: 'world' })));
     res.set('Content-Encoding', 'gzip').type('application/json').send(body);
   }));
-  const s = await new Promise((resolve) => { const srv = a.listen(0, '127.0.0.1', () => resolve(srv)); });
+  const s = await listen(a);
   const gz = (key, accept) => new Promise((resolve, reject) => {
     const headers = { 'Idempotency-Key': key, 'Content-Type': 'application/json' };
     if (accept) headers['Accept-Encoding'] = accept;
@@ -163,12 +138,12 @@ test('a gzip body stored by a compression after the middleware: replayed decoded
 
 test('the middleware in front of a handler that answers, then throws: the answer is sent whole', { skip }, async () => {
   const a = express();
-  a.post('/throws', idempotent({ pool, tenant: 't' }), (req, res, next) => {
+  a.post('/throws', idempotent({ pool: env.pool, tenant: 't' }), (req, res, next) => {
     res.json({ answered: true });
     next(new Error('after the answer'));
   });
   a.use((err, req, res, next) => { res.status(500).json({ error: { type: 'api_error', message: err.message } }); });
-  const s = await new Promise((resolve) => { const srv = a.listen(0, '127.0.0.1', () => resolve(srv)); });
+  const s = await listen(a);
   try {
     const r = await fetch(`http://127.0.0.1:${s.address().port}/throws`,
       { method: 'POST', headers: { 'Idempotency-Key': newKey(), 'Content-Type': 'application/json' }, body: '{}' });

@@ -6,21 +6,10 @@
 const test = require('node:test');
 const assert = require('node:assert/strict');
 const express = require('express');
-const pg = require('pg');
 const { idempotent } = require('../../src/index.js');
 
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
-const skip = !process.env.IDEM_TEST_PGPORT && 'IDEM_TEST_PGPORT not set';
+const { skip, serve } = require('../support');
 
-let pool;
-let admin;
-let server;
-let base;
 const hooks = {}; // per-key test behaviour: hooks[key] = async (req, attempt) => ...
 const runs = {}; // handler runs per key
 
@@ -28,7 +17,7 @@ function app() {
   const a = express();
   let delivery = 0;
   a.use((req, res, next) => { res.set('X-Delivery', String(++delivery)); next(); });
-  const opts = (extra) => ({ pool, tenant: (req) => req.get('x-tenant') || 'acme', wait: '10 seconds', ...extra });
+  const opts = (extra) => ({ pool: env.pool, tenant: (req) => req.get('x-tenant') || 'acme', wait: '10 seconds', ...extra });
   const handler = async (req, res) => {
     const key = req.get('idempotency-key') || `none-${Math.random()}`;
     runs[key] = (runs[key] || 0) + 1;
@@ -54,32 +43,23 @@ function app() {
   return a;
 }
 
-test.before(async () => {
-  if (skip) return;
-  pool = new pg.Pool({ ...conn, max: 10 });
-  admin = new pg.Client(conn);
-  await admin.connect();
-  await admin.query('CREATE TABLE IF NOT EXISTS charges (id text PRIMARY KEY, idem_key text, amount int)');
-  await admin.query("INSERT INTO idempotency.endpoints (endpoint, lease) VALUES ('POST /v1/policy', '30 seconds') ON CONFLICT DO NOTHING");
-  await new Promise((resolve) => { server = app().listen(0, '127.0.0.1', resolve); });
-  base = `http://127.0.0.1:${server.address().port}`;
-});
-
-test.after(async () => {
-  if (skip) return;
-  await new Promise((r) => server.close(r));
-  await pool.end();
-  await admin.end();
+const env = serve({
+  max: 10,
+  sql: [
+    'CREATE TABLE IF NOT EXISTS charges (id text PRIMARY KEY, idem_key text, amount int)',
+    "INSERT INTO idempotency.endpoints (endpoint, lease) VALUES ('POST /v1/policy', '30 seconds') ON CONFLICT DO NOTHING",
+  ],
+  app,
 });
 
 let n = 0;
 const newKey = () => `k${process.pid}-${Date.now()}-${++n}`;
-const post = (path, key, body, headers = {}) => fetch(base + path, {
+const post = (path, key, body, headers = {}) => fetch(env.base + path, {
   method: 'POST',
   headers: { ...(key !== null ? { 'Idempotency-Key': key } : {}), 'Content-Type': 'application/json', ...headers },
   body: typeof body === 'string' ? body : JSON.stringify(body),
 });
-const rows = async (key) => (await admin.query('SELECT id FROM charges WHERE idem_key = $1 ORDER BY id', [key])).rows.map((r) => r.id);
+const rows = async (key) => (await env.admin.query('SELECT id FROM charges WHERE idem_key = $1 ORDER BY id', [key])).rows.map((r) => r.id);
 
 test('execute, then a retry gets the first response byte for byte', { skip }, async () => {
   const key = newKey();
@@ -146,7 +126,7 @@ test('an endpoint whose policy has a lease, without the lease option: finished i
 });
 
 test('an expired key on an endpoint that answers its reuse with a conflict: 409 key_expired, another body refused', { skip }, async () => {
-  await admin.query("INSERT INTO idempotency.endpoints (endpoint, on_expired_reuse) VALUES ('POST /v1/expiring', 'conflict') "
+  await env.admin.query("INSERT INTO idempotency.endpoints (endpoint, on_expired_reuse) VALUES ('POST /v1/expiring', 'conflict') "
     + "ON CONFLICT (endpoint) DO UPDATE SET on_expired_reuse = 'conflict'");
   const key = newKey();
   assert.equal((await post('/v1/expiring', key, { amount: 12 })).status, 200);
@@ -171,7 +151,7 @@ test('the route template names the endpoint; the concrete path is fingerprinted'
   assert.equal((await post('/v1/charges/ch_1/capture', key, { amount: 1 })).status, 200);
   const r = await post('/v1/charges/ch_2/capture', key, { amount: 1 });
   assert.equal(r.status, 400);
-  const lk = await admin.query("SELECT state FROM idempotency.idem_lookup('acme', 'POST /v1/charges/:id/capture', $1)", [key]);
+  const lk = await env.admin.query("SELECT state FROM idempotency.idem_lookup('acme', 'POST /v1/charges/:id/capture', $1)", [key]);
   assert.equal(lk.rows[0].state, 'completed');
 });
 
@@ -247,7 +227,7 @@ test('a killed backend: the process lives on, the request runs again on another 
   hooks[key] = async (req, run) => {
     if (run === 1) {
       const pid = (await req.idempotency.client.query('SELECT pg_backend_pid() AS p')).rows[0].p;
-      await admin.query('SELECT pg_terminate_backend($1)', [pid]);
+      await env.admin.query('SELECT pg_terminate_backend($1)', [pid]);
       await req.idempotency.client.query('SELECT 1');
     }
   };
@@ -255,7 +235,7 @@ test('a killed backend: the process lives on, the request runs again on another 
   assert.equal(r.status, 200);
   assert.equal(runs[key], 2);
   assert.equal((await rows(key)).length, 1);
-  assert.equal((await pool.query('SELECT 1 AS one')).rows[0].one, 1);
+  assert.equal((await env.pool.query('SELECT 1 AS one')).rows[0].one, 1);
 });
 
 test('keys: missing (optional or required), refused, mapped by hashing', { skip }, async () => {
@@ -266,7 +246,7 @@ test('keys: missing (optional or required), refused, mapped by hashing', { skip 
   assert.equal((await r1.json()).error.type, 'invalid_request_error');
   // two Idempotency-Key headers are refused, also under the hash policy
   const two = await new Promise((resolve, reject) => {
-    const r = require('node:http').request(base + '/v1/hashed', {
+    const r = require('node:http').request(env.base + '/v1/hashed', {
       method: 'POST',
       headers: { 'Idempotency-Key': ['a', 'b'], 'Content-Type': 'application/json' },
     }, (res) => { res.resume(); resolve(res.statusCode); });
@@ -287,14 +267,14 @@ test('keys: missing (optional or required), refused, mapped by hashing', { skip 
 test('lease mode: heartbeat, unknown after a throw, release when nothing happened', { skip }, async () => {
   const key = newKey();
   hooks[key] = async (req) => {
-    const look = async () => (await admin.query("SELECT locked_until FROM idempotency.idem_lookup('acme', 'POST /v1/lease', $1)", [req.idempotency.key])).rows[0].locked_until;
+    const look = async () => (await env.admin.query("SELECT locked_until FROM idempotency.idem_lookup('acme', 'POST /v1/lease', $1)", [req.idempotency.key])).rows[0].locked_until;
     const first = await look();
     for (let i = 0; i < 200 && (await look()).getTime() <= first.getTime(); i++) await new Promise((r) => setTimeout(r, 50));
     assert.ok((await look()) > first, 'the heartbeat moved the lease');
     throw new Error('card network timed out');
   };
   assert.equal((await post('/v1/lease', key, { amount: 8 })).status, 500);
-  const st = await admin.query("SELECT state FROM idempotency.idem_lookup('acme', 'POST /v1/lease', $1)", [key]);
+  const st = await env.admin.query("SELECT state FROM idempotency.idem_lookup('acme', 'POST /v1/lease', $1)", [key]);
   assert.equal(st.rows[0].state, 'unknown');
   const r = await post('/v1/lease', key, { amount: 8 });
   assert.equal(r.status, 409);

@@ -12,23 +12,14 @@ const express = require('express');
 const pg = require('pg');
 const { idempotent } = require('../../src/index.js');
 
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
-const skip = !process.env.IDEM_TEST_PGPORT && 'IDEM_TEST_PGPORT not set';
+const { conn, skip, listen, serve } = require('../support');
 
-let pool;
-let server;
-let base;
 const runs = {};
 const logged = [];
 
 function app() {
   const a = express();
-  const opts = { pool, tenant: 't', log: (m) => logged.push(m) };
+  const opts = { pool: env.pool, tenant: 't', log: (m) => logged.push(m) };
   const handler = async (req, res) => {
     const key = req.idempotency.key;
     runs[key] = (runs[key] || 0) + 1;
@@ -52,22 +43,11 @@ function app() {
   return a;
 }
 
-test.before(async () => {
-  if (skip) return;
-  pool = new pg.Pool({ ...conn, max: 4 });
-  await new Promise((resolve) => { server = app().listen(0, '127.0.0.1', resolve); });
-  base = `http://127.0.0.1:${server.address().port}`;
-});
-
-test.after(async () => {
-  if (skip) return;
-  await new Promise((r) => server.close(r));
-  await pool.end();
-});
+const env = serve({ max: 4, app });
 
 let n = 0;
 const newKey = () => `rt${process.pid}-${Date.now()}-${++n}`;
-const post = (path, key, headers = {}) => fetch(base + path, {
+const post = (path, key, headers = {}) => fetch(env.base + path, {
   method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json', ...headers }, body: '{"a":1}',
 });
 
@@ -125,7 +105,7 @@ test('a handler that never answers: at deadlineMs its transaction is rolled back
     if (req.get('x-hang')) { hung[req.idempotency.key] = true; await new Promise(() => {}); }
     res.json({ ok: true });
   }));
-  const s = await new Promise((resolve) => { const srv = a.listen(0, '127.0.0.1', () => resolve(srv)); });
+  const s = await listen(a);
   const url = `http://127.0.0.1:${s.address().port}/hang`;
   try {
     const key = newKey();
@@ -146,19 +126,17 @@ test('a handler that never answers: at deadlineMs its transaction is rolled back
 test('a hung handler whose connection the server ends: the run is given up, the client closed, the request runs again', { skip }, async () => {
   const a = express();
   const small = new pg.Pool({ ...conn, max: 1 });
-  const admin = new pg.Client(conn);
-  await admin.connect();
   let runsHere = 0;
   a.post('/hang2', idempotent({ pool: small, tenant: 't', log: () => {} }, async (req, res) => {
     runsHere++;
     const pid = (await req.idempotency.client.query('SELECT pg_backend_pid() AS p')).rows[0].p;
     if (runsHere === 1) {
-      setTimeout(() => admin.query('SELECT pg_terminate_backend($1)', [pid]).catch(() => {}), 200);
+      setTimeout(() => env.admin.query('SELECT pg_terminate_backend($1)', [pid]).catch(() => {}), 200);
       await new Promise(() => {}); // hangs, as a handler waiting for something that never comes
     }
     res.json({ run: runsHere });
   }));
-  const s = await new Promise((resolve) => { const srv = a.listen(0, '127.0.0.1', () => resolve(srv)); });
+  const s = await listen(a);
   try {
     const r = await fetch(`http://127.0.0.1:${s.address().port}/hang2`,
       { method: 'POST', headers: { 'Idempotency-Key': newKey(), 'Content-Type': 'application/json' }, body: '{}' });
@@ -167,6 +145,5 @@ test('a hung handler whose connection the server ends: the run is given up, the 
   } finally {
     await new Promise((r) => s.close(r));
     await small.end();
-    await admin.end();
   }
 });

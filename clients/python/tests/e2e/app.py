@@ -37,7 +37,7 @@ def fault(kind):
 
 api = FastAPI()
 api.add_middleware(IdempotencyMiddleware, pool=lambda: POOLS["app"], tenant="acme", profile="ietf",
-                   exclude=["/metadata/request_ts"], wait="5 seconds", opt_in=True)
+                   exclude=["/metadata/request_ts"], wait="5 seconds")
 
 
 @api.on_event("startup")
