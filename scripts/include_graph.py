@@ -2,8 +2,9 @@
 """The module dependency graph of src/, from the #include "..." lines.
 
 A module is a .c file and the .h of the same base name; src/idempotency.h
-belongs to the shared helpers (src/util.c, which it declares), and a header
-with no .c of its name (src/compat.h) is a module of its own.  Module A
+belongs to the shared helpers (src/util.c, which it declares), NAME_int.h is
+the private header of module NAME (what its files share), and a header with
+no .c of its name (src/compat.h) is a module of its own.  Module A
 depends on module B when a file of A includes a file of B.  src/idempotency.c
 (_PG_init, which calls each module's init) is the one module allowed to
 depend on every other: it stands above the graph (no header is its own).
@@ -38,7 +39,11 @@ def module_of(name):
         return ROOT_MODULE
     if name in HEADER_MODULES:
         return HEADER_MODULES[name]
-    return os.path.splitext(name)[0]
+    stem = os.path.splitext(name)[0]
+    # NAME_int.h: the private header of module NAME, shared by its files
+    if name.endswith("_int.h"):
+        return stem[:-len("_int")]
+    return stem
 
 
 def read_graph(srcdir):

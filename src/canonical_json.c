@@ -14,7 +14,7 @@
  *
  *	  The output (strings, the order of members, the pointers still
  *	  matching, the hash sink) is shared with the scan of raw JSON text
- *	  (canonical_text.c) through canonical_int.h.
+ *	  (canonical_text.c) through canonical_json_int.h.
  *
  *-------------------------------------------------------------------------
  */
@@ -26,7 +26,7 @@
 #include "utils/builtins.h"
 #include "utils/numeric.h"
 
-#include "canonical_int.h"
+#include "canonical_json_int.h"
 #include "canonical_json.h"
 #include "compat.h"
 #include "number_format.h"

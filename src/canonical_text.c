@@ -25,7 +25,7 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 
-#include "canonical_int.h"
+#include "canonical_json_int.h"
 #include "canonical_json.h"
 #include "compat.h"
 #include "number_format.h"

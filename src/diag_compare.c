@@ -280,21 +280,6 @@ IdemDiagPutSame(JsonbParseState **state, const char *key,
 	(void) pushJsonbValue(state, WJB_VALUE, &v);
 }
 
-IdemDiagRedaction *
-IdemDiagRedactionCopy(const IdemDiagRedaction *r)
-{
-	IdemDiagRedaction *copy;
-
-	if (r == NULL || r->n == 0)
-		return NULL;
-	copy = palloc(sizeof(IdemDiagRedaction));
-	copy->n = r->n;
-	copy->pointers = palloc(sizeof(char *) * r->n);
-	for (int i = 0; i < r->n; i++)
-		copy->pointers[i] = pstrdup(r->pointers[i]);
-	return copy;
-}
-
 Jsonb *
 IdemDiagnose(const bytea *stored, const bytea *given,
 			 const IdemDiagRedaction *redact)

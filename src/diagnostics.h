@@ -36,11 +36,4 @@ extern void IdemDiagnosticsCheck(const IdemScope *scope, const bytea *digest);
 extern Jsonb *IdemDiagnose(const bytea *stored, const bytea *given,
 						   const IdemDiagRedaction *redact);
 
-/*
- * A copy of an endpoint's redacted pointers in the current memory context
- * (the policy cache may be emptied while a claim runs); NULL for none.
- * Members at or under them are never named: see IdemDiagnose.
- */
-extern IdemDiagRedaction *IdemDiagRedactionCopy(const IdemDiagRedaction *r);
-
 #endif							/* IDEM_DIAGNOSTICS_H */

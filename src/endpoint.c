@@ -36,7 +36,6 @@
 #include "utils/timestamp.h"
 
 #include "canonical_json.h"
-#include "diagnostics.h"
 #include "endpoint.h"
 #include "idempotency.h"
 #include "keys.h"
@@ -404,4 +403,19 @@ idem_endpoints_check(PG_FUNCTION_ARGS)
 					 errhint("To name no member at all, set diagnostics to false.")));
 	}
 	return PointerGetDatum(tup);
+}
+
+IdemDiagRedaction *
+IdemDiagRedactionCopy(const IdemDiagRedaction *r)
+{
+	IdemDiagRedaction *copy;
+
+	if (r == NULL || r->n == 0)
+		return NULL;
+	copy = palloc(sizeof(IdemDiagRedaction));
+	copy->n = r->n;
+	copy->pointers = palloc(sizeof(char *) * r->n);
+	for (int i = 0; i < r->n; i++)
+		copy->pointers[i] = pstrdup(r->pointers[i]);
+	return copy;
 }

@@ -49,6 +49,13 @@ typedef struct IdemEndpointPolicy
 } IdemEndpointPolicy;
 
 /*
+ * A copy of an endpoint's redacted pointers in the current memory context
+ * (the policy cache may be emptied while a claim runs); NULL for none.
+ * Members at or under them are never named: see IdemDiagnose.
+ */
+extern IdemDiagRedaction *IdemDiagRedactionCopy(const IdemDiagRedaction *r);
+
+/*
  * The policy of an endpoint; the defaults (found = false) when it has no
  * row.  The result points into a cache and stays valid until the next call.
  */

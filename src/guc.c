@@ -27,7 +27,6 @@
 
 #include "compat.h"
 #include "guc.h"
-#include "tenant.h"
 
 int			idem_default_ttl = 24 * 60 * 60;
 int			idem_max_ttl = 7 * 24 * 60 * 60;
@@ -323,11 +322,15 @@ IdemGucInit(void)
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = IdemHideKeyStatements;
 
-	/*
-	 * Before the prefix is reserved, which would throw away the value a role
-	 * setting gave its placeholder.
-	 */
-	IdemDefineTenantSetting();
+}
 
+/*
+ * Reserve the prefix idempotency: called by _PG_init once every setting is
+ * defined, idempotency.tenant (tenant.c) included, since reserving it
+ * throws away the value a role setting gave a placeholder not defined yet.
+ */
+void
+IdemGucReservePrefix(void)
+{
 	MarkGUCPrefixReserved("idempotency");
 }

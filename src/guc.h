@@ -42,5 +42,7 @@ extern int	idem_diagnostics_max_mismatches;
 extern int	idem_diagnostics_tracked_keys;
 
 extern void IdemGucInit(void);
+extern void IdemGucReservePrefix(void);
+extern void IdemGucReservePrefix(void);
 
 #endif							/* IDEM_GUC_H */

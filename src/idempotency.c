@@ -17,6 +17,7 @@
 #include "diag_bound.h"
 #include "guc.h"
 #include "stats.h"
+#include "tenant.h"
 #include "worker.h"
 
 PG_MODULE_MAGIC;
@@ -31,6 +32,8 @@ _PG_init(void)
 	IdemPreloaded = process_shared_preload_libraries_in_progress;
 
 	IdemGucInit();
+	IdemDefineTenantSetting();
+	IdemGucReservePrefix();
 	IdemStatsInit();
 	IdemDiagBoundInit();
 	IdemClaimInit();

@@ -10,6 +10,9 @@
 #ifndef IDEMPOTENCY_H
 #define IDEMPOTENCY_H
 
+/* the longest tenant and endpoint */
+#define IDEM_SCOPE_MAX_LEN		255
+
 #include "postgres.h"
 
 #include "datatype/timestamp.h"

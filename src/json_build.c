@@ -20,7 +20,7 @@
 #include "utils/jsonfuncs.h"
 #include "utils/numeric.h"
 
-#include "canonical_int.h"
+#include "canonical_json_int.h"
 #include "canonical_json.h"
 #include "compat.h"
 

@@ -8,8 +8,9 @@
 #ifndef IDEM_KEYS_H
 #define IDEM_KEYS_H
 
+#include "idempotency.h"		/* IDEM_SCOPE_MAX_LEN */
+
 #define IDEM_KEY_MAX_LEN		255
-#define IDEM_SCOPE_MAX_LEN		255	/* tenant and endpoint */
 #define IDEM_FINGERPRINT_LEN	32
 
 /* true when key is 1 to 255 characters of [A-Za-z0-9_-] */

@@ -34,7 +34,6 @@
 
 #include "guc.h"
 #include "idempotency.h"
-#include "keys.h"
 #include "stats.h"
 
 #define IDEM_STATS_TRANCHE	"idempotency_stats"

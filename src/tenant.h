@@ -10,7 +10,7 @@
 
 #include "postgres.h"
 
-/* defines idempotency.tenant; called from IdemGucInit */
+/* defines idempotency.tenant; called from _PG_init after IdemGucInit */
 extern void IdemDefineTenantSetting(void);
 
 /*

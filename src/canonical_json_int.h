@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * canonical_int.h
+ * canonical_json_int.h
  *	  What the files of canonical JSON share, and nothing else uses: the
  *	  state of one serialization and its output helpers (canonical_json.c),
  *	  used by the scan of raw JSON text (canonical_text.c); the scan's state
