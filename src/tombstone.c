@@ -10,7 +10,7 @@
  *	  rows of a partition of idempotency.keys about to be dropped and from
  *	  the expired rows purged from its default partition (in the same
  *	  statement as the purge).  They are partitioned by their own expiry and
- *	  leave by whole partitions too (maintenance.c).  A claim that finds no live row probes
+ *	  leave by whole partitions too (maint_partitions.c).  A claim that finds no live row probes
  *	  the scope_hash index of every tombstone partition whose range has not
  *	  ended and that holds a block.
  *

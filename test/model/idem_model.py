@@ -269,7 +269,7 @@ class Tomb:
 
 class Pending:
     """An atomic claim of the transaction that holds its scope lock
-    (claim.c PendingClaim): nest, the subtransaction level whose lock it is;
+    (claim_pending.h PendingClaim): nest, the subtransaction level whose lock it is;
     done, 0 while unfinished, else the level that finished, failed or
     released it."""
     __slots__ = ('scope', 'fp', 'created_at', 'expires_at', 'nest', 'done')
