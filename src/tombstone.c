@@ -405,8 +405,8 @@ IdemTombstonePurgeKeysDefault(TimestampTz as_of, int64 *tombstoned)
 
 /*
  * The tombstones of the expired rows of a partition of keys (tombstone.h):
- * written, or with count_only counted.  snapshot, when not NULL, is the one
- * the rows are read with (else the statement's own); tids, when not NIL,
+ * written, or with count_only counted.  The rows are written as snapshot
+ * sees them (the count reads with the statement's own); tids, when not NIL,
  * limits them to the rows at those ItemPointers.
  */
 int64
@@ -442,12 +442,8 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 		SPIPlanPtr	plan;
 		int			rc;
 
-		if (snapshot == NULL)
-			return (int64) IdemSpiExec(psprintf(TOMBSTONE_INSERT_SQL "%s",
-												IdemTombstoneSourceSql(source)),
-									   nargs, argtypes, args, NULL, false,
-									   SPI_OK_INSERT);
 		/* read with the caller's snapshot, whatever the isolation level */
+		Assert(snapshot != NULL);
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
 		plan = SPI_prepare(psprintf(TOMBSTONE_INSERT_SQL "%s",
