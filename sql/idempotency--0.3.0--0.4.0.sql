@@ -366,3 +366,21 @@ COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb) IS
 'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body (see doc/fingerprints.md)';
 COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb, text[]) IS
 'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body without the members named in exclude (see doc/fingerprints.md)';
+
+/*
+ * Key horizons (src/horizon.c): a claim probes only the partitions that can
+ * hold its endpoint's rows.  The extension's own writes raise the horizon
+ * themselves; a row written by SQL (idem_import_keys, maintenance moving
+ * rows out of the default partition, a restore, a logical replication
+ * apply, hence ENABLE ALWAYS) raises it from this trigger, which each
+ * partition has as a clone.
+ */
+CREATE FUNCTION idempotency.idem_keys_horizon_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_keys_horizon_trigger'
+LANGUAGE C;
+COMMENT ON FUNCTION idempotency.idem_keys_horizon_trigger() IS
+    'Raises the key horizon of a row of idempotency.keys written by SQL (trigger keys_horizon)';
+CREATE TRIGGER keys_horizon BEFORE INSERT OR UPDATE ON idempotency.keys
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_keys_horizon_trigger();
+ALTER TABLE idempotency.keys ENABLE ALWAYS TRIGGER keys_horizon;

@@ -16,6 +16,7 @@
 #include "claim.h"
 #include "diag_bound.h"
 #include "guc.h"
+#include "horizon.h"
 #include "stats.h"
 #include "tenant.h"
 #include "worker.h"
@@ -35,6 +36,7 @@ _PG_init(void)
 	IdemDefineTenantSetting();
 	IdemGucReservePrefix();
 	IdemStatsInit();
+	IdemHorizonInit();
 	IdemDiagBoundInit();
 	IdemClaimInit();
 	IdemWorkerInit();

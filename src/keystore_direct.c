@@ -41,6 +41,7 @@
 #include "utils/snapmgr.h"
 
 #include "compat.h"
+#include "horizon.h"
 #include "keystore_int.h"
 
 /* ----------------------------------------------------------------
@@ -265,12 +266,55 @@ IdemProbeIndex(Relation parent, Relation part, Relation idx,
 }
 
 /*
+ * Whether partition p may hold a row of the scope expiring in [from,
+ * horizon): a dated partition when its range meets that span, the default
+ * partition when a part of the span is covered by no dated partition
+ * (PostgreSQL keeps a row out of the default partition when a dated one
+ * covers it).  Bounds other than values are taken to meet any span.
+ */
+static bool
+IdemMayHold(PartitionBoundInfo bounds, int p, TimestampTz from,
+			TimestampTz horizon)
+{
+	if (bounds == NULL)
+		return true;
+	for (int j = 0; j <= bounds->ndatums; j++)
+	{
+		TimestampTz lower = DT_NOBEGIN;
+		TimestampTz upper = DT_NOEND;
+
+		if (j > 0)
+		{
+			if (bounds->kind[j - 1][0] != PARTITION_RANGE_DATUM_VALUE)
+				return true;
+			lower = DatumGetTimestampTz(bounds->datums[j - 1][0]);
+		}
+		if (j < bounds->ndatums)
+		{
+			if (bounds->kind[j][0] != PARTITION_RANGE_DATUM_VALUE)
+				return true;
+			upper = DatumGetTimestampTz(bounds->datums[j][0]);
+		}
+		/* [lower, upper) is partition indexes[j]'s range, or a gap at -1 */
+		if (bounds->indexes[j] == p ||
+			(bounds->indexes[j] < 0 && p == bounds->default_index))
+		{
+			if (lower < horizon && upper > from)
+				return true;
+		}
+	}
+	return false;
+}
+
+/*
  * Take the rows of the scope until the live row is found, reading with the
  * latest snapshot, which is taken after the parent is locked (and
  * so after the invalidations of a partition attached meanwhile are
  * processed).  Partitions whose range ended at or before now hold only
- * expired rows and are skipped.  The partition that covers hint is probed
- * first, since a live row is most likely there.
+ * expired rows and are skipped, and so are those that begin at or after
+ * the endpoint's horizon (horizon.c), which no row of the endpoint reaches.
+ * The partition that covers hint is probed first, since a live row is most
+ * likely there.
  */
 static void
 IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
@@ -285,6 +329,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	TupleTableSlot *parent_slot = NULL;
 	Snapshot	snapshot;
 	Oid		   *oids;
+	TimestampTz horizon;
 	int			nparts;
 	int			first;
 	int			n;
@@ -300,26 +345,19 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	bounds = pd->boundinfo;
 	nparts = pd->nparts;
 
+	/* every row of the endpoint expires before its horizon */
+	horizon = is_shard ? DT_NOEND : IdemHorizonOf(relid, scope->endpoint);
+
 	/* the partitions to probe, the one that covers hint first */
 	oids = palloc(sizeof(Oid) * Max(nparts, 1));
 	first = IdemPartitionFor(parent, pd, hint);
 	n = 0;
-	if (first >= 0)
+	if (first >= 0 && IdemMayHold(bounds, first, st->ended_too ? DT_NOBEGIN : now, horizon))
 		oids[n++] = pd->oids[first];
 	for (int p = 0; p < nparts; p++)
 	{
-		bool		ended = false;
-
-		if (p == first)
-			continue;
-		for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
-		{
-			if (bounds->indexes[j] == p &&
-				bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
-				DatumGetTimestampTz(bounds->datums[j][0]) <= now)
-				ended = true;
-		}
-		if (!ended || st->ended_too)
+		if (p != first &&
+			IdemMayHold(bounds, p, st->ended_too ? DT_NOBEGIN : now, horizon))
 			oids[n++] = pd->oids[p];
 	}
 
@@ -458,6 +496,31 @@ IdemOpenIndices(ResultRelInfo *rri, Oid lease_indexoid, bool leased)
 }
 
 /*
+ * Before a row is written into partition index of parent: its endpoint's
+ * horizon (horizon.c) is raised to the partition's upper bound (just past
+ * the row's expiry in the default partition), so that it is raised once
+ * per partition and endpoint, not for every row.
+ */
+static void
+IdemRaiseHorizon(Relation parent, PartitionDesc pd, int index, Datum *values)
+{
+	PartitionBoundInfo bounds = pd->boundinfo;
+	TimestampTz expires = DatumGetTimestampTz(values[IdemKeysAttnum("expires_at") - 1]);
+	TimestampTz bound = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
+
+	for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
+	{
+		if (bounds->indexes[j] == index &&
+			bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
+			DatumGetTimestampTz(bounds->datums[j][0]) > expires)
+			bound = DatumGetTimestampTz(bounds->datums[j][0]);
+	}
+	IdemHorizonRaise(RelationGetRelid(parent),
+					 DatumGetTextPP(values[IdemKeysAttnum("endpoint") - 1]),
+					 expires, bound);
+}
+
+/*
  * Insert one row into relid (the parent), given in its layout (values and
  * nulls indexed by attribute number - 1): into the partition that covers
  * its expires_at, or into the default partition.  Uniqueness of (tenant,
@@ -495,6 +558,8 @@ IdemInsertKeyRow(Oid relid, bool is_shard, Datum *values, bool *nulls,
 				 errmsg("no partition of idempotency.keys covers the key's expiry time"),
 				 errhint("The default partition idempotency.keys_default must exist; reinstall the extension.")));
 	partoid = pd->oids[index];
+	if (!is_shard)
+		IdemRaiseHorizon(parent, pd, index, values);
 	part = table_open(partoid, RowExclusiveLock);
 
 	estate = CreateExecutorState();

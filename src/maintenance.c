@@ -52,6 +52,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "horizon.h"
 #include "idempotency.h"
 #include "keystore.h"
 #include "maint_leases.h"
@@ -119,6 +120,25 @@ IdemSubscription(IdemMaintPass *p)
 }
 
 /*
+ * Learn the key horizons of this database (horizon.c) when the server has
+ * not yet: once per server start, a read of every row, in a step of its
+ * own.  Not in a preview, not in the Citus mode (no horizon is used there).
+ */
+static void
+IdemMaintLearnHorizons(IdemMaintPass *p)
+{
+	int64		n;
+
+	if (p->preview)
+		return;
+	IdemMaintStepBegin(p);
+	n = IdemKeystoreDistributed() ? -1 : IdemHorizonLearn(IdemKeystoreRelid());
+	IdemMaintStepEnd(p);
+	if (n >= 0)
+		elog(DEBUG1, "idempotency: key horizons learned from " INT64_FORMAT " rows", n);
+}
+
+/*
  * The steps.  In the Citus mode (README "Citus") stale leases and the
  * default partition's purge run on every node, on its own shards; only the
  * coordinator makes and drops partitions, which Citus carries to the shards.
@@ -144,6 +164,7 @@ IdemRunSteps(IdemMaintPass *p)
 		return;
 	}
 	IdemMaintStaleLeases(p);
+	IdemMaintLearnHorizons(p);
 	/* tombstones land in dated partitions, made first */
 	IdemMaintPremake(p, IDEM_PARTITIONED_TOMBSTONES);
 	IdemMaintPurgeKeysDefault(p);

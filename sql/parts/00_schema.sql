@@ -129,3 +129,21 @@ CREATE INDEX keys_default_lease_idx ON idempotency.keys_default (locked_until)
 
 REVOKE ALL ON idempotency.keys, idempotency.keys_default, idempotency.endpoints
     FROM PUBLIC;
+
+/*
+ * Key horizons (src/horizon.c): a claim probes only the partitions that can
+ * hold its endpoint's rows.  The extension's own writes raise the horizon
+ * themselves; a row written by SQL (idem_import_keys, maintenance moving
+ * rows out of the default partition, a restore, a logical replication
+ * apply, hence ENABLE ALWAYS) raises it from this trigger, which each
+ * partition has as a clone.
+ */
+CREATE FUNCTION idempotency.idem_keys_horizon_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_keys_horizon_trigger'
+LANGUAGE C;
+COMMENT ON FUNCTION idempotency.idem_keys_horizon_trigger() IS
+    'Raises the key horizon of a row of idempotency.keys written by SQL (trigger keys_horizon)';
+CREATE TRIGGER keys_horizon BEFORE INSERT OR UPDATE ON idempotency.keys
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_keys_horizon_trigger();
+ALTER TABLE idempotency.keys ENABLE ALWAYS TRIGGER keys_horizon;

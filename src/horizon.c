@@ -1,0 +1,434 @@
+/*-------------------------------------------------------------------------
+ *
+ * horizon.c
+ *	  Key horizons.  A claim of a new key must prove that no partition of
+ *	  idempotency.keys holds its scope; without more knowledge that means a
+ *	  probe of every partition whose range has not ended, up to max_ttl
+ *	  ahead.  The horizon of an endpoint is a time before which every row of
+ *	  the endpoint expires, so that a probe opens only the partitions that
+ *	  begin before it: with a ttl of a day and partitions of a day, two.
+ *
+ *	  Horizons live in shared memory, one entry per database, table of keys
+ *	  and endpoint (by a 64-bit hash of its name: two endpoints whose hashes
+ *	  collide share one horizon, the later of theirs, which costs probes and
+ *	  never a row).  They only grow:
+ *	  - a row written by the extension raises its endpoint's horizon before
+ *	    it is written (keystore_direct.c), to the upper bound of the
+ *	    partition it goes to;
+ *	  - a row written by SQL (an import, maintenance moving rows out of the
+ *	    default partition, a restore, logical replication) raises it from
+ *	    the trigger keys_horizon (idem_keys_horizon_trigger), enabled
+ *	    ALWAYS so that it fires for a replication apply too;
+ *	  - rows older than the server are learned by maintenance
+ *	    (IdemHorizonLearn), which reads every row version of the table once
+ *	    per server start; until then a database's horizons are unknown and
+ *	    every partition is probed, as without horizons.
+ *	  A later claim of the scope holds the scope lock that the writer held
+ *	  until it committed, so it reads the raised horizon.  A writer that
+ *	  rolls back leaves its endpoint's horizon raised: later probes open a
+ *	  partition more than needed until the horizon passes.
+ *
+ *	  When the table of entries is full, a database's endpoints without an
+ *	  entry share one horizon (the database's own entry); where even that
+ *	  entry cannot be made, its horizons stay unknown.  Without
+ *	  shared_preload_libraries, on a standby and in the Citus mode (whose
+ *	  shards also receive rows by shard moves) no horizon is known.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xlog.h"
+#include "catalog/partition.h"
+#include "catalog/pg_inherits.h"
+#include "commands/trigger.h"
+#include "common/hashfn.h"
+#include "executor/tuptable.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+
+#include "compat.h"
+#include "horizon.h"
+#include "idempotency.h"
+
+#define IDEM_HORIZON_TRANCHE	"idempotency horizons"
+/* entries of the shared table: databases and their endpoints */
+#define IDEM_HORIZON_ENTRIES	4096
+
+typedef struct HorizonKey
+{
+	Oid			dbid;
+	Oid			relid;			/* idempotency.keys of that database */
+	uint64		ephash;			/* 0: the database's own entry */
+} HorizonKey;
+
+typedef struct HorizonEntry
+{
+	HorizonKey	key;
+	TimestampTz horizon;		/* every row expires before it */
+	/* the database's own entry only: */
+	bool		known;			/* learned since the server started */
+	bool		full;			/* an endpoint found no entry: all without
+								 * one use this entry's horizon */
+} HorizonEntry;
+
+typedef struct HorizonShared
+{
+	LWLock	   *lock;
+} HorizonShared;
+
+static HorizonShared *horizon_shared = NULL;
+static HTAB *horizon_hash = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void
+IdemHorizonShmemRequest(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(HorizonShared)),
+									hash_estimate_size(IDEM_HORIZON_ENTRIES,
+													   sizeof(HorizonEntry))));
+	RequestNamedLWLockTranche(IDEM_HORIZON_TRANCHE, 1);
+}
+
+static void
+IdemHorizonShmemStartup(void)
+{
+	bool		found;
+	HASHCTL		info;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	horizon_shared = ShmemInitStruct("idempotency horizons",
+									 sizeof(HorizonShared), &found);
+	if (!found)
+		horizon_shared->lock = &(GetNamedLWLockTranche(IDEM_HORIZON_TRANCHE))->lock;
+	info.keysize = sizeof(HorizonKey);
+	info.entrysize = sizeof(HorizonEntry);
+	horizon_hash = ShmemInitHash("idempotency horizons by endpoint",
+								 IDEM_HORIZON_ENTRIES, IDEM_HORIZON_ENTRIES,
+								 &info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+void
+IdemHorizonInit(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = IdemHorizonShmemRequest;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = IdemHorizonShmemStartup;
+}
+
+static uint64
+IdemHorizonHash(const char *endpoint, int len)
+{
+	uint64		h = hash_bytes_extended((const unsigned char *) endpoint, len, 0);
+
+	return h != 0 ? h : 1;
+}
+
+static void
+IdemHorizonKey(HorizonKey *key, Oid relid, uint64 ephash)
+{
+	memset(key, 0, sizeof(*key));
+	key->dbid = MyDatabaseId;
+	key->relid = relid;
+	key->ephash = ephash;
+}
+
+TimestampTz
+IdemHorizonOf(Oid relid, const text *endpoint)
+{
+	HorizonKey	key;
+	HorizonEntry *db;
+	HorizonEntry *ep;
+	TimestampTz result = DT_NOEND;
+
+	if (horizon_hash == NULL || RecoveryInProgress())
+		return DT_NOEND;
+	LWLockAcquire(horizon_shared->lock, LW_SHARED);
+	IdemHorizonKey(&key, relid, 0);
+	db = hash_search(horizon_hash, &key, HASH_FIND, NULL);
+	if (db != NULL && db->known)
+	{
+		key.ephash = IdemHorizonHash(VARDATA_ANY(endpoint),
+									 VARSIZE_ANY_EXHDR(endpoint));
+		ep = hash_search(horizon_hash, &key, HASH_FIND, NULL);
+		if (ep != NULL)
+			result = ep->horizon;
+		else if (db->full)
+			result = db->horizon;
+		else
+			result = DT_NOBEGIN;	/* no row of the endpoint at all */
+	}
+	LWLockRelease(horizon_shared->lock);
+	return result;
+}
+
+/*
+ * Raise the horizon of ephash to bound, under the exclusive lock; the
+ * database's entry is made (unknown) when missing.
+ */
+static void
+IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound)
+{
+	HorizonKey	key;
+	HorizonEntry *db;
+	HorizonEntry *ep = NULL;
+	bool		found;
+
+	IdemHorizonKey(&key, relid, 0);
+	db = hash_search(horizon_hash, &key, HASH_ENTER_NULL, &found);
+	if (db == NULL)
+		return;					/* the database's horizons stay unknown */
+	if (!found)
+	{
+		db->horizon = DT_NOBEGIN;
+		db->known = false;
+		db->full = false;
+	}
+	key.ephash = ephash;
+	/* once full, an endpoint without an entry never gets one */
+	ep = hash_search(horizon_hash, &key, db->full ? HASH_FIND : HASH_ENTER_NULL,
+					 &found);
+	if (ep == NULL)
+	{
+		db->full = true;
+		db->horizon = Max(db->horizon, bound);
+		return;
+	}
+	if (!found)
+		ep->horizon = DT_NOBEGIN;
+	ep->horizon = Max(ep->horizon, bound);
+}
+
+void
+IdemHorizonRaise(Oid relid, const text *endpoint, TimestampTz expires_at,
+				 TimestampTz bound)
+{
+	HorizonKey	key;
+	HorizonEntry *ep;
+	uint64		ephash;
+	bool		covered = false;
+
+	if (horizon_hash == NULL)
+		return;
+	Assert(bound > expires_at);
+	ephash = IdemHorizonHash(VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
+	IdemHorizonKey(&key, relid, ephash);
+
+	/* most rows land before their endpoint's horizon: a shared lock */
+	LWLockAcquire(horizon_shared->lock, LW_SHARED);
+	ep = hash_search(horizon_hash, &key, HASH_FIND, NULL);
+	if (ep != NULL && ep->horizon > expires_at)
+		covered = true;
+	LWLockRelease(horizon_shared->lock);
+	if (covered)
+		return;
+
+	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
+	IdemHorizonRaiseLocked(relid, ephash, bound);
+	LWLockRelease(horizon_shared->lock);
+}
+
+/* Forget the entries of dropped databases and of replaced tables of keys. */
+static void
+IdemHorizonForgetStale(Oid relid)
+{
+	HASH_SEQ_STATUS status;
+	HorizonEntry *e;
+
+	hash_seq_init(&status, horizon_hash);
+	while ((e = hash_seq_search(&status)) != NULL)
+	{
+		if ((e->key.dbid == MyDatabaseId && e->key.relid != relid) ||
+			(e->key.dbid != MyDatabaseId &&
+			 !SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(e->key.dbid))))
+			(void) hash_search(horizon_hash, &e->key, HASH_REMOVE, NULL);
+	}
+}
+
+typedef struct LearnedEntry
+{
+	uint64		ephash;
+	TimestampTz horizon;
+} LearnedEntry;
+
+/* Every row version of one partition, into learned. */
+static int64
+IdemHorizonLearnPartition(Oid partoid, HTAB *learned)
+{
+	Relation	part = table_open(partoid, AccessShareLock);
+	AttrNumber	a_endpoint = get_attnum(partoid, "endpoint");
+	AttrNumber	a_expires = get_attnum(partoid, "expires_at");
+	TableScanDesc scan;
+	TupleTableSlot *slot;
+	int64		n = 0;
+
+	if (a_endpoint == InvalidAttrNumber || a_expires == InvalidAttrNumber)
+		elog(ERROR, "partition \"%s\" of idempotency.keys lacks endpoint or expires_at",
+			 RelationGetRelationName(part));
+	slot = table_slot_create(part, NULL);
+	/* committed, in progress, prepared or dead: a horizon may be too late */
+	scan = table_beginscan(part, SnapshotAny, 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		text	   *endpoint;
+		TimestampTz expires;
+		uint64		ephash;
+		LearnedEntry *le;
+		bool		found;
+
+		CHECK_FOR_INTERRUPTS();
+		endpoint = DatumGetTextPP(slot_getattr(slot, a_endpoint, &isnull));
+		if (isnull)
+			continue;
+		expires = DatumGetTimestampTz(slot_getattr(slot, a_expires, &isnull));
+		if (isnull)
+			continue;
+		ephash = IdemHorizonHash(VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
+		le = hash_search(learned, &ephash, HASH_ENTER, &found);
+		if (!found || le->horizon <= expires)
+			le->horizon = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
+		n++;
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(part, NoLock);
+	return n;
+}
+
+int64
+IdemHorizonLearn(Oid relid)
+{
+	HorizonKey	key;
+	HorizonEntry *db;
+	bool		found;
+	bool		known;
+	HTAB	   *learned;
+	HASHCTL		ctl;
+	List	   *parts;
+	ListCell   *lc;
+	HASH_SEQ_STATUS status;
+	LearnedEntry *le;
+	int64		n = 0;
+
+	if (horizon_hash == NULL || RecoveryInProgress())
+		return -1;
+
+	/* the database's entry, made now so that writers raise into it */
+	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
+	IdemHorizonForgetStale(relid);
+	IdemHorizonKey(&key, relid, 0);
+	db = hash_search(horizon_hash, &key, HASH_ENTER_NULL, &found);
+	if (db != NULL && !found)
+	{
+		db->horizon = DT_NOBEGIN;
+		db->known = false;
+		db->full = false;
+	}
+	known = db == NULL || db->known;
+	LWLockRelease(horizon_shared->lock);
+	if (known)
+		return -1;
+
+	ctl.keysize = sizeof(uint64);
+	ctl.entrysize = sizeof(LearnedEntry);
+	ctl.hcxt = CurrentMemoryContext;
+	learned = hash_create("idempotency learned horizons", 64, &ctl,
+						  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	parts = find_all_inheritors(relid, AccessShareLock, NULL);
+	foreach(lc, parts)
+	{
+		Oid			partoid = lfirst_oid(lc);
+
+		if (get_rel_relkind(partoid) == RELKIND_RELATION)
+			n += IdemHorizonLearnPartition(partoid, learned);
+	}
+
+	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
+	hash_seq_init(&status, learned);
+	while ((le = hash_seq_search(&status)) != NULL)
+		IdemHorizonRaiseLocked(relid, le->ephash, le->horizon);
+	IdemHorizonKey(&key, relid, 0);
+	db = hash_search(horizon_hash, &key, HASH_FIND, NULL);
+	if (db != NULL)
+		db->known = true;
+	LWLockRelease(horizon_shared->lock);
+	hash_destroy(learned);
+	list_free(parts);
+	return n;
+}
+
+PG_FUNCTION_INFO_V1(idem_keys_horizon_trigger);
+
+/*
+ * idem_keys_horizon_trigger() RETURNS trigger: BEFORE INSERT OR UPDATE FOR
+ * EACH ROW of idempotency.keys (the trigger keys_horizon): raises the
+ * horizon of the new row's endpoint.  The extension's own writes do not
+ * pass through the executor and raise it themselves.
+ */
+Datum
+idem_keys_horizon_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	Relation	rel;
+	Oid			relid;
+	int			a_endpoint;
+	int			a_expires;
+	bool		isnull;
+	Datum		endpoint;
+	TimestampTz expires;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("idem_keys_horizon_trigger must be fired before insert or update, for each row")));
+	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
+		trigdata->tg_newtuple : trigdata->tg_trigtuple;
+	rel = trigdata->tg_relation;
+	desc = RelationGetDescr(rel);
+	a_endpoint = get_attnum(RelationGetRelid(rel), "endpoint");
+	a_expires = get_attnum(RelationGetRelid(rel), "expires_at");
+	/* horizons are kept for the top of the tree, as writers name it */
+	relid = rel->rd_rel->relispartition ?
+		llast_oid(get_partition_ancestors(RelationGetRelid(rel))) :
+		RelationGetRelid(rel);
+	if (a_endpoint > 0 && a_expires > 0)
+	{
+		endpoint = heap_getattr(tuple, a_endpoint, desc, &isnull);
+		if (!isnull)
+		{
+			expires = DatumGetTimestampTz(heap_getattr(tuple, a_expires, desc, &isnull));
+			if (!isnull)
+				IdemHorizonRaise(relid, DatumGetTextPP(endpoint), expires,
+								 expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND);
+		}
+	}
+	return PointerGetDatum(tuple);
+}

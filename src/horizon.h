@@ -1,0 +1,41 @@
+/*-------------------------------------------------------------------------
+ *
+ * horizon.h
+ *	  Key horizons: per endpoint, a time before which every row of
+ *	  idempotency.keys of that endpoint expires, so that a probe of a scope
+ *	  opens only the partitions that can hold it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_HORIZON_H
+#define IDEM_HORIZON_H
+
+#include "datatype/timestamp.h"
+#include "nodes/pg_list.h"
+
+extern void IdemHorizonInit(void);
+
+/*
+ * The horizon of endpoint in the table of keys relid: every row of the
+ * endpoint has expires_at < the result.  DT_NOEND when it is not known
+ * (not preloaded, not learned since the server started, in recovery):
+ * then every partition must be probed.
+ */
+extern TimestampTz IdemHorizonOf(Oid relid, const text *endpoint);
+
+/*
+ * Before a row of endpoint expiring at expires_at is written into the
+ * table of keys relid: the endpoint's horizon is raised to bound, which is
+ * above expires_at (the upper bound of the partition the row goes to).
+ */
+extern void IdemHorizonRaise(Oid relid, const text *endpoint,
+							 TimestampTz expires_at, TimestampTz bound);
+
+/*
+ * For maintenance: learn the horizons of the table of keys relid from its
+ * rows (every row version, committed or not), once per server start.
+ * Returns how many rows were read, or -1 when nothing was to be learned.
+ */
+extern int64 IdemHorizonLearn(Oid relid);
+
+#endif							/* IDEM_HORIZON_H */

@@ -1,0 +1,81 @@
+--
+-- Key horizons (src/horizon.c): a claim opens only the partitions of
+-- idempotency.keys that can hold its endpoint's rows, and still finds every
+-- row, whether a claim, SQL (the trigger keys_horizon) or maintenance
+-- (learning, the TAP test 063_horizons) made it known.  Horizons live in
+-- shared memory: without the library preloaded every partition is probed.
+--
+SELECT current_setting('shared_preload_libraries') !~ 'idempotency' AS not_preloaded \gset
+\if :not_preloaded
+\echo 'skipped: key horizons need the library in shared_preload_libraries'
+\quit
+\endif
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+RESET client_min_messages;
+\getenv abs_srcdir PG_ABS_SRCDIR
+\i :abs_srcdir/include/helpers.sql
+SET TimeZone = 'UTC';
+SET idempotency.partition_interval = '1d';
+SET idempotency.max_ttl = '30d';
+-- premake 30 days of partitions, and learn the horizons of this database
+SELECT count(*) >= 0 AS pass FROM idempotency.idem_maintenance();
+SELECT count(*) >= 30 AS partitions_ahead
+FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass;
+
+-- the dated partitions of keys this transaction has opened
+CREATE FUNCTION regress.key_partitions_opened() RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+    WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+      AND c.relkind = 'r' AND c.relname ~ '^keys_p'
+$$;
+
+-- a new key of an endpoint whose keys live a day: the partition of now and
+-- the next one, whatever max_ttl
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-a', regress.fp('a'), ttl => '1 day');
+SELECT idempotency.idem_finish('t', 'POST /h1', 'h1-a', 201, '{}');
+SELECT regress.key_partitions_opened() BETWEEN 1 AND 2 AS bounded;
+COMMIT;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-b', regress.fp('a'), ttl => '1 day');
+SELECT regress.key_partitions_opened() BETWEEN 1 AND 2 AS bounded;
+ROLLBACK;
+SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h1', 'h1-a', regress.fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-a', regress.fp('b'));
+
+-- one key of 20 days: the endpoint's claims open 20 days of partitions
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h2', 'h2-a', regress.fp('a'), ttl => '20 days');
+SELECT idempotency.idem_finish('t', 'POST /h2', 'h2-a', 201, '{}');
+COMMIT;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h2', 'h2-b', regress.fp('a'), ttl => '1 day');
+SELECT regress.key_partitions_opened() >= 20 AS follows_the_longest;
+ROLLBACK;
+SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h2', 'h2-a', regress.fp('a'));
+-- other endpoints keep their own
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-c', regress.fp('a'), ttl => '1 day');
+SELECT regress.key_partitions_opened() BETWEEN 1 AND 2 AS bounded;
+ROLLBACK;
+
+-- a row written by SQL, of an endpoint no claim has used: the trigger
+-- raises its horizon, and the claim finds it
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, response_status,
+                              response_headers, body_kind, response_body, created_at,
+                              completed_at, expires_at)
+VALUES ('t', 'POST /h3', 'h3-a', regress.fp('a'), 'completed', 201, '{}', 'json',
+        convert_to('{"n": 3}', 'UTF8'), now(), now(), now() + interval '25 days');
+SELECT action, replayed, response_json FROM idempotency.idem_claim('t', 'POST /h3', 'h3-a', regress.fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /h3', 'h3-a', regress.fp('b'));
+-- and when SQL moves it further
+UPDATE idempotency.keys SET expires_at = now() + interval '29 days' WHERE key = 'h3-a';
+SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h3', 'h3-a', regress.fp('a'));
+-- idem_import_keys writes by SQL too
+SELECT outcome, rows FROM idempotency.idem_import_keys(
+    (SELECT jsonb_agg(e || '{"endpoint": "POST /h4", "key": "h4-a"}')
+     FROM idempotency.idem_export_keys('t') e WHERE e->>'key' = 'h2-a'))
+WHERE rows > 0;
+SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h4', 'h4-a', regress.fp('a'));

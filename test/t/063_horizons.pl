@@ -1,0 +1,71 @@
+# Key horizons across a crash (src/horizon.c): after a restart no horizon is
+# known until maintenance has read every row version, so claims probe every
+# partition meanwhile; a key written before the crash, and one written by a
+# transaction prepared before it and committed after, are found both
+# before and after that learning, and once learned a new key of a one-day
+# endpoint opens at most two dated partitions again.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use IdemTest;
+
+my $node = idem_node('horizons', conf => qq{
+idempotency.enable_worker = off
+idempotency.max_ttl = '30d'
+idempotency.partition_interval = '1d'
+max_prepared_transactions = 5
+});
+my $fp = q{sha256('a')};
+
+sub claim
+{
+	my ($endpoint, $key, $ttl) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT action FROM idempotency.idem_claim('t', '$endpoint', '$key', $fp, ttl => '$ttl')");
+}
+
+# the dated partitions of keys a claim of a new key opens
+sub opened
+{
+	my ($endpoint) = @_;
+	return $node->safe_psql('postgres', qq{
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', '$endpoint', 'probe-' || (extract(epoch from clock_timestamp()) * 1000000)::bigint, $fp, ttl => '1 day') \\g /dev/null
+SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE l.pid = pg_backend_pid() AND c.relkind = 'r' AND c.relname ~ '^keys_p';
+ROLLBACK;});
+}
+
+$node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.idem_maintenance()');
+cmp_ok(key_partitions($node), '>=', 30, 'thirty days of partitions ahead');
+cmp_ok(opened('POST /a'), '<=', 2, 'learned at the first pass: a new key opens at most two dated partitions');
+
+# a key of 20 days, committed; another of 25 days, prepared
+$node->safe_psql('postgres', qq{
+BEGIN;
+SELECT idempotency.idem_claim('t', 'POST /a', 'long', $fp, ttl => '20 days');
+SELECT idempotency.idem_finish('t', 'POST /a', 'long', 201, '{}');
+COMMIT;
+BEGIN;
+SELECT idempotency.idem_claim('t', 'POST /b', 'prepared', $fp, ttl => '25 days');
+SELECT idempotency.idem_finish('t', 'POST /b', 'prepared', 201, '{}');
+PREPARE TRANSACTION 'p1';});
+
+$node->stop('immediate');
+$node->start;
+
+is(claim('POST /a', 'long', '1 day'), 'replay', 'before learning: the 20-day key is found');
+cmp_ok(opened('POST /c'), '>=', 30, 'before learning: every partition is probed');
+
+$node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.idem_maintenance()');
+$node->safe_psql('postgres', q{COMMIT PREPARED 'p1'});
+is(claim('POST /b', 'prepared', '1 day'), 'replay',
+	'the key of the transaction prepared before the crash is found after learning');
+is(claim('POST /a', 'long', '1 day'), 'replay', 'after learning: the 20-day key is found');
+cmp_ok(opened('POST /c'), '<=', 2, 'after learning: a new key of another endpoint opens at most two again');
+cmp_ok(opened('POST /a'), '>=', 20, 'the endpoint of the 20-day key opens its 20 days');
+
+$node->stop;
+done_testing();
