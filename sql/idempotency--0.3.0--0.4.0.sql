@@ -381,6 +381,138 @@ AS 'MODULE_PATHNAME', 'idem_keys_horizon_trigger'
 LANGUAGE C;
 COMMENT ON FUNCTION idempotency.idem_keys_horizon_trigger() IS
     'Raises the key horizon of a row of idempotency.keys written by SQL (trigger keys_horizon)';
+REVOKE EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() TO idempotency_admin;
 CREATE TRIGGER keys_horizon BEFORE INSERT OR UPDATE ON idempotency.keys
     FOR EACH ROW EXECUTE FUNCTION idempotency.idem_keys_horizon_trigger();
 ALTER TABLE idempotency.keys ENABLE ALWAYS TRIGGER keys_horizon;
+
+/*
+ * Membership filters of the tombstone partitions (src/tombfilter.c): a
+ * claim opens a partition only when its filter says the key may be there.
+ * Every row written into the table adds its hash to its partition's filter
+ * first, from this trigger, which each partition has as a clone; ALWAYS,
+ * so that a logical replication apply adds them too.
+ */
+CREATE FUNCTION idempotency.idem_tombstones_filter_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_tombstones_filter_trigger'
+LANGUAGE C;
+COMMENT ON FUNCTION idempotency.idem_tombstones_filter_trigger() IS
+    'Adds a tombstone written into idempotency.tombstones to its partition''s filter (trigger tombstones_filter)';
+REVOKE EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() TO idempotency_admin;
+CREATE TRIGGER tombstones_filter BEFORE INSERT OR UPDATE ON idempotency.tombstones
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_tombstones_filter_trigger();
+ALTER TABLE idempotency.tombstones ENABLE ALWAYS TRIGGER tombstones_filter;
+
+-- citus_distribute lets Citus distribute idempotency.keys with its trigger
+-- keys_horizon
+CREATE OR REPLACE FUNCTION idempotency.citus_distribute(colocate_with regclass)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    dist_col name;
+    col_type regtype;
+    col_coll oid;
+    keys_coloc integer;
+    want_coloc integer;
+    r record;
+    f regprocedure;
+    ref regclass;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'Citus is not installed in this database'
+            USING ERRCODE = '55000',
+                  HINT = 'Run CREATE EXTENSION citus on the coordinator and on every worker, add the workers, then call citus_distribute on the coordinator.';
+    END IF;
+    IF NOT (SELECT pg_catalog.citus_is_coordinator()) THEN
+        RAISE EXCEPTION 'citus_distribute runs on the coordinator'
+            USING ERRCODE = '55000',
+                  HINT = 'Connect to the coordinator and call idempotency.citus_distribute there.';
+    END IF;
+
+    -- the table to colocate with: hash-distributed by a text COLLATE "C" column
+    SELECT a.attname, a.atttypid::regtype, a.attcollation, p.colocationid
+    INTO dist_col, col_type, col_coll, want_coloc
+    FROM pg_catalog.pg_dist_partition p
+    JOIN pg_catalog.pg_attribute a
+      ON a.attrelid = p.logicalrelid
+     AND a.attname = pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)
+    WHERE p.logicalrelid = colocate_with AND p.partmethod = 'h';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'table % is not a hash-distributed table', colocate_with
+            USING ERRCODE = '55000',
+                  HINT = pg_catalog.format('Distribute it by its tenant column first: SELECT create_distributed_table(%L, ''tenant'');',
+                                           colocate_with::text);
+    END IF;
+    IF col_type <> 'text'::regtype OR col_coll <> 'pg_catalog."C"'::regcollation THEN
+        RAISE EXCEPTION 'the distribution column "%" of % is % COLLATE %, not text COLLATE "C"',
+                        dist_col, colocate_with, col_type,
+                        coalesce((SELECT pg_catalog.quote_ident(collname) FROM pg_catalog.pg_collation
+                                  WHERE oid = col_coll), 'none')
+            USING ERRCODE = '42804',
+                  DETAIL = 'idempotency.keys is distributed by its column tenant, of type text COLLATE "C"; Citus colocates only tables whose distribution columns have the same type and collation.',
+                  HINT = pg_catalog.format('Make the column text COLLATE "C": SELECT undistribute_table(%L); ALTER TABLE %s ALTER COLUMN %I TYPE text COLLATE "C"; then distribute it again.',
+                                           colocate_with::text, colocate_with, dist_col);
+    END IF;
+
+    -- keys, once: refuse to move them to another colocation group
+    SELECT colocationid INTO keys_coloc
+    FROM pg_catalog.pg_dist_partition
+    WHERE logicalrelid = 'idempotency.keys'::regclass;
+    IF FOUND AND keys_coloc <> want_coloc THEN
+        RAISE EXCEPTION 'idempotency.keys is distributed already, colocated with other tables than %', colocate_with
+            USING ERRCODE = '55000',
+                  HINT = 'Keys can be colocated with one group of tables only; pass a table of that group.';
+    ELSIF NOT FOUND THEN
+        -- the workers' own dated partitions would clash with the shells of the coordinator's
+        FOR r IN
+            SELECT * FROM pg_catalog.run_command_on_workers(
+                'SELECT idempotency.idem_citus_drop_local_partitions()')
+        LOOP
+            IF NOT r.success THEN
+                RAISE EXCEPTION 'preparing worker %:% failed: %', r.nodename, r.nodeport, r.result
+                    USING ERRCODE = '55000',
+                          HINT = 'Fix what the worker reports (it needs the extension idempotency of the same version), then call citus_distribute again.';
+            END IF;
+        END LOOP;
+        -- its trigger keys_horizon (sql/parts/00_schema.sql) goes to the
+        -- shards too; it only raises a horizon, which no node of a Citus
+        -- cluster reads (src/horizon.c)
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+        PERFORM pg_catalog.create_distributed_table('idempotency.keys', 'tenant',
+                                                    colocate_with => colocate_with::text);
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
+    END IF;
+
+    -- reference tables, the coordinator's rows on every node, their triggers
+    -- on the shards: endpoints, one policy everywhere; the secret of mismatch
+    -- diagnostics, so that a digest made on one node is read on the tenant's
+    FOREACH ref IN ARRAY ARRAY['idempotency.endpoints', 'idempotency.diagnostics_secret']::regclass[]
+    LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition WHERE logicalrelid = ref) THEN
+            PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+            PERFORM pg_catalog.create_reference_table(ref);
+            PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
+        END IF;
+    END LOOP;
+
+    -- the per-key functions run on the node of the tenant's shard
+    FOR f IN
+        SELECT p.oid::regprocedure
+        FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = 'idempotency'::regnamespace
+          AND p.proname IN ('idem_claim', 'idem_finish', 'idem_finish_bytes', 'idem_finish_ref',
+                            'idem_fail', 'idem_release', 'idem_heartbeat', 'idem_lookup',
+                            'idem_resolve')
+        ORDER BY 1
+    LOOP
+        PERFORM pg_catalog.create_distributed_function(f, '$1',
+                                                       colocate_with => 'idempotency.keys',
+                                                       force_delegation => true);
+    END LOOP;
+END
+$$;

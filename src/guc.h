@@ -18,6 +18,7 @@ extern int	idem_max_claims_per_transaction;
 /* tombstones of expired keys (seconds) */
 extern int	idem_tombstone_ttl;
 extern int	idem_tombstone_partition_interval;
+extern int	idem_tombstone_filter_memory;
 
 /* the longest idempotency.tombstone_ttl and endpoints.tombstone_ttl: 10 years */
 #define IDEM_TOMBSTONE_TTL_MAX	(10 * 365 * 24 * 60 * 60)

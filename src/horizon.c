@@ -31,8 +31,9 @@
  *	  When the table of entries is full, a database's endpoints without an
  *	  entry share one horizon (the database's own entry); where even that
  *	  entry cannot be made, its horizons stay unknown.  Without
- *	  shared_preload_libraries, on a standby and in the Citus mode (whose
- *	  shards also receive rows by shard moves) no horizon is known.
+ *	  shared_preload_libraries, on a standby, before the update to 0.4.0
+ *	  (which adds the trigger) and in the Citus mode (whose shards also
+ *	  receive rows by shard moves) no horizon is known.
  *
  *-------------------------------------------------------------------------
  */
@@ -62,6 +63,7 @@
 #include "compat.h"
 #include "horizon.h"
 #include "idempotency.h"
+#include "schema.h"
 
 #define IDEM_HORIZON_TRANCHE	"idempotency horizons"
 /* entries of the shared table: databases and their endpoints */
@@ -164,7 +166,8 @@ IdemHorizonOf(Oid relid, const text *endpoint)
 	HorizonEntry *ep;
 	TimestampTz result = DT_NOEND;
 
-	if (horizon_hash == NULL || RecoveryInProgress())
+	if (horizon_hash == NULL || RecoveryInProgress() ||
+		!IdemSchemaHas(IDEM_SCHEMA_HORIZONS))
 		return DT_NOEND;
 	LWLockAcquire(horizon_shared->lock, LW_SHARED);
 	IdemHorizonKey(&key, relid, 0);
@@ -334,7 +337,9 @@ IdemHorizonLearn(Oid relid)
 	LearnedEntry *le;
 	int64		n = 0;
 
-	if (horizon_hash == NULL || RecoveryInProgress())
+	/* before the update to 0.4.0 no trigger raises the horizons of SQL writes */
+	if (horizon_hash == NULL || RecoveryInProgress() ||
+		!IdemSchemaHas(IDEM_SCHEMA_HORIZONS))
 		return -1;
 
 	/* the database's entry, made now so that writers raise into it */

@@ -19,6 +19,7 @@
 #include "horizon.h"
 #include "stats.h"
 #include "tenant.h"
+#include "tombfilter.h"
 #include "worker.h"
 
 PG_MODULE_MAGIC;
@@ -37,6 +38,7 @@ _PG_init(void)
 	IdemGucReservePrefix();
 	IdemStatsInit();
 	IdemHorizonInit();
+	IdemTombFilterInit();
 	IdemDiagBoundInit();
 	IdemClaimInit();
 	IdemWorkerInit();

@@ -45,6 +45,7 @@
 #include "idempotency.h"
 #include "keystore.h"
 #include "maint_partitions.h"
+#include "tombfilter.h"
 #include "tombstone.h"
 
 #define IDEM_SCHEMA		"idempotency"
@@ -780,6 +781,12 @@ IdemDropPartitions(IdemMaintPass *p, void *arg)
 	/* one statement: one dependency walk for all of them */
 	if (a->names != NIL)
 		IdemExecDDL(sql.data);
+	/* their filters go when the drop commits */
+	if (t == &tombstones_table)
+	{
+		foreach(lc, relids)
+			IdemTombFilterDropped(IdemTombstoneRelid(), lfirst_oid(lc));
+	}
 }
 
 void

@@ -58,6 +58,8 @@
 #include "maint_leases.h"
 #include "maint_partitions.h"
 #include "maintenance.h"
+#include "tombfilter.h"
+#include "tombstone.h"
 
 /* ---------------------------------------------------------------------
  * The pass
@@ -120,9 +122,10 @@ IdemSubscription(IdemMaintPass *p)
 }
 
 /*
- * Learn the key horizons of this database (horizon.c) when the server has
- * not yet: once per server start, a read of every row, in a step of its
- * own.  Not in a preview, not in the Citus mode (no horizon is used there).
+ * Learn the key horizons (horizon.c) and the tombstone filters
+ * (tombfilter.c) of this database when the server has not yet: once per
+ * server start, a read of every row, in a step of its own.  Not in a
+ * preview, not in the Citus mode (neither is used there).
  */
 static void
 IdemMaintLearnHorizons(IdemMaintPass *p)
@@ -133,9 +136,13 @@ IdemMaintLearnHorizons(IdemMaintPass *p)
 		return;
 	IdemMaintStepBegin(p);
 	n = IdemKeystoreDistributed() ? -1 : IdemHorizonLearn(IdemKeystoreRelid());
-	IdemMaintStepEnd(p);
 	if (n >= 0)
 		elog(DEBUG1, "idempotency: key horizons learned from " INT64_FORMAT " rows", n);
+	n = IdemKeystoreDistributed() || !IdemTombstonesActive() ? -1 :
+		IdemTombFilterLearn(IdemTombstoneRelid());
+	if (n >= 0)
+		elog(DEBUG1, "idempotency: tombstone filters learned from " INT64_FORMAT " rows", n);
+	IdemMaintStepEnd(p);
 }
 
 /*

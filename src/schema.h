@@ -39,6 +39,7 @@ typedef enum IdemSchema
 #define IDEM_SCHEMA_DIAGNOSTICS		IDEM_SCHEMA_0_3
 #define IDEM_SCHEMA_RESOLVER_TEXT	IDEM_SCHEMA_0_4
 #define IDEM_SCHEMA_REDACTION		IDEM_SCHEMA_0_4
+#define IDEM_SCHEMA_HORIZONS		IDEM_SCHEMA_0_4
 
 /*
  * The installed version, read from pg_extension once per backend and again

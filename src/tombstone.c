@@ -10,9 +10,10 @@
  *	  rows of a partition of idempotency.keys about to be dropped and from
  *	  the expired rows purged from its default partition (in the same
  *	  statement as the purge).  They are partitioned by their own expiry and
- *	  leave by whole partitions too (maint_partitions.c).  A claim that finds no live row probes
- *	  the scope_hash index of every tombstone partition whose range has not
- *	  ended and that holds a block.
+ *	  leave by whole partitions too (maint_partitions.c).  A claim that finds
+ *	  no live row probes the scope_hash index of every tombstone partition
+ *	  whose range has not ended, whose filter may hold the scope
+ *	  (tombfilter.c) and that holds a block.
  *
  *	  scope_hash is the first IDEM_TOMBSTONE_HASH_LEN bytes of a SHA-256
  *	  over a label, idempotency.encryption_key when it is set, and the
@@ -58,6 +59,7 @@
 #include "keygen.h"
 #include "keystore.h"
 #include "schema.h"
+#include "tombfilter.h"
 #include "tombstone.h"
 
 #define TOMBSTONE_LABEL "idempotency tombstone"
@@ -266,9 +268,11 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	PartitionBoundInfo bounds;
 	Snapshot	snapshot;
 	bool		unlocked = IsolationIsSerializable();
+	bool		filtered = !IdemKeystoreDistributed();
 	bool		found = false;
 
 	parent = table_open(IdemTombstoneRelid(), AccessShareLock);
+	/* before the filters are read: a tombstone it sees had its bits set */
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	pd = RelationGetPartitionDesc(parent, true);
 	bounds = pd->boundinfo;
@@ -292,6 +296,11 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 				ended = true;
 		}
 		if (ended)
+			continue;
+		/* a partition whose filter does not know the scope holds none of it */
+		if (filtered &&
+			!IdemTombFilterMaybe(RelationGetRelid(parent), pd->oids[p],
+								 (const uint8 *) VARDATA(hash)))
 			continue;
 
 		/* as for the keys: a partition without a block holds no row */

@@ -119,8 +119,13 @@ BEGIN
                           HINT = 'Fix what the worker reports (it needs the extension idempotency of the same version), then call citus_distribute again.';
             END IF;
         END LOOP;
+        -- its trigger keys_horizon (sql/parts/00_schema.sql) goes to the
+        -- shards too; it only raises a horizon, which no node of a Citus
+        -- cluster reads (src/horizon.c)
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
         PERFORM pg_catalog.create_distributed_table('idempotency.keys', 'tenant',
                                                     colocate_with => colocate_with::text);
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
     END IF;
 
     -- reference tables, the coordinator's rows on every node, their triggers

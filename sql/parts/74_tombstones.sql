@@ -29,6 +29,23 @@ ALTER TABLE idempotency.tombstones_default REPLICA IDENTITY FULL;
 
 REVOKE ALL ON idempotency.tombstones, idempotency.tombstones_default FROM PUBLIC;
 
+/*
+ * Membership filters of the tombstone partitions (src/tombfilter.c): a
+ * claim opens a partition only when its filter says the key may be there.
+ * Every row written into the table adds its hash to its partition's filter
+ * first, from this trigger, which each partition has as a clone; ALWAYS,
+ * so that a logical replication apply adds them too.
+ */
+CREATE FUNCTION idempotency.idem_tombstones_filter_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_tombstones_filter_trigger'
+LANGUAGE C;
+COMMENT ON FUNCTION idempotency.idem_tombstones_filter_trigger() IS
+    'Adds a tombstone written into idempotency.tombstones to its partition''s filter (trigger tombstones_filter)';
+CREATE TRIGGER tombstones_filter BEFORE INSERT OR UPDATE ON idempotency.tombstones
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_tombstones_filter_trigger();
+ALTER TABLE idempotency.tombstones ENABLE ALWAYS TRIGGER tombstones_filter;
+
 -- The scope of a tombstone: the first 16 bytes of a SHA-256 over a label,
 -- idempotency.encryption_key (when set) and the scope, never the key.
 -- Admin only: EXECUTE is revoked from PUBLIC (sql/parts/99_privileges.sql).

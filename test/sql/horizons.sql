@@ -79,3 +79,34 @@ SELECT outcome, rows FROM idempotency.idem_import_keys(
      FROM idempotency.idem_export_keys('t') e WHERE e->>'key' = 'h2-a'))
 WHERE rows > 0;
 SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h4', 'h4-a', regress.fp('a'));
+
+-- Tombstone filters (src/tombstone.c, src/tombfilter.c): a pass as of 30
+-- days ahead drops every partition of keys and keeps a tombstone of each
+-- key; a claim of a new key opens none of the tombstone partitions, and a
+-- claim of an expired key with another payload still finds its tombstone.
+CREATE FUNCTION regress.tombstone_partitions_opened() RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+    WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+      AND c.relkind = 'r' AND c.relname ~ '^tombstones_'
+$$;
+SET idempotency.tombstone_partition_interval = '1d';
+SELECT count(*) FILTER (WHERE kind = 'tombstone') > 0 AS tombstoned
+FROM idempotency.idem_maintenance(now() + interval '30 days', preview => false);
+SELECT count(*) >= 4 AS tombstones_kept FROM idempotency.tombstones WHERE expires_at > now();
+SELECT count(DISTINCT tableoid) >= 2 AS in_partitions FROM idempotency.tombstones;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-new', regress.fp('a'));
+SELECT regress.tombstone_partitions_opened() AS tombstone_partitions_opened;
+ROLLBACK;
+BEGIN;
+SELECT action, http_status FROM idempotency.idem_claim('t', 'POST /h1', 'h1-a', regress.fp('b'));
+SELECT regress.tombstone_partitions_opened() >= 1 AS its_partition_opened;
+ROLLBACK;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h2', 'h2-a', regress.fp('b'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /h3', 'h3-a', regress.fp('b'));
+-- a tombstone written by SQL (a restore, a replication apply) is found too
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+VALUES (idempotency.idem_tombstone_hash('t', 'POST /h5', 'h5-a'), regress.fp('a'),
+        now() - interval '1 day', now() + interval '9 days');
+SELECT action FROM idempotency.idem_claim('t', 'POST /h5', 'h5-a', regress.fp('b'));

@@ -48,7 +48,8 @@ LANGUAGE sql AS $$
     UNION ALL
     SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(oid) || ' ' || tgenabled::text
     FROM pg_trigger WHERE NOT tgisinternal
-      AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace)
+      AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'idempotency'::regnamespace
+                      AND relname !~ '^(keys|tombstones)_p[0-9]')
     UNION ALL
     SELECT 'event trigger', evtname, concat_ws(' ', evtevent, evtfoid::regprocedure, evtenabled, evttags::text)
     FROM pg_event_trigger
@@ -118,6 +119,15 @@ FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent IN ('idempotency.keys'::regclass, 'idempotency.tombstones'::regclass)
   AND c.relname ~ '_p[0-9]'
 GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- and every partition, dated or default, has the trigger that keeps its
+-- horizons or filters (src/horizon.c, src/tombfilter.c), fired ALWAYS
+SELECT c.relname ~ '^keys' AS of_keys, count(*) > 0 AS some,
+       count(*) FILTER (WHERE t.tgenabled = 'A') = count(*) AS all_have_it
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+LEFT JOIN pg_trigger t ON t.tgrelid = c.oid AND t.tgname IN ('keys_horizon', 'tombstones_filter')
+WHERE i.inhparent IN ('idempotency.keys'::regclass, 'idempotency.tombstones'::regclass)
+GROUP BY 1 ORDER BY 1;
 
 -- the updated schema is the fresh one: no difference either way
 CREATE TEMP TABLE idem_updated AS SELECT * FROM pg_temp.idem_catalog();

@@ -67,5 +67,38 @@ is(claim('POST /a', 'long', '1 day'), 'replay', 'after learning: the 20-day key 
 cmp_ok(opened('POST /c'), '<=', 2, 'after learning: a new key of another endpoint opens at most two again');
 cmp_ok(opened('POST /a'), '>=', 20, 'the endpoint of the 20-day key opens its 20 days');
 
+# Tombstone filters across a crash (src/tombfilter.c): a pass as of 30 days
+# ahead drops the keys' partitions and keeps their tombstones; after a
+# restart, until maintenance has learned the filters, every tombstone
+# partition is probed, and afterwards a new key opens none while an expired
+# key with another payload still answers 422.
+sub tombstone_partitions_opened
+{
+	return $node->safe_psql('postgres', qq{
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /c', 'new-' || (extract(epoch from clock_timestamp()) * 1000000)::bigint, $fp) \\g /dev/null
+SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE l.pid = pg_backend_pid() AND c.relkind = 'r' AND c.relname ~ '^tombstones_';
+ROLLBACK;});
+}
+$node->safe_psql('postgres', q{
+SET idempotency.tombstone_partition_interval = '1d';
+SELECT count(*) FROM idempotency.idem_maintenance(now() + interval '30 days', preview => false)});
+cmp_ok($node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.tombstones'), '>=', 2,
+	'the expired keys left tombstones');
+is(tombstone_partitions_opened(), '0', 'learned: a new key opens no tombstone partition');
+
+$node->stop('immediate');
+$node->start;
+cmp_ok(tombstone_partitions_opened(), '>=', 2, 'before learning: every tombstone partition with rows is opened');
+is($node->safe_psql('postgres',
+		q{SELECT action FROM idempotency.idem_claim('t', 'POST /a', 'long', sha256('b'))}),
+	'mismatch', 'before learning: an expired key with another payload finds its tombstone');
+$node->safe_psql('postgres', 'SELECT count(*) FROM idempotency.idem_maintenance()');
+is($node->safe_psql('postgres',
+		q{SELECT action FROM idempotency.idem_claim('t', 'POST /b', 'prepared', sha256('b'))}),
+	'mismatch', 'after learning: the tombstone written before the crash is found');
+is(tombstone_partitions_opened(), '0', 'after learning: a new key opens no tombstone partition');
+
 $node->stop;
 done_testing();

@@ -1,0 +1,656 @@
+/*-------------------------------------------------------------------------
+ *
+ * tombfilter.c
+ *	  Membership filters of tombstone partitions.  A claim of a new key
+ *	  must prove that no tombstone of its scope lives; without more
+ *	  knowledge that means opening every partition of idempotency.tombstones
+ *	  whose range has not ended, and probing its index.  Each partition has
+ *	  a Bloom filter of the scope hashes written into it, in shared memory,
+ *	  and a claim opens a partition only when its filter says the scope may
+ *	  be there (about one partition in a hundred when it is not).
+ *
+ *	  The filters are blocked Bloom filters (every hash sets its bits in one
+ *	  64-byte block) in a dynamic shared memory area of
+ *	  idempotency.tombstone_filter_memory, made at server start in the main
+ *	  shared memory.  A partition's filter grows by generations, each twice
+ *	  the size of the one before, so that it needs no count in advance; a
+ *	  partition whose filter cannot grow (the area is full) is marked
+ *	  unfiltered and always probed.
+ *
+ *	  Filters only gain bits, and what is written into a partition is added
+ *	  first:
+ *	  - every row written into the tombstones table, by maintenance (an
+ *	    INSERT ... SELECT), a restore or a logical replication apply, passes
+ *	    the trigger tombstones_filter (enabled ALWAYS), which adds its hash
+ *	    before the row is written;
+ *	  - rows older than the server are learned by maintenance
+ *	    (IdemTombFilterLearn), which reads every row version once per server
+ *	    start; until then a database's filters are unknown and every
+ *	    partition is probed, as without filters.
+ *	  A claim takes its snapshot before it reads the filters, so a
+ *	  tombstone committed before the snapshot had its bits set before.  The
+ *	  filter of a partition that maintenance drops is freed when the drop
+ *	  commits.  A row written and rolled back leaves its bits: a false
+ *	  "maybe", never a false "no".
+ *
+ *	  Without shared_preload_libraries, with a memory of 0, on a standby,
+ *	  before the update to 0.4.0 (which adds the trigger) and in the Citus
+ *	  mode, no filter is known and every partition is probed.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/partition.h"
+#include "catalog/pg_inherits.h"
+#include "commands/trigger.h"
+#include "executor/tuptable.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/bufmgr.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/dsa.h"
+#include "utils/hsearch.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+
+#include "compat.h"
+#include "guc.h"
+#include "idempotency.h"
+#include "schema.h"
+#include "tombfilter.h"
+
+#define IDEM_TOMBFILTER_TRANCHE		"idempotency tombstone filters"
+/* headers of the shared table: databases and their tombstone partitions */
+#define IDEM_TOMBFILTER_ENTRIES		1024
+/* generations of one partition's filter: the last is 2^15 times the first */
+#define IDEM_TOMBFILTER_MAX_GENS	16
+/* the first generation: blocks of 512 bits, about 51 hashes a block */
+#define IDEM_TOMBFILTER_MIN_BLOCKS	64
+#define IDEM_TOMBFILTER_BLOCK_WORDS	8
+#define IDEM_TOMBFILTER_PER_BLOCK	51
+#define IDEM_TOMBFILTER_K			7
+
+typedef struct TombFilterKey
+{
+	Oid			dbid;
+	Oid			parent;			/* idempotency.tombstones of that database */
+	Oid			partoid;		/* InvalidOid: the database's own entry */
+} TombFilterKey;
+
+typedef struct TombFilterEntry
+{
+	TombFilterKey key;
+	/* the database's own entry: */
+	bool		known;			/* learned since the server started */
+	bool		overflow;		/* a partition found no header: those
+								 * without one are probed */
+	/* a partition's entry: */
+	bool		unfiltered;		/* no room to grow: always probed */
+	int			ngens;
+	dsa_pointer gens[IDEM_TOMBFILTER_MAX_GENS];
+} TombFilterEntry;
+
+typedef struct TombFilterGen
+{
+	uint32		nblocks;		/* a power of two */
+	uint32		count;
+	uint32		capacity;
+	uint32		pad;
+	uint64		words[FLEXIBLE_ARRAY_MEMBER];
+} TombFilterGen;
+
+typedef struct TombFilterShared
+{
+	LWLock	   *lock;
+	int			dsa_tranche;
+	Size		area_size;
+	bool		full_logged;
+} TombFilterShared;
+
+static TombFilterShared *tf_shared = NULL;
+static HTAB *tf_hash = NULL;
+static dsa_area *tf_area = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/* filters to free when the transaction that dropped their partition commits */
+static List *tf_dropped = NIL;
+static bool tf_callback_registered = false;
+
+static Size
+IdemTombFilterAreaSize(void)
+{
+	Size		size = (Size) idem_tombstone_filter_memory * 1024;
+
+	return size < dsa_minimum_size() ? 0 : size;
+}
+
+static void
+IdemTombFilterShmemRequest(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(add_size(add_size(MAXALIGN(sizeof(TombFilterShared)),
+											 IdemTombFilterAreaSize()),
+									hash_estimate_size(IDEM_TOMBFILTER_ENTRIES,
+													   sizeof(TombFilterEntry))));
+	RequestNamedLWLockTranche(IDEM_TOMBFILTER_TRANCHE, 1);
+}
+
+static void
+IdemTombFilterShmemStartup(void)
+{
+	bool		found;
+	HASHCTL		info;
+	Size		area_size = IdemTombFilterAreaSize();
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	tf_shared = ShmemInitStruct("idempotency tombstone filters",
+								add_size(MAXALIGN(sizeof(TombFilterShared)), area_size),
+								&found);
+	if (!found)
+	{
+		tf_shared->lock = &(GetNamedLWLockTranche(IDEM_TOMBFILTER_TRANCHE))->lock;
+		tf_shared->area_size = area_size;
+		tf_shared->full_logged = false;
+		tf_shared->dsa_tranche = LWLockNewTrancheId();
+		if (area_size > 0)
+		{
+			dsa_area   *area;
+
+			area = dsa_create_in_place((char *) tf_shared + MAXALIGN(sizeof(TombFilterShared)),
+									   area_size, tf_shared->dsa_tranche, NULL);
+			/* the main shared memory only: never a segment of its own */
+			dsa_set_size_limit(area, area_size);
+			dsa_pin(area);
+			dsa_detach(area);
+		}
+	}
+	info.keysize = sizeof(TombFilterKey);
+	info.entrysize = sizeof(TombFilterEntry);
+	tf_hash = ShmemInitHash("idempotency tombstone filters by partition",
+							IDEM_TOMBFILTER_ENTRIES, IDEM_TOMBFILTER_ENTRIES,
+							&info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+void
+IdemTombFilterInit(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = IdemTombFilterShmemRequest;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = IdemTombFilterShmemStartup;
+}
+
+/* The area, attached in this backend; NULL when there is none. */
+static dsa_area *
+IdemTombFilterArea(void)
+{
+	if (tf_area == NULL && tf_shared != NULL && tf_shared->area_size > 0)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		LWLockRegisterTranche(tf_shared->dsa_tranche, IDEM_TOMBFILTER_TRANCHE);
+		tf_area = dsa_attach_in_place((char *) tf_shared + MAXALIGN(sizeof(TombFilterShared)),
+									  NULL);
+		dsa_pin_mapping(tf_area);
+		MemoryContextSwitchTo(old);
+	}
+	return tf_area;
+}
+
+static bool
+IdemTombFilterUsable(void)
+{
+	return tf_hash != NULL && IdemTombFilterArea() != NULL &&
+		!RecoveryInProgress() && IdemSchemaHas(IDEM_SCHEMA_HORIZONS);
+}
+
+static void
+IdemTombFilterKeyOf(TombFilterKey *key, Oid parent, Oid partoid)
+{
+	memset(key, 0, sizeof(*key));
+	key->dbid = MyDatabaseId;
+	key->parent = parent;
+	key->partoid = partoid;
+}
+
+/* the block of a hash in a generation, and its bits in that block */
+static inline uint64 *
+IdemTombFilterBlock(TombFilterGen *gen, const uint8 *hash)
+{
+	uint64		a;
+
+	memcpy(&a, hash, sizeof(a));
+	return gen->words + (a & (gen->nblocks - 1)) * IDEM_TOMBFILTER_BLOCK_WORDS;
+}
+
+static inline uint64
+IdemTombFilterBits(const uint8 *hash)
+{
+	uint64		b;
+
+	memcpy(&b, hash + 8, sizeof(b));
+	return b;
+}
+
+static bool
+IdemTombFilterGenHas(TombFilterGen *gen, const uint8 *hash)
+{
+	uint64	   *block = IdemTombFilterBlock(gen, hash);
+	uint64		b = IdemTombFilterBits(hash);
+
+	for (int i = 0; i < IDEM_TOMBFILTER_K; i++)
+	{
+		int			pos = (b >> (9 * i)) & 511;
+
+		if ((block[pos >> 6] & (UINT64CONST(1) << (pos & 63))) == 0)
+			return false;
+	}
+	return true;
+}
+
+static void
+IdemTombFilterGenSet(TombFilterGen *gen, const uint8 *hash)
+{
+	uint64	   *block = IdemTombFilterBlock(gen, hash);
+	uint64		b = IdemTombFilterBits(hash);
+
+	for (int i = 0; i < IDEM_TOMBFILTER_K; i++)
+	{
+		int			pos = (b >> (9 * i)) & 511;
+
+		block[pos >> 6] |= UINT64CONST(1) << (pos & 63);
+	}
+	gen->count++;
+}
+
+static void
+IdemTombFilterFreeGens(TombFilterEntry *e)
+{
+	for (int i = 0; i < e->ngens; i++)
+		dsa_free(tf_area, e->gens[i]);
+	e->ngens = 0;
+}
+
+/*
+ * A new generation of e's filter, for about hint hashes (0: twice the last
+ * one); false, the partition unfiltered, when there is no room.
+ */
+static bool
+IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
+{
+	uint32		nblocks = IDEM_TOMBFILTER_MIN_BLOCKS;
+	dsa_pointer dp = InvalidDsaPointer;
+	TombFilterGen *gen;
+
+	if (e->ngens > 0)
+	{
+		gen = dsa_get_address(tf_area, e->gens[e->ngens - 1]);
+		nblocks = gen->nblocks * 2;
+	}
+	while (hint > 0 && (int64) nblocks * IDEM_TOMBFILTER_PER_BLOCK < hint &&
+		   nblocks < (UINT32_MAX / 2 / IDEM_TOMBFILTER_BLOCK_WORDS / 8))
+		nblocks *= 2;
+	if (e->ngens < IDEM_TOMBFILTER_MAX_GENS)
+		dp = dsa_allocate_extended(tf_area,
+								   offsetof(TombFilterGen, words) +
+								   (Size) nblocks * IDEM_TOMBFILTER_BLOCK_WORDS * sizeof(uint64),
+								   DSA_ALLOC_NO_OOM | DSA_ALLOC_ZERO | DSA_ALLOC_HUGE);
+	if (!DsaPointerIsValid(dp))
+	{
+		IdemTombFilterFreeGens(e);
+		e->unfiltered = true;
+		if (!tf_shared->full_logged)
+		{
+			tf_shared->full_logged = true;
+			ereport(LOG,
+					(errmsg("idempotency: the tombstone filters are full: a tombstone partition will be probed by every claim"),
+					 errhint("Raise idempotency.tombstone_filter_memory (a restart is needed).")));
+		}
+		return false;
+	}
+	gen = dsa_get_address(tf_area, dp);
+	gen->nblocks = nblocks;
+	gen->count = 0;
+	gen->capacity = nblocks * IDEM_TOMBFILTER_PER_BLOCK;
+	e->gens[e->ngens++] = dp;
+	return true;
+}
+
+/*
+ * The entry of a partition, made when missing, under the exclusive lock;
+ * NULL (and the database's entry marked) when the table is full.
+ */
+static TombFilterEntry *
+IdemTombFilterEntryOf(Oid parent, Oid partoid, int64 hint)
+{
+	TombFilterKey key;
+	TombFilterEntry *e;
+	bool		found;
+
+	IdemTombFilterKeyOf(&key, parent, partoid);
+	e = hash_search(tf_hash, &key, HASH_ENTER_NULL, &found);
+	if (e == NULL)
+	{
+		IdemTombFilterKeyOf(&key, parent, InvalidOid);
+		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+		if (e != NULL)
+			e->overflow = true;
+		return NULL;
+	}
+	if (!found)
+	{
+		e->known = false;
+		e->overflow = false;
+		e->unfiltered = false;
+		e->ngens = 0;
+		if (OidIsValid(partoid))
+			(void) IdemTombFilterGrow(e, hint);
+	}
+	return e;
+}
+
+static void
+IdemTombFilterAddLocked(Oid parent, Oid partoid, const uint8 *hash)
+{
+	TombFilterEntry *e = IdemTombFilterEntryOf(parent, partoid, 0);
+	TombFilterGen *gen;
+
+	if (e == NULL || e->unfiltered)
+		return;
+	gen = e->ngens > 0 ? dsa_get_address(tf_area, e->gens[e->ngens - 1]) : NULL;
+	if (gen == NULL || gen->count >= gen->capacity)
+	{
+		if (!IdemTombFilterGrow(e, 0))
+			return;
+		gen = dsa_get_address(tf_area, e->gens[e->ngens - 1]);
+	}
+	IdemTombFilterGenSet(gen, hash);
+}
+
+void
+IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash)
+{
+	if (tf_hash == NULL || IdemTombFilterArea() == NULL)
+		return;
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+	IdemTombFilterAddLocked(parent, partoid, hash);
+	LWLockRelease(tf_shared->lock);
+}
+
+bool
+IdemTombFilterMaybe(Oid parent, Oid partoid, const uint8 *hash)
+{
+	TombFilterKey key;
+	TombFilterEntry *db;
+	TombFilterEntry *e;
+	bool		maybe = true;
+
+	if (!IdemTombFilterUsable())
+		return true;
+	LWLockAcquire(tf_shared->lock, LW_SHARED);
+	IdemTombFilterKeyOf(&key, parent, InvalidOid);
+	db = hash_search(tf_hash, &key, HASH_FIND, NULL);
+	if (db != NULL && db->known)
+	{
+		key.partoid = partoid;
+		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+		if (e == NULL)
+			maybe = db->overflow;	/* else nothing was ever written there */
+		else if (!e->unfiltered)
+		{
+			maybe = false;
+			for (int i = 0; i < e->ngens && !maybe; i++)
+				maybe = IdemTombFilterGenHas(dsa_get_address(tf_area, e->gens[i]), hash);
+		}
+	}
+	LWLockRelease(tf_shared->lock);
+	return maybe;
+}
+
+/* Forget the entries of an earlier tombstones table of this database. */
+static void
+IdemTombFilterForgetOthers(Oid parent)
+{
+	HASH_SEQ_STATUS status;
+	TombFilterEntry *e;
+
+	hash_seq_init(&status, tf_hash);
+	while ((e = hash_seq_search(&status)) != NULL)
+	{
+		if (e->key.dbid == MyDatabaseId && e->key.parent != parent)
+		{
+			IdemTombFilterFreeGens(e);
+			(void) hash_search(tf_hash, &e->key, HASH_REMOVE, NULL);
+		}
+	}
+}
+
+/* Every row version of one partition, into its filter. */
+static int64
+IdemTombFilterLearnPartition(Oid parent, Oid partoid)
+{
+	Relation	part = table_open(partoid, AccessShareLock);
+	AttrNumber	a_hash = get_attnum(partoid, "scope_hash");
+	/* about 70 tombstones fit a page */
+	int64		hint = (int64) RelationGetNumberOfBlocks(part) * 70;
+	TableScanDesc scan;
+	TupleTableSlot *slot;
+	int64		n = 0;
+
+	if (a_hash == InvalidAttrNumber)
+		elog(ERROR, "partition \"%s\" of idempotency.tombstones lacks scope_hash",
+			 RelationGetRelationName(part));
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+	(void) IdemTombFilterEntryOf(parent, partoid, hint);
+	LWLockRelease(tf_shared->lock);
+
+	slot = table_slot_create(part, NULL);
+	/* committed, in progress, prepared or dead: a bit too many is harmless */
+	scan = table_beginscan(part, SnapshotAny, 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		bytea	   *h;
+
+		CHECK_FOR_INTERRUPTS();
+		h = DatumGetByteaPP(slot_getattr(slot, a_hash, &isnull));
+		if (isnull || VARSIZE_ANY_EXHDR(h) < IDEM_TOMBFILTER_HASH_LEN)
+			continue;
+		IdemTombFilterAdd(parent, partoid, (const uint8 *) VARDATA_ANY(h));
+		n++;
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(part, NoLock);
+	return n;
+}
+
+int64
+IdemTombFilterLearn(Oid parent)
+{
+	TombFilterEntry *db;
+	List	   *parts;
+	ListCell   *lc;
+	int64		n = 0;
+
+	if (!IdemTombFilterUsable())
+		return -1;
+
+	/* the database's entry, made now: its partitions' entries follow it */
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+	IdemTombFilterForgetOthers(parent);
+	db = IdemTombFilterEntryOf(parent, InvalidOid, 0);
+	if (db == NULL || db->known)
+	{
+		LWLockRelease(tf_shared->lock);
+		return -1;
+	}
+	LWLockRelease(tf_shared->lock);
+
+	parts = find_all_inheritors(parent, AccessShareLock, NULL);
+	foreach(lc, parts)
+	{
+		Oid			partoid = lfirst_oid(lc);
+
+		if (get_rel_relkind(partoid) == RELKIND_RELATION)
+			n += IdemTombFilterLearnPartition(parent, partoid);
+	}
+	list_free(parts);
+
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+	db = IdemTombFilterEntryOf(parent, InvalidOid, 0);
+	if (db != NULL)
+		db->known = true;
+	LWLockRelease(tf_shared->lock);
+	return n;
+}
+
+static void
+IdemTombFilterXactCallback(XactEvent event, void *arg)
+{
+	ListCell   *lc;
+
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+			/* a drop whose subtransaction rolled back left its partition */
+			foreach(lc, tf_dropped)
+			{
+				TombFilterKey *key = lfirst(lc);
+
+				if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(key->partoid)))
+					key->partoid = InvalidOid;
+			}
+			break;
+		case XACT_EVENT_COMMIT:
+			if (tf_dropped != NIL && tf_hash != NULL && IdemTombFilterArea() != NULL)
+			{
+				LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+				foreach(lc, tf_dropped)
+				{
+					TombFilterKey *key = lfirst(lc);
+					TombFilterEntry *e;
+
+					if (!OidIsValid(key->partoid))
+						continue;
+					e = hash_search(tf_hash, key, HASH_FIND, NULL);
+					if (e != NULL)
+					{
+						IdemTombFilterFreeGens(e);
+						(void) hash_search(tf_hash, key, HASH_REMOVE, NULL);
+					}
+				}
+				LWLockRelease(tf_shared->lock);
+			}
+			list_free_deep(tf_dropped);
+			tf_dropped = NIL;
+			break;
+		case XACT_EVENT_ABORT:
+			list_free_deep(tf_dropped);
+			tf_dropped = NIL;
+			break;
+		default:
+			break;
+	}
+}
+
+void
+IdemTombFilterDropped(Oid parent, Oid partoid)
+{
+	TombFilterKey *key;
+
+	if (tf_hash == NULL)
+		return;
+	if (!tf_callback_registered)
+	{
+		RegisterXactCallback(IdemTombFilterXactCallback, NULL);
+		tf_callback_registered = true;
+	}
+	key = MemoryContextAlloc(TopMemoryContext, sizeof(TombFilterKey));
+	IdemTombFilterKeyOf(key, parent, partoid);
+	tf_dropped = lappend(tf_dropped, key);
+}
+
+PG_FUNCTION_INFO_V1(idem_tombstones_filter_trigger);
+
+/*
+ * The partition the trigger last fired for, its parent and attribute.  A
+ * relation's OID names it until it is dropped, and a partition of the
+ * tombstones is never attached elsewhere, so these stay right; a dropped
+ * partition's OID reused by a new one would need many intervening OIDs.
+ */
+static Oid	last_partoid = InvalidOid;
+static Oid	last_parent = InvalidOid;
+static AttrNumber last_attnum = InvalidAttrNumber;
+
+/*
+ * idem_tombstones_filter_trigger() RETURNS trigger: BEFORE INSERT OR UPDATE
+ * FOR EACH ROW of idempotency.tombstones (the trigger tombstones_filter,
+ * cloned onto each partition): adds the new row's scope_hash to the filter
+ * of the partition it is written into.
+ */
+Datum
+idem_tombstones_filter_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	HeapTuple	tuple;
+	Relation	rel;
+	int			a_hash;
+	bool		isnull;
+	Datum		d;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) ||
+		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("idem_tombstones_filter_trigger must be fired before insert or update, for each row")));
+	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
+		trigdata->tg_newtuple : trigdata->tg_trigtuple;
+	rel = trigdata->tg_relation;
+	if (tf_hash == NULL || !rel->rd_rel->relispartition)
+		return PointerGetDatum(tuple);
+	/* a statement writes many rows into few partitions */
+	if (RelationGetRelid(rel) != last_partoid)
+	{
+		last_partoid = InvalidOid;
+		last_parent = llast_oid(get_partition_ancestors(RelationGetRelid(rel)));
+		last_attnum = get_attnum(RelationGetRelid(rel), "scope_hash");
+		last_partoid = RelationGetRelid(rel);
+	}
+	a_hash = last_attnum;
+	if (a_hash > 0)
+	{
+		d = heap_getattr(tuple, a_hash, RelationGetDescr(rel), &isnull);
+		if (!isnull)
+		{
+			bytea	   *h = DatumGetByteaPP(d);
+
+			if (VARSIZE_ANY_EXHDR(h) >= IDEM_TOMBFILTER_HASH_LEN)
+				IdemTombFilterAdd(last_parent, last_partoid,
+								  (const uint8 *) VARDATA_ANY(h));
+		}
+	}
+	return PointerGetDatum(tuple);
+}

@@ -1,0 +1,41 @@
+/*-------------------------------------------------------------------------
+ *
+ * tombfilter.h
+ *	  Membership filters of tombstone partitions, in shared memory: a claim
+ *	  opens a partition of idempotency.tombstones only when its filter says
+ *	  the scope may be there.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEM_TOMBFILTER_H
+#define IDEM_TOMBFILTER_H
+
+#include "c.h"
+
+/* what the filters hash: a tombstone's scope_hash */
+#define IDEM_TOMBFILTER_HASH_LEN	16
+
+extern void IdemTombFilterInit(void);
+
+/*
+ * Whether partition partoid of the tombstones table parent may hold a
+ * tombstone of hash.  True whenever the filters are not known (not
+ * preloaded, not learned since the server started, in recovery, out of
+ * memory for this partition); false only when no tombstone of hash was
+ * ever written into the partition since.
+ */
+extern bool IdemTombFilterMaybe(Oid parent, Oid partoid, const uint8 *hash);
+
+/* Before a tombstone of hash is written into partition partoid of parent. */
+extern void IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash);
+
+/*
+ * For maintenance: learn the filters of the tombstones table parent from
+ * its rows (every row version), once per server start; returns how many
+ * rows were read, or -1 when nothing was to be learned.  And the filter of
+ * a partition dropped by the current transaction is freed at its commit.
+ */
+extern int64 IdemTombFilterLearn(Oid parent);
+extern void IdemTombFilterDropped(Oid parent, Oid partoid);
+
+#endif							/* IDEM_TOMBFILTER_H */
