@@ -110,3 +110,31 @@ INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires
 VALUES (idempotency.idem_tombstone_hash('t', 'POST /h5', 'h5-a'), regress.fp('a'),
         now() - interval '1 day', now() + interval '9 days');
 SELECT action FROM idempotency.idem_claim('t', 'POST /h5', 'h5-a', regress.fp('b'));
+
+-- The bound: at max_ttl 30 days, with an endpoint keeping its tombstones
+-- 10 years and tombstones stored, a claim of a new key holds at most 8
+-- relation locks of the extension's relations, all fast-path (atomic mode:
+-- claim and finish in one transaction; lease mode: the claim's own), once
+-- the session has read the endpoint's policy.
+INSERT INTO idempotency.endpoints (endpoint, tombstone_ttl) VALUES ('POST /decade', '10 years');
+SELECT count(*) >= 0 AS pass FROM idempotency.idem_maintenance();
+CREATE FUNCTION regress.extension_locks(OUT locks bigint, OUT fast_path bigint)
+LANGUAGE sql AS $$
+    SELECT count(*), count(*) FILTER (WHERE l.fastpath)
+    FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+    WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+      AND c.relnamespace = 'idempotency'::regnamespace
+$$;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-warm', regress.fp('a'));
+ROLLBACK;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-bound', regress.fp('a'));
+SELECT idempotency.idem_finish('t', 'POST /h1', 'h1-bound', 201, '{}');
+SELECT locks <= 8 AS bounded, locks = fast_path AS all_fast_path FROM regress.extension_locks();
+COMMIT;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-lease', regress.fp('a'), lease => '1 min');
+SELECT locks <= 8 AS bounded, locks = fast_path AS all_fast_path FROM regress.extension_locks();
+COMMIT;
+SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h1', 'h1-bound', regress.fp('a'));
