@@ -203,18 +203,10 @@ IdemGucInit(void)
 
 	DefineCustomIntVariable("idempotency.tombstone_partition_interval",
 							"Width of one partition of idempotency.tombstones, by expiry time.",
-							"A claim of a new key probes every tombstone partition that holds rows: wider partitions, fewer probes.",
+							"A claim of a new key opens the tombstone partitions whose filter may hold its key: wider partitions, fewer filters to ask.",
 							&idem_tombstone_partition_interval,
 							7 * 24 * 60 * 60, 60, INT_MAX,
 							PGC_SUSET, GUC_UNIT_S,
-							NULL, NULL, NULL);
-
-	DefineCustomIntVariable("idempotency.tombstone_filter_memory",
-							"Shared memory for the membership filters of tombstone partitions.",
-							"A claim opens a tombstone partition only when its filter says the key may be there; a filter takes about 10 bits a tombstone. 0 keeps no filter: every partition is probed.",
-							&idem_tombstone_filter_memory,
-							8 * 1024, 0, 1024 * 1024,
-							PGC_POSTMASTER, GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
 	DefineCustomBoolVariable("idempotency.enable_worker",
@@ -245,6 +237,14 @@ IdemGucInit(void)
 	 * A setting that only takes effect at server start can only be defined
 	 * while the library is preloaded.
 	 */
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("idempotency.tombstone_filter_memory",
+								"Shared memory for the membership filters of tombstone partitions.",
+								"A claim opens a tombstone partition only when its filter says the key may be there; a filter takes about 10 bits a tombstone. 0 keeps no filter: every partition is probed.",
+								&idem_tombstone_filter_memory,
+								8 * 1024, 0, 1024 * 1024,
+								PGC_POSTMASTER, GUC_UNIT_KB,
+								NULL, NULL, NULL);
 	if (process_shared_preload_libraries_in_progress)
 		DefineCustomIntVariable("idempotency.stats_max_endpoints",
 								"Number of endpoints whose counters are kept in shared memory.",

@@ -589,6 +589,10 @@ IdemCreatePartition(IdemMaintPass *p, void *arg)
 		IdemExecDDL(lock_parent_exclusive);
 
 	a->moved = IdemDefaultMoveRows(t, a->range->lo, a->range->hi, qname);
+	/* the table had no trigger yet: its filter learns the moved tombstones */
+	if (t == &tombstones_table && a->moved > 0)
+		(void) IdemTombFilterAddAll(IdemTombstoneRelid(),
+									get_relname_relid(a->name, get_namespace_oid(IDEM_SCHEMA, false)));
 
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,

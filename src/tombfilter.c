@@ -73,7 +73,7 @@
 
 #define IDEM_TOMBFILTER_TRANCHE		"idempotency tombstone filters"
 /* headers of the shared table: databases and their tombstone partitions */
-#define IDEM_TOMBFILTER_ENTRIES		1024
+#define IDEM_TOMBFILTER_ENTRIES		8192
 /* generations of one partition's filter: the last is 2^15 times the first */
 #define IDEM_TOMBFILTER_MAX_GENS	16
 /* the first generation: blocks of 512 bits, about 51 hashes a block */
@@ -447,8 +447,8 @@ IdemTombFilterForgetOthers(Oid parent)
 }
 
 /* Every row version of one partition, into its filter. */
-static int64
-IdemTombFilterLearnPartition(Oid parent, Oid partoid)
+int64
+IdemTombFilterAddAll(Oid parent, Oid partoid)
 {
 	Relation	part = table_open(partoid, AccessShareLock);
 	AttrNumber	a_hash = get_attnum(partoid, "scope_hash");
@@ -461,6 +461,11 @@ IdemTombFilterLearnPartition(Oid parent, Oid partoid)
 	if (a_hash == InvalidAttrNumber)
 		elog(ERROR, "partition \"%s\" of idempotency.tombstones lacks scope_hash",
 			 RelationGetRelationName(part));
+	if (tf_hash == NULL || IdemTombFilterArea() == NULL)
+	{
+		table_close(part, NoLock);
+		return 0;
+	}
 	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
 	(void) IdemTombFilterEntryOf(parent, partoid, hint);
 	LWLockRelease(tf_shared->lock);
@@ -514,7 +519,7 @@ IdemTombFilterLearn(Oid parent)
 		Oid			partoid = lfirst_oid(lc);
 
 		if (get_rel_relkind(partoid) == RELKIND_RELATION)
-			n += IdemTombFilterLearnPartition(parent, partoid);
+			n += IdemTombFilterAddAll(parent, partoid);
 	}
 	list_free(parts);
 
@@ -567,6 +572,8 @@ IdemTombFilterXactCallback(XactEvent event, void *arg)
 			tf_dropped = NIL;
 			break;
 		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+			/* a prepared drop leaves its filters: stale bits, never missing ones */
 			list_free_deep(tf_dropped);
 			tf_dropped = NIL;
 			break;
@@ -579,17 +586,22 @@ void
 IdemTombFilterDropped(Oid parent, Oid partoid)
 {
 	TombFilterKey *key;
+	MemoryContext old;
 
-	if (tf_hash == NULL)
+	/* attached now, not while committing */
+	if (tf_hash == NULL || IdemTombFilterArea() == NULL)
 		return;
 	if (!tf_callback_registered)
 	{
 		RegisterXactCallback(IdemTombFilterXactCallback, NULL);
 		tf_callback_registered = true;
 	}
-	key = MemoryContextAlloc(TopMemoryContext, sizeof(TombFilterKey));
+	/* the list outlives the statement, up to the end of the transaction */
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	key = palloc(sizeof(TombFilterKey));
 	IdemTombFilterKeyOf(key, parent, partoid);
 	tf_dropped = lappend(tf_dropped, key);
+	MemoryContextSwitchTo(old);
 }
 
 PG_FUNCTION_INFO_V1(idem_tombstones_filter_trigger);

@@ -138,3 +138,19 @@ SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-lease', regress.f
 SELECT locks <= 8 AS bounded, locks = fast_path AS all_fast_path FROM regress.extension_locks();
 COMMIT;
 SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h1', 'h1-bound', regress.fp('a'));
+
+-- A tombstone in the default partition of tombstones, moved into a dated
+-- partition that a later pass makes (before it is attached, so without the
+-- trigger): the new partition's filter learns it, and the claim finds it.
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+VALUES (idempotency.idem_tombstone_hash('t', 'POST /h6', 'h6-a'), regress.fp('a'),
+        now() - interval '1 day', now() + interval '5 years 1 day');
+SELECT tableoid::regclass = 'idempotency.tombstones_default'::regclass AS in_default
+FROM idempotency.tombstones
+WHERE scope_hash = idempotency.idem_tombstone_hash('t', 'POST /h6', 'h6-a');
+-- an endpoint keeping tombstones 5 years: the next pass makes their window
+INSERT INTO idempotency.endpoints (endpoint, tombstone_ttl) VALUES ('POST /lustrum', '5 years');
+SELECT count(*) >= 0 AS pass FROM idempotency.idem_maintenance();
+SELECT tableoid::regclass <> 'idempotency.tombstones_default'::regclass AS moved FROM idempotency.tombstones
+WHERE scope_hash = idempotency.idem_tombstone_hash('t', 'POST /h6', 'h6-a');
+SELECT action FROM idempotency.idem_claim('t', 'POST /h6', 'h6-a', regress.fp('b'));
