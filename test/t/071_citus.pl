@@ -263,6 +263,37 @@ like($ho . $he, qr/^replay\n[^\n]*IK421: the keys of tenant "acme" are not on th
 	'the same backend, which had cached the shard, refuses the tenant after the move');
 $coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
 
+# tombstones (doc/tombstones.md) are distributed by tenant, colocated with
+# the keys; keys of a tenant that live one second, in the dated partition
+# that covers now, which the coordinator's pass below drops
+is($coord->safe_psql('postgres', q{
+SELECT partmethod::text || ' ' || (colocationid = (SELECT colocationid FROM pg_dist_partition
+                                             WHERE logicalrelid = 'idempotency.keys'::regclass))::text
+FROM pg_dist_partition WHERE logicalrelid = 'idempotency.tombstones'::regclass}),
+	'h true', 'tombstones are distributed by tenant, colocated with the keys');
+$coord->safe_psql('postgres', q{
+INSERT INTO idempotency.endpoints (endpoint, tombstone_ttl, on_expired_reuse)
+VALUES ('POST /tomb', '90 days', 'execute'), ('POST /strict', '90 days', 'conflict')});
+my $tt = 'tomb';
+my $tnode = node_of($tt);
+my %tfp = map { $_ => qq{sha256(convert_to('$_', 'UTF8'))} } qw(a b);
+# a claim from the coordinator, delegated to the tenant's worker: "action status"
+my $tclaim = sub {
+	my ($endpoint, $k, $body, $ttl) = @_;
+	my $ttl_arg = $ttl ? ", ttl => '$ttl'" : '';
+	return $coord->safe_psql('postgres', qq{
+SELECT action || ' ' || coalesce(http_status::text, '-')
+FROM idempotency.idem_claim('$tt', '$endpoint', '$k', $tfp{$body}$ttl_arg)});
+};
+for my $k ([ 'POST /tomb', 't1' ], [ 'POST /strict', 't2' ])
+{
+	$coord->safe_psql('postgres', qq{
+BEGIN;
+SELECT action FROM idempotency.idem_claim('$tt', '$k->[0]', '$k->[1]', $tfp{a}, ttl => '1 s');
+SELECT idempotency.idem_finish('$tt', '$k->[0]', '$k->[1]', 201, '{}');
+COMMIT;});
+}
+
 # maintenance: the coordinator makes and drops partitions cluster-wide; a
 # worker's pass makes none
 is($away->safe_psql('postgres',
@@ -270,9 +301,10 @@ is($away->safe_psql('postgres',
 	'0', 'a worker\'s maintenance neither makes nor drops partitions');
 my $made = $coord->safe_psql('postgres', q{
 SELECT string_agg(kind, ',' ORDER BY kind) FILTER (WHERE kind = 'create') IS NOT NULL,
-       string_agg(kind, ',' ORDER BY kind) FILTER (WHERE kind = 'drop') IS NOT NULL
+       string_agg(kind, ',' ORDER BY kind) FILTER (WHERE kind = 'drop') IS NOT NULL,
+       coalesce(sum(rows) FILTER (WHERE kind = 'tombstone' AND object LIKE 'keys_p%'), 0) >= 2
 FROM idempotency.idem_maintenance(now() + interval '40 days', preview => false)});
-is($made, 't|t', 'the coordinator\'s pass 40 days on makes and drops partitions');
+is($made, 't|t|t', 'the coordinator\'s pass 40 days on makes and drops partitions, counting their tombstones');
 is($coord->safe_psql('postgres', q{
 SELECT bool_and(result::int > 0)
 FROM run_command_on_workers($$SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -283,6 +315,36 @@ SELECT bool_and(result::int = 0)
 FROM run_command_on_workers($$SELECT count(*) FROM pg_class
   WHERE relname ~ ('^keys_p' || to_char(now(), 'YYYYMMDD'))$$)}),
 	't', 'the dropped ones leave every worker');
+
+# the dropped keys left their tombstones, with their tenant, in the shard
+# colocated with the tenant's keys on its worker (the worker wrote them as
+# the drop reached its shard); claims there answer from them
+is($coord->safe_psql('postgres', qq{
+SELECT count(*) FROM idempotency.keys WHERE tenant = '$tt'}), '0', 'the keys of the dropped partition are gone');
+is($tclaim->('POST /tomb', 't1', 'b'), 'mismatch 422',
+	'an expired key reused with another payload answers 422 on the tenant\'s worker');
+is($tnode->safe_psql('postgres', qq{
+SELECT count(*) FROM idempotency.tombstones WHERE tenant = '$tt'}),
+	'2', 'the tombstones are on the tenant\'s worker, with the tenant');
+is($tclaim->('POST /strict', 't2', 'b'), 'mismatch 422', 'so does one of an endpoint with on_expired_reuse = conflict');
+is($tclaim->('POST /strict', 't2', 'a'), 'expired 409',
+	'the same payload on that endpoint answers 409 key_expired, as without Citus');
+# the key executed again lives one second, in the default partition (the
+# pass above dropped the partition that covers now): a worker's pass
+# purges it and leaves its tombstone in the same statement
+like($coord->safe_psql('postgres', qq{
+BEGIN;
+SELECT action FROM idempotency.idem_claim('$tt', 'POST /tomb', 't1', $tfp{a}, ttl => '1 s');
+SELECT idempotency.idem_finish('$tt', 'POST /tomb', 't1', 201, '{}');
+COMMIT;}), qr/^execute\n/,
+	'the same payload executes again (on_expired_reuse = execute), as without Citus');
+sleep 2;
+is($tnode->safe_psql('postgres', q{
+SELECT string_agg(kind || ' ' || rows, ', ' ORDER BY kind) FROM idempotency.idem_maintenance()
+WHERE object = 'keys_default'}),
+	'purge 1, tombstone 1', 'the worker\'s pass purges the expired key of the default partition, leaving its tombstone');
+is($tclaim->('POST /tomb', 't1', 'b'), 'mismatch 422',
+	'the key purged from the default partition answers 422 with another payload');
 
 # an endpoint policy change reaches a worker backend that had cached the old
 # one: a session on the tenant's worker claims (which caches the policy),
