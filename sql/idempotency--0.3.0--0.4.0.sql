@@ -16,6 +16,15 @@
 -- tombstones are FULL.
 ALTER TABLE idempotency.keys REPLICA IDENTITY FULL;
 ALTER TABLE idempotency.tombstones REPLICA IDENTITY FULL;
+
+-- Tombstones in the Citus mode (doc/tombstones.md, doc/scaling.md): the
+-- column tenant, NULL but in the Citus mode, by which citus_distribute now
+-- distributes idempotency.tombstones colocated with the keys.  A database
+-- distributed by 0.3.0 keeps no tombstones until citus_distribute is
+-- called again on the coordinator after this update: it distributes what
+-- is missing (the tombstones), and changes nothing else.  Here, while the
+-- table and its partitions are locked for their replica identity anyway.
+ALTER TABLE idempotency.tombstones ADD COLUMN tenant text COLLATE "C";
 DO $replica_identity$
 DECLARE
     r record;
@@ -367,13 +376,8 @@ COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb) IS
 COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb, text[]) IS
 'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body without the members named in exclude (see doc/fingerprints.md)';
 
--- Tombstones in the Citus mode (doc/tombstones.md, doc/scaling.md): the
--- column tenant, NULL but in the Citus mode, by which citus_distribute now
--- distributes idempotency.tombstones colocated with the keys.  A database
--- distributed by 0.3.0 keeps no tombstones until citus_distribute is
--- called again on the coordinator after this update: it distributes what
--- is missing (the tombstones), and changes nothing else.
-ALTER TABLE idempotency.tombstones ADD COLUMN tenant text COLLATE "C";
+-- citus_distribute and its step on the workers (sql/parts/70_citus.sql):
+-- they distribute idempotency.tombstones too (see the column tenant above)
 
 /*
  * Run on each worker by citus_distribute, before idempotency.keys and
