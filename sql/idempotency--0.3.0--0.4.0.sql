@@ -16,6 +16,15 @@
 -- tombstones are FULL.
 ALTER TABLE idempotency.keys REPLICA IDENTITY FULL;
 ALTER TABLE idempotency.tombstones REPLICA IDENTITY FULL;
+
+-- Tombstones in the Citus mode (doc/tombstones.md, doc/scaling.md): the
+-- column tenant, NULL but in the Citus mode, by which citus_distribute now
+-- distributes idempotency.tombstones colocated with the keys.  A database
+-- distributed by 0.3.0 keeps no tombstones until citus_distribute is
+-- called again on the coordinator after this update: it distributes what
+-- is missing (the tombstones), and changes nothing else.  Here, while the
+-- table and its partitions are locked for their replica identity anyway.
+ALTER TABLE idempotency.tombstones ADD COLUMN tenant text COLLATE "C";
 DO $replica_identity$
 DECLARE
     r record;
@@ -367,47 +376,67 @@ COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb) IS
 COMMENT ON FUNCTION idempotency.idem_fingerprint(text, text, jsonb, text[]) IS
 'SHA-256 over "idem-fingerprint-v1", the upper-cased method, the path and the canonical body without the members named in exclude (see doc/fingerprints.md)';
 
-/*
- * Key horizons (src/horizon.c): a claim probes only the partitions that can
- * hold its endpoint's rows.  The extension's own writes raise the horizon
- * themselves; a row written by SQL (idem_import_keys, maintenance moving
- * rows out of the default partition, a restore, a logical replication
- * apply, hence ENABLE ALWAYS) raises it from this trigger, which each
- * partition has as a clone.
- */
-CREATE FUNCTION idempotency.idem_keys_horizon_trigger()
-RETURNS trigger
-AS 'MODULE_PATHNAME', 'idem_keys_horizon_trigger'
-LANGUAGE C;
-COMMENT ON FUNCTION idempotency.idem_keys_horizon_trigger() IS
-    'Raises the key horizon of a row of idempotency.keys written by SQL (trigger keys_horizon)';
-REVOKE EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() TO idempotency_admin;
-CREATE TRIGGER keys_horizon BEFORE INSERT OR UPDATE ON idempotency.keys
-    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_keys_horizon_trigger();
-ALTER TABLE idempotency.keys ENABLE ALWAYS TRIGGER keys_horizon;
+-- citus_distribute and its step on the workers (sql/parts/70_citus.sql):
+-- they distribute idempotency.tombstones too (see the column tenant above)
 
 /*
- * Membership filters of the tombstone partitions (src/tombfilter.c): a
- * claim opens a partition only when its filter says the key may be there.
- * Every row written into the table adds its hash to its partition's filter
- * first, from this trigger, which each partition has as a clone; ALWAYS,
- * so that a logical replication apply adds them too.
+ * Run on each worker by citus_distribute, before idempotency.keys and
+ * idempotency.tombstones are distributed: drop this node's dated partitions
+ * of its local (not yet distributed) tables, which Citus would otherwise
+ * try to create again as shells of the coordinator's partitions.  Refuses
+ * when this node's keys hold rows: they would be lost.  This node's own
+ * tombstones (of keys that expired here before the Citus mode) have no
+ * tenant, by which Citus would place them: they are deleted, with a
+ * notice.  A table distributed already is left alone.
  */
-CREATE FUNCTION idempotency.idem_tombstones_filter_trigger()
-RETURNS trigger
-AS 'MODULE_PATHNAME', 'idem_tombstones_filter_trigger'
-LANGUAGE C;
-COMMENT ON FUNCTION idempotency.idem_tombstones_filter_trigger() IS
-    'Adds a tombstone written into idempotency.tombstones to its partition''s filter (trigger tombstones_filter)';
-REVOKE EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() TO idempotency_admin;
-CREATE TRIGGER tombstones_filter BEFORE INSERT OR UPDATE ON idempotency.tombstones
-    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_tombstones_filter_trigger();
-ALTER TABLE idempotency.tombstones ENABLE ALWAYS TRIGGER tombstones_filter;
+CREATE OR REPLACE FUNCTION idempotency.idem_citus_drop_local_partitions()
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r record;
+    t regclass;
+    n integer := 0;
+    gone bigint;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['idempotency.keys', 'idempotency.tombstones']::regclass[]
+    LOOP
+        CONTINUE WHEN EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                              WHERE logicalrelid = t);
+        IF t = 'idempotency.keys'::regclass AND EXISTS (SELECT FROM idempotency.keys) THEN
+            RAISE EXCEPTION 'idempotency.keys of this node holds keys'
+                USING ERRCODE = '55000',
+                      DETAIL = 'Distributing idempotency.keys drops the dated partitions of each worker''s own table of keys.',
+                      HINT = 'Move them with idem_export_keys on this node and idem_import_keys on the coordinator before distributing, or delete them.';
+        END IF;
+        IF t = 'idempotency.tombstones'::regclass THEN
+            DELETE FROM idempotency.tombstones;
+            GET DIAGNOSTICS gone = ROW_COUNT;
+            IF gone > 0 THEN
+                RAISE NOTICE 'deleted % tombstones of this node''s own expired keys', gone
+                    USING DETAIL = 'They were written before the Citus mode and name no tenant, by which Citus places tombstones; those keys are no longer refused with another payload.';
+            END IF;
+        END IF;
+        FOR r IN
+            SELECT c.oid::regclass AS rel
+            FROM pg_catalog.pg_inherits i
+            JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = t
+              AND c.oid NOT IN ('idempotency.keys_default'::regclass,
+                                'idempotency.tombstones_default'::regclass)
+            ORDER BY 1
+        LOOP
+            EXECUTE pg_catalog.format('DROP TABLE %s', r.rel);
+            n := n + 1;
+        END LOOP;
+    END LOOP;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION idempotency.idem_citus_drop_local_partitions() IS
+    'Citus mode: drop the dated partitions of this worker''s local idempotency.keys and idempotency.tombstones before they are distributed';
 
--- citus_distribute lets Citus distribute idempotency.keys with its trigger
--- keys_horizon
 CREATE OR REPLACE FUNCTION idempotency.citus_distribute(colocate_with regclass)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -422,6 +451,7 @@ DECLARE
     r record;
     f regprocedure;
     ref regclass;
+    gone bigint;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'Citus is not installed in this database'
@@ -467,7 +497,9 @@ BEGIN
         RAISE EXCEPTION 'idempotency.keys is distributed already, colocated with other tables than %', colocate_with
             USING ERRCODE = '55000',
                   HINT = 'Keys can be colocated with one group of tables only; pass a table of that group.';
-    ELSIF NOT FOUND THEN
+    END IF;
+    IF keys_coloc IS NULL OR NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                                WHERE logicalrelid = 'idempotency.tombstones'::regclass) THEN
         -- the workers' own dated partitions would clash with the shells of the coordinator's
         FOR r IN
             SELECT * FROM pg_catalog.run_command_on_workers(
@@ -479,12 +511,36 @@ BEGIN
                           HINT = 'Fix what the worker reports (it needs the extension idempotency of the same version), then call citus_distribute again.';
             END IF;
         END LOOP;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                   WHERE logicalrelid = 'idempotency.keys'::regclass) THEN
         -- its trigger keys_horizon (sql/parts/00_schema.sql) goes to the
         -- shards too; it only raises a horizon, which no node of a Citus
         -- cluster reads (src/horizon.c)
         PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
         PERFORM pg_catalog.create_distributed_table('idempotency.keys', 'tenant',
                                                     colocate_with => colocate_with::text);
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
+    END IF;
+
+    -- tombstones (doc/tombstones.md), colocated with the keys by tenant, so
+    -- that a claim on a worker reads the tombstones of its tenant there; a
+    -- database distributed by 0.3.0 gets them at this call after the update.
+    -- The coordinator's tombstones of before the Citus mode name no tenant,
+    -- by which Citus would place them: they are deleted, with a notice.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                   WHERE logicalrelid = 'idempotency.tombstones'::regclass) THEN
+        DELETE FROM idempotency.tombstones WHERE tenant IS NULL;
+        GET DIAGNOSTICS gone = ROW_COUNT;
+        IF gone > 0 THEN
+            RAISE NOTICE 'deleted % tombstones written before the Citus mode', gone
+                USING DETAIL = 'They name no tenant, by which Citus places tombstones; those expired keys are no longer refused with another payload.';
+        END IF;
+        -- likewise its trigger tombstones_filter (src/tombfilter.c: no
+        -- filter is used in the Citus mode)
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+        PERFORM pg_catalog.create_distributed_table('idempotency.tombstones', 'tenant',
+                                                    colocate_with => 'idempotency.keys');
         PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
     END IF;
 
@@ -516,3 +572,45 @@ BEGIN
     END LOOP;
 END
 $$;
+COMMENT ON FUNCTION idempotency.citus_distribute(regclass) IS
+    'Citus mode: distribute idempotency.keys and idempotency.tombstones by tenant colocated with the given table, endpoints as a reference table, the per-key functions by tenant';
+
+/*
+ * Key horizons (src/horizon.c): a claim probes only the partitions that can
+ * hold its endpoint's rows.  The extension's own writes raise the horizon
+ * themselves; a row written by SQL (idem_import_keys, maintenance moving
+ * rows out of the default partition, a restore, a logical replication
+ * apply, hence ENABLE ALWAYS) raises it from this trigger, which each
+ * partition has as a clone.
+ */
+CREATE FUNCTION idempotency.idem_keys_horizon_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_keys_horizon_trigger'
+LANGUAGE C;
+COMMENT ON FUNCTION idempotency.idem_keys_horizon_trigger() IS
+    'Raises the key horizon of a row of idempotency.keys written by SQL (trigger keys_horizon)';
+REVOKE EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() TO idempotency_admin;
+CREATE TRIGGER keys_horizon BEFORE INSERT OR UPDATE ON idempotency.keys
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_keys_horizon_trigger();
+ALTER TABLE idempotency.keys ENABLE ALWAYS TRIGGER keys_horizon;
+
+/*
+ * Membership filters of the tombstone partitions (src/tombfilter.c): a
+ * claim opens a partition only when its filter says the key may be there.
+ * Every row written into the table adds its hash to its partition's filter
+ * first, from this trigger, which each partition has as a clone; ALWAYS,
+ * so that a logical replication apply adds them too.
+ */
+CREATE FUNCTION idempotency.idem_tombstones_filter_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'idem_tombstones_filter_trigger'
+LANGUAGE C;
+COMMENT ON FUNCTION idempotency.idem_tombstones_filter_trigger() IS
+    'Adds a tombstone written into idempotency.tombstones to its partition''s filter (trigger tombstones_filter)';
+REVOKE EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() TO idempotency_admin;
+CREATE TRIGGER tombstones_filter BEFORE INSERT OR UPDATE ON idempotency.tombstones
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_tombstones_filter_trigger();
+ALTER TABLE idempotency.tombstones ENABLE ALWAYS TRIGGER tombstones_filter;
+

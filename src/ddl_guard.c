@@ -27,6 +27,12 @@
  *	  their shards), and a superuser who sets idempotency.ddl_guard = off.
  *	  Event triggers do not fire in single-user mode either.
  *
+ *	  Where Citus is installed, the trigger has one more task: a DROP TABLE
+ *	  of a shard of a partition of idempotency.keys on a worker (the
+ *	  coordinator's maintenance dropping the partition) first leaves the
+ *	  tombstones of the shard's rows, under the drop's lock
+ *	  (IdemTombstonesBeforeShardDrop in tombstone.c).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -47,6 +53,7 @@
 #include "ddl_guard.h"
 #include "guc.h"
 #include "idempotency.h"
+#include "tombstone.h"
 
 /* depth of the extension's own DDL (IdemRunOwnDDL) in this backend */
 static int	own_ddl_depth = 0;
@@ -273,6 +280,22 @@ IdemCheckCreate(EventTriggerData *trigdata, CreateStmt *stmt)
 	}
 }
 
+/* The Citus mode: the tables a DROP TABLE names, to tombstone.c */
+static void
+IdemCitusDrop(DropStmt *stmt)
+{
+	ListCell   *lc;
+
+	if (stmt->removeType != OBJECT_TABLE)
+		return;
+	foreach(lc, stmt->objects)
+	{
+		RangeVar   *rv = makeRangeVarFromNameList((List *) lfirst(lc));
+
+		IdemTombstonesBeforeShardDrop(RangeVarGetRelid(rv, NoLock, true));
+	}
+}
+
 PG_FUNCTION_INFO_V1(idem_ddl_guard);
 
 /*
@@ -294,8 +317,20 @@ idem_ddl_guard(PG_FUNCTION_ARGS)
 	trigdata = (EventTriggerData *) fcinfo->context;
 	parsetree = trigdata->parsetree;
 
-	if (!idem_ddl_guard_on || own_ddl_depth > 0 || creating_extension ||
-		IsBinaryUpgrade || OidIsValid(get_extension_oid("citus", true)))
+	if (creating_extension || IsBinaryUpgrade)
+		PG_RETURN_VOID();
+	if (OidIsValid(get_extension_oid("citus", true)))
+	{
+		/*
+		 * The Citus mode: a shard of a partition of keys dropped on a worker
+		 * leaves the tombstones of its rows first (tombstone.c), whoever
+		 * drops it and whatever idempotency.ddl_guard says
+		 */
+		if (IsA(parsetree, DropStmt))
+			IdemCitusDrop((DropStmt *) parsetree);
+		PG_RETURN_VOID();
+	}
+	if (!idem_ddl_guard_on || own_ddl_depth > 0)
 		PG_RETURN_VOID();
 
 	switch (nodeTag(parsetree))

@@ -147,8 +147,9 @@ IdemMaintLearnHorizons(IdemMaintPass *p)
 
 /*
  * The steps.  In the Citus mode (README "Citus") stale leases and the
- * default partition's purge run on every node, on its own shards; only the
- * coordinator makes and drops partitions, which Citus carries to the shards.
+ * default partition's purge (with its tombstones) run on every node, on its
+ * own shards; only the coordinator makes and drops partitions (of keys and
+ * of tombstones), which Citus carries to the shards.
  */
 static void
 IdemRunSteps(IdemMaintPass *p)
@@ -172,8 +173,9 @@ IdemRunSteps(IdemMaintPass *p)
 	}
 	IdemMaintStaleLeases(p);
 	IdemMaintLearnHorizons(p);
-	/* tombstones land in dated partitions, made first */
-	IdemMaintPremake(p, IDEM_PARTITIONED_TOMBSTONES);
+	/* tombstones land in dated partitions, made first (by the coordinator) */
+	if (node != IDEM_KEYS_CITUS_WORKER)
+		IdemMaintPremake(p, IDEM_PARTITIONED_TOMBSTONES);
 	IdemMaintPurgeKeysDefault(p);
 	/* a Citus worker: the coordinator makes and drops the partitions */
 	if (node == IDEM_KEYS_CITUS_WORKER)

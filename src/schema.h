@@ -33,13 +33,15 @@ typedef enum IdemSchema
  *		  diagnostics (the column keys.request_digest, the table
  *		  diagnostics_secret, the column endpoints.diagnostics).
  * 0.4.0: endpoints.resolver is text (regprocedure before); the column
- *		  endpoints.diagnostics_redact.
+ *		  endpoints.diagnostics_redact; the column tombstones.tenant, by
+ *		  which the Citus mode distributes tombstones.
  */
 #define IDEM_SCHEMA_TOMBSTONES		IDEM_SCHEMA_0_3
 #define IDEM_SCHEMA_DIAGNOSTICS		IDEM_SCHEMA_0_3
 #define IDEM_SCHEMA_RESOLVER_TEXT	IDEM_SCHEMA_0_4
 #define IDEM_SCHEMA_REDACTION		IDEM_SCHEMA_0_4
 #define IDEM_SCHEMA_HORIZONS		IDEM_SCHEMA_0_4
+#define IDEM_SCHEMA_CITUS_TOMBSTONES	IDEM_SCHEMA_0_4
 
 /*
  * The installed version, read from pg_extension once per backend and again

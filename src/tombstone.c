@@ -15,6 +15,17 @@
  *	  whose range has not ended, whose filter may hold the scope
  *	  (tombfilter.c) and that holds a block.
  *
+ *	  In the Citus mode (doc/scaling.md) the table is distributed by tenant,
+ *	  colocated with idempotency.keys: a claim, on the worker of its
+ *	  tenant's shard, probes the local shard of tombstones colocated with
+ *	  it; the purge of the default partition writes, on each worker, into
+ *	  the shard colocated with the purged one; and a partition of keys that
+ *	  the coordinator's maintenance drops leaves its tombstones on each
+ *	  worker from the DROP of its shard, under the lock of that drop
+ *	  (IdemTombstonesBeforeShardDrop, called by the DDL guard's event
+ *	  trigger), so that every row the drop removes leaves one.  All of it
+ *	  reads and writes shards by name, never through Citus's executor.
+ *
  *	  scope_hash is the first IDEM_TOMBSTONE_HASH_LEN bytes of a SHA-256
  *	  over a label, idempotency.encryption_key when it is set, and the
  *	  tenant, endpoint and key, each framed by its length.  With a key set,
@@ -33,8 +44,10 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/partition.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
@@ -42,6 +55,7 @@
 #include "partitioning/partbounds.h"
 #include "partitioning/partdesc.h"
 #include "storage/bufmgr.h"
+#include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -52,6 +66,7 @@
 #include "utils/partcache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/timestamp.h"
 
 #include "compat.h"
 #include "guc.h"
@@ -82,20 +97,56 @@ typedef struct TombstoneProbe
 
 static HTAB *tombstone_probes = NULL;
 
+/*
+ * Citus mode: whether idempotency.tombstones is distributed (unknown,
+ * no, yes), and per tenant the local shard of tombstones colocated with
+ * the tenant's shard of keys, as resolved on this node.
+ */
+static int	tombstones_distributed = -1;
+
+typedef struct TombstoneShard
+{
+	char		tenant[IDEM_SCOPE_MAX_LEN + 1]; /* hash key */
+	Oid			relid;			/* the shard here, or InvalidOid */
+} TombstoneShard;
+
+#define IDEM_TOMBSTONE_SHARDS_MAX 4096
+
+static HTAB *tombstone_shards = NULL;
+
+static void
+IdemTombstoneShardsForget(void)
+{
+	if (tombstone_shards != NULL)
+	{
+		hash_destroy(tombstone_shards);
+		tombstone_shards = NULL;
+	}
+}
+
 static void
 IdemTombstoneInvalidate(Datum arg, Oid relid)
 {
+	bool		probe_found = false;
+
 	if (!OidIsValid(relid) || relid == tombstones_relid)
-		tombstones_relid = InvalidOid;
-	if (tombstone_probes == NULL)
-		return;
-	if (OidIsValid(relid))
-		(void) hash_search(tombstone_probes, &relid, HASH_REMOVE, NULL);
-	else
 	{
-		hash_destroy(tombstone_probes);
-		tombstone_probes = NULL;
+		tombstones_relid = InvalidOid;
+		tombstones_distributed = -1;
 	}
+	if (tombstone_probes != NULL)
+	{
+		if (OidIsValid(relid))
+			(void) hash_search(tombstone_probes, &relid, HASH_REMOVE, &probe_found);
+		else
+		{
+			hash_destroy(tombstone_probes);
+			tombstone_probes = NULL;
+		}
+	}
+	/* a shard, or one of Citus's catalogs: as for the keys (keystore_rel.c) */
+	if (!probe_found)
+		IdemTombstoneShardsForget();
 }
 
 /* idempotency.tombstones, or InvalidOid where it does not exist */
@@ -129,14 +180,60 @@ IdemTombstoneRelid(void)
 }
 
 /*
+ * Citus mode: whether idempotency.tombstones is a Citus distributed table
+ * (citus_distribute of 0.4.0 on makes it one); learnt once per backend and
+ * description of the table.
+ */
+static bool
+IdemTombstonesDistributed(void)
+{
+	Oid			relid = IdemTombstoneRelidIfAny();
+
+	if (!OidIsValid(relid))
+		return false;
+	if (tombstones_distributed < 0)
+	{
+		int			result = 0;
+
+		if (OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)))
+		{
+			if (SPI_connect() != SPI_OK_CONNECT)
+				elog(ERROR, "SPI_connect failed");
+			if (SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
+									  " WHERE logicalrelid = $1",
+									  1, (Oid[]) {OIDOID},
+									  (Datum[]) {ObjectIdGetDatum(relid)},
+									  NULL, true, 1) != SPI_OK_SELECT)
+				elog(ERROR, "reading pg_dist_partition failed");
+			result = SPI_processed > 0 ? 1 : 0;
+			SPI_finish();
+		}
+		/* a description forgotten meanwhile learns it again */
+		if (relid == tombstones_relid)
+			tombstones_distributed = result;
+		return result > 0;
+	}
+	return tombstones_distributed > 0;
+}
+
+/*
  * Whether tombstones are kept at all: the schema has them (0.3.0 on), and
- * idempotency.keys is not distributed by Citus (tombstones are not
- * distributed: in the Citus mode none is written or read).
+ * where idempotency.keys is distributed by Citus, so are they (colocated
+ * with the keys: citus_distribute of 0.4.0 on; a database distributed by
+ * 0.3.0 keeps none until citus_distribute is called again).
  */
 bool
 IdemTombstonesActive(void)
 {
-	return IdemSchemaHas(IDEM_SCHEMA_TOMBSTONES) && !IdemKeystoreDistributed();
+	return IdemSchemaHas(IDEM_SCHEMA_TOMBSTONES) &&
+		(!IdemKeystoreDistributed() || IdemTombstonesDistributed());
+}
+
+/* In the Citus mode, whether tombstones are distributed and so kept. */
+static bool
+IdemTombstonesCitus(void)
+{
+	return IdemKeystoreDistributed() && IdemTombstonesDistributed();
 }
 
 bool
@@ -257,6 +354,74 @@ IdemTombstoneGetProbe(Relation part)
 	return probe;
 }
 
+/*
+ * Citus mode: the shard of idempotency.tombstones on this node that holds
+ * the tombstones of tenant, colocated with the tenant's shard of keys
+ * (which the claim has resolved and locked against moves before: a move of
+ * one is a move of both).  Cached per backend, forgotten as the shards of
+ * keys are (IdemTombstoneInvalidate).
+ */
+static Oid
+IdemTombstoneShard(const text *tenant)
+{
+	char	   *name = text_to_cstring(tenant);
+	TombstoneShard *entry;
+	IdemOwnerSection section;
+	Datum		d;
+	bool		isnull;
+	bool		found;
+	Oid			relid;
+
+	if (strlen(name) > IDEM_SCOPE_MAX_LEN)
+		elog(ERROR, "tenant longer than %d bytes", IDEM_SCOPE_MAX_LEN);
+	if (tombstone_shards != NULL &&
+		(entry = hash_search(tombstone_shards, name, HASH_FIND, NULL)) != NULL)
+		relid = entry->relid;
+	else
+	{
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
+		if (SPI_execute_with_args("SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1,"
+								  " pg_catalog.get_shard_id_for_distribution_column($1, $2)))::oid",
+								  2, (Oid[]) {OIDOID, TEXTOID},
+								  (Datum[]) {ObjectIdGetDatum(IdemTombstoneRelid()),
+									  PointerGetDatum(tenant)},
+								  NULL, true, 1) != SPI_OK_SELECT ||
+			SPI_processed != 1)
+			elog(ERROR, "resolving the shard of idempotency.tombstones failed");
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		relid = isnull ? InvalidOid : DatumGetObjectId(d);
+		IdemEndOwnerSection(&section);
+		SPI_finish();
+
+		/* bounded: emptied when full */
+		if (tombstone_shards != NULL &&
+			hash_get_num_entries(tombstone_shards) >= IDEM_TOMBSTONE_SHARDS_MAX)
+			IdemTombstoneShardsForget();
+		if (tombstone_shards == NULL)
+		{
+			HASHCTL		ctl;
+
+			ctl.keysize = IDEM_SCOPE_MAX_LEN + 1;
+			ctl.entrysize = sizeof(TombstoneShard);
+			ctl.hcxt = CacheMemoryContext;
+			tombstone_shards = hash_create("idempotency tombstone shards", 64, &ctl,
+										   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+		}
+		entry = hash_search(tombstone_shards, name, HASH_ENTER, &found);
+		entry->relid = relid;
+	}
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_SHARD_NOT_LOCAL),
+				 errmsg("the tombstones of tenant \"%s\" are not on this node", name),
+				 errdetail("idempotency.tombstones is a Citus distributed table colocated with idempotency.keys, and the shard that holds the tenant's tombstones has no placement on this node."),
+				 errhint("Call the function on the coordinator as a statement of its own, so that Citus delegates it to the tenant's node; see doc/scaling.md, \"Citus: which calls are delegated\".")));
+	pfree(name);
+	return relid;
+}
+
 bool
 IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 				  bytea **fingerprint, TimestampTz *expired_at,
@@ -268,10 +433,13 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	PartitionBoundInfo bounds;
 	Snapshot	snapshot;
 	bool		unlocked = IsolationIsSerializable();
+	/* no filter in the Citus mode: shards also receive rows by shard moves */
 	bool		filtered = !IdemKeystoreDistributed();
 	bool		found = false;
 
-	parent = table_open(IdemTombstoneRelid(), AccessShareLock);
+	/* in the Citus mode, the tenant's shard here (itself partitioned alike) */
+	parent = table_open(IdemTombstonesCitus() ? IdemTombstoneShard(scope->tenant) :
+						IdemTombstoneRelid(), AccessShareLock);
 	/* before the filters are read: a tombstone it sees had its bits set */
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	pd = RelationGetPartitionDesc(parent, true);
@@ -363,14 +531,20 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
  * INSERT that goes before it.
  */
 static char *
-IdemTombstoneSourceSql(const char *source)
+IdemTombstoneSourceOnSql(const char *source, const char *endpoints)
 {
 	return psprintf(" FROM %s s"
-					" LEFT JOIN idempotency.endpoints e ON e.endpoint = s.endpoint::text COLLATE \"C\""
+					" LEFT JOIN %s e ON e.endpoint = s.endpoint::text COLLATE \"C\""
 					" CROSS JOIN LATERAL (SELECT coalesce(e.tombstone_ttl,"
 					" pg_catalog.make_interval(secs => %d)) AS ttl) t"
 					" WHERE t.ttl > interval '0' AND s.expires_at + t.ttl > $1",
-					source, idem_tombstone_ttl);
+					source, endpoints, idem_tombstone_ttl);
+}
+
+static char *
+IdemTombstoneSourceSql(const char *source)
+{
+	return IdemTombstoneSourceOnSql(source, "idempotency.endpoints");
 }
 
 #define TOMBSTONE_INSERT_SQL \
@@ -378,13 +552,41 @@ IdemTombstoneSourceSql(const char *source)
 	" SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key)," \
 	" s.fingerprint, s.expires_at, s.expires_at + t.ttl"
 
+/* The same into target, a shard of tombstones: with the tenant (Citus) */
+#define TOMBSTONE_INSERT_SHARD_SQL \
+	"INSERT INTO %s (scope_hash, fingerprint, expired_at, expires_at, tenant)" \
+	" SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key)," \
+	" s.fingerprint, s.expires_at, s.expires_at + t.ttl, s.tenant"
+
+/*
+ * Citus mode: the shard of idempotency.endpoints (a reference table) on this
+ * node, by qualified name; the table itself where it is not distributed.
+ */
+static char *
+IdemCitusEndpointsSql(void)
+{
+	char	   *result = "idempotency.endpoints";
+
+	if (SPI_execute("SELECT pg_catalog.shard_name(s.logicalrelid, s.shardid)"
+					" FROM pg_catalog.pg_dist_shard s"
+					" JOIN pg_catalog.pg_dist_placement p USING (shardid)"
+					" JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
+					" WHERE s.logicalrelid = 'idempotency.endpoints'::pg_catalog.regclass"
+					" LIMIT 1", true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading pg_dist_shard failed");
+	if (SPI_processed == 1)
+		result = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	return result;
+}
+
 /*
  * The expired rows of the default partition of idempotency.keys leave it,
  * and those whose endpoint keeps tombstones leave one, in one statement: a
  * claim that reads with a later snapshot sees the row or its tombstone.
  */
-int64
-IdemTombstonePurgeKeysDefault(TimestampTz as_of, int64 *tombstoned)
+static int64
+IdemTombstonePurgeOne(const char *keys_default, const char *insert,
+					  TimestampTz as_of, int64 *tombstoned)
 {
 	Oid			argtypes[1] = {TIMESTAMPTZOID};
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
@@ -392,24 +594,166 @@ IdemTombstonePurgeKeysDefault(TimestampTz as_of, int64 *tombstoned)
 	int64		purged;
 	int			rc;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute_with_args(psprintf("WITH gone AS (DELETE FROM ONLY idempotency.keys_default"
+	rc = SPI_execute_with_args(psprintf("WITH gone AS (DELETE FROM ONLY %s"
 										" WHERE expires_at <= $1"
 										" RETURNING tenant, endpoint, key, fingerprint, expires_at),"
-										" made AS (" TOMBSTONE_INSERT_SQL "%s RETURNING 1)"
+										" made AS (%s RETURNING 1)"
 										" SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM made)",
-										IdemTombstoneSourceSql("gone")),
+										keys_default, insert),
 							   1, argtypes, args, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "purging idempotency.keys_default failed: %s",
-			 SPI_result_code_string(rc));
+		elog(ERROR, "purging %s failed: %s",
+			 keys_default, SPI_result_code_string(rc));
 	purged = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 										 SPI_tuptable->tupdesc, 1, &isnull));
-	*tombstoned = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-											  SPI_tuptable->tupdesc, 2, &isnull));
+	*tombstoned += DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 2, &isnull));
+	return purged;
+}
+
+int64
+IdemTombstonePurgeKeysDefault(TimestampTz as_of, int64 *tombstoned)
+{
+	int64		purged = 0;
+
+	*tombstoned = 0;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (!IdemTombstonesCitus())
+		purged = IdemTombstonePurgeOne("idempotency.keys_default",
+									   psprintf(TOMBSTONE_INSERT_SQL "%s",
+												IdemTombstoneSourceSql("gone")),
+									   as_of, tombstoned);
+	else
+	{
+		/*
+		 * Citus mode: each shard of the default partition placed on this
+		 * node (none on the coordinator), into the shard of tombstones
+		 * colocated with it
+		 */
+		char	   *endpoints = IdemCitusEndpointsSql();
+		SPITupleTable *shards;
+		uint64		nshards;
+
+		if (SPI_execute("SELECT pg_catalog.shard_name(k.logicalrelid, k.shardid),"
+						" pg_catalog.shard_name(t.logicalrelid, t.shardid)"
+						" FROM pg_catalog.pg_dist_shard k"
+						" JOIN pg_catalog.pg_dist_placement p USING (shardid)"
+						" JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
+						" JOIN pg_catalog.pg_dist_shard t"
+						"   ON t.logicalrelid = 'idempotency.tombstones'::pg_catalog.regclass"
+						"  AND t.shardminvalue = k.shardminvalue"
+						" WHERE k.logicalrelid = 'idempotency.keys_default'::pg_catalog.regclass"
+						" ORDER BY k.shardid", true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "listing the local shards of idempotency.keys_default failed");
+		shards = SPI_tuptable;
+		nshards = SPI_processed;
+		for (uint64 i = 0; i < nshards; i++)
+		{
+			char	   *keys_default = SPI_getvalue(shards->vals[i], shards->tupdesc, 1);
+			char	   *target = SPI_getvalue(shards->vals[i], shards->tupdesc, 2);
+
+			purged += IdemTombstonePurgeOne(keys_default,
+											psprintf(TOMBSTONE_INSERT_SHARD_SQL "%s", target,
+													 IdemTombstoneSourceOnSql("gone", endpoints)),
+											as_of, tombstoned);
+		}
+	}
 	SPI_finish();
 	return purged;
+}
+
+/*
+ * Citus mode, on a worker: before relid, a shard of a partition of
+ * idempotency.keys placed on this node, is dropped (the coordinator's
+ * maintenance dropping the partition, which Citus carries to each shard),
+ * take the lock the drop takes, ACCESS EXCLUSIVE on the shard's parent
+ * (the tenant's shard of keys, which every claim of its tenants holds in
+ * ROW EXCLUSIVE until it ends), then write the tombstones of all its rows
+ * as the latest snapshot sees them into the shard of tombstones colocated
+ * with it: no writer is left, so every committed row the drop removes
+ * leaves one.  Anything else (not a shard of keys, a placement moved away,
+ * tombstones not distributed) is left alone.
+ */
+void
+IdemTombstonesBeforeShardDrop(Oid relid)
+{
+	Oid			nsp;
+	Oid			parent;
+	char	   *parent_name;
+	char	   *target;
+	char	   *endpoints;
+	char	   *source;
+	IdemOwnerSection section;
+	SPIPlanPtr	plan;
+	Snapshot	latest;
+	int			rc;
+
+	if (!OidIsValid(relid) || !get_rel_relispartition(relid))
+		return;
+	nsp = get_namespace_oid("idempotency", true);
+	if (!OidIsValid(nsp) || get_rel_namespace(relid) != nsp ||
+		get_rel_relkind(relid) != RELKIND_RELATION)
+		return;
+	parent = get_partition_parent(relid, true);
+	parent_name = get_rel_name(parent);
+	/* shards are named TABLE_SHARDID */
+	if (parent_name == NULL || get_rel_namespace(parent) != nsp ||
+		strncmp(parent_name, "keys_", 5) != 0 ||
+		strspn(parent_name + 5, "0123456789") != strlen(parent_name + 5) ||
+		!IdemSchemaHas(IDEM_SCHEMA_CITUS_TOMBSTONES))
+		return;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
+	if (SPI_execute_with_args("SELECT pg_catalog.shard_name(t.logicalrelid, t.shardid)"
+							  " FROM pg_catalog.pg_dist_shard k"
+							  " JOIN pg_catalog.pg_dist_placement p USING (shardid)"
+							  " JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
+							  " JOIN pg_catalog.pg_dist_shard t"
+							  "   ON t.logicalrelid = pg_catalog.to_regclass('idempotency.tombstones')"
+							  "  AND t.shardminvalue = k.shardminvalue"
+							  " JOIN pg_catalog.pg_dist_placement tp"
+							  "   ON tp.shardid = t.shardid AND tp.groupid = g.groupid"
+							  " WHERE k.logicalrelid = 'idempotency.keys'::pg_catalog.regclass"
+							  "  AND k.shardid = $1::bigint"
+							  "  AND pg_catalog.to_regclass(pg_catalog.shard_name(t.logicalrelid,"
+							  " t.shardid)) IS NOT NULL",
+							  1, (Oid[]) {TEXTOID},
+							  (Datum[]) {CStringGetTextDatum(parent_name + 5)},
+							  NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "reading pg_dist_shard failed");
+	if (SPI_processed != 1)
+	{
+		IdemEndOwnerSection(&section);
+		SPI_finish();
+		return;
+	}
+	target = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	endpoints = IdemCitusEndpointsSql();
+
+	/* the drop's own lock, taken first, in the order the drop takes it */
+	LockRelationOid(parent, AccessExclusiveLock);
+
+	source = psprintf("(SELECT * FROM ONLY %s)",
+					  quote_qualified_identifier("idempotency", get_rel_name(relid)));
+	plan = SPI_prepare(psprintf(TOMBSTONE_INSERT_SHARD_SQL "%s", target,
+								IdemTombstoneSourceOnSql(source, endpoints)),
+					   1, (Oid[]) {TIMESTAMPTZOID});
+	if (plan == NULL)
+		elog(ERROR, "preparing the tombstones of %s failed: %s",
+			 source, SPI_result_code_string(SPI_result));
+	latest = RegisterSnapshot(GetLatestSnapshot());
+	rc = SPI_execute_snapshot(plan,
+							  (Datum[]) {TimestampTzGetDatum(GetCurrentTimestamp())},
+							  NULL, latest, InvalidSnapshot, false, true, 0);
+	UnregisterSnapshot(latest);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "writing the tombstones of %s failed: %s",
+			 source, SPI_result_code_string(rc));
+	IdemEndOwnerSection(&section);
+	SPI_finish();
 }
 
 /*

@@ -22,7 +22,8 @@
 
 /*
  * Whether claims of the endpoint honour tombstones (never in a schema
- * older than 0.3.0, which has no table of them).
+ * older than 0.3.0, which has no table of them, nor in the Citus mode
+ * while idempotency.tombstones is not distributed).
  */
 extern bool IdemTombstonesActive(void);
 extern bool IdemTombstonesOn(const IdemEndpointPolicy *policy);
@@ -51,6 +52,14 @@ extern int64 IdemTombstonesOfPartition(Oid relid, TimestampTz as_of,
 									   List *tids);
 extern int64 IdemTombstonePurgeKeysDefault(TimestampTz as_of,
 										   int64 *tombstoned);
+
+/*
+ * Citus mode, on a worker, from the DDL guard's event trigger before a DROP
+ * TABLE: when relid is a shard of a partition of idempotency.keys placed on
+ * this node, lock its parent shard as the drop will, and write the
+ * tombstones of its rows into the colocated shard of tombstones.
+ */
+extern void IdemTombstonesBeforeShardDrop(Oid relid);
 
 /*
  * For maintenance: the table, the distinct tombstone_ttl in use (the

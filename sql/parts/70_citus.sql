@@ -1,16 +1,20 @@
 -- idempotency install script: the Citus mode (doc/scaling.md, the
--- "Citus" sections).  citus_distribute makes idempotency.keys a distributed
--- table colocated by tenant with the application's tables, endpoints a
+-- "Citus" sections).  citus_distribute makes idempotency.keys (and the
+-- tombstones of expired keys) distributed tables colocated by tenant with
+-- the application's tables, endpoints a
 -- reference table, and the per-key functions distributed functions, so that
 -- a claim runs on the node that holds the tenant's shard (src/keystore_rel.c
 -- resolves that shard and refuses a tenant whose shard is elsewhere).
 
 /*
- * Run on each worker by citus_distribute, before idempotency.keys is
- * distributed: drop this node's dated partitions of its local (not yet
- * distributed) idempotency.keys, which Citus would otherwise try to create
- * again as shells of the coordinator's partitions.  Refuses when this
- * node's keys hold rows: they would be lost.
+ * Run on each worker by citus_distribute, before idempotency.keys and
+ * idempotency.tombstones are distributed: drop this node's dated partitions
+ * of its local (not yet distributed) tables, which Citus would otherwise
+ * try to create again as shells of the coordinator's partitions.  Refuses
+ * when this node's keys hold rows: they would be lost.  This node's own
+ * tombstones (of keys that expired here before the Citus mode) have no
+ * tenant, by which Citus would place them: they are deleted, with a
+ * notice.  A table distributed already is left alone.
  */
 CREATE FUNCTION idempotency.idem_citus_drop_local_partitions()
 RETURNS integer
@@ -19,34 +23,46 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r record;
+    t regclass;
     n integer := 0;
+    gone bigint;
 BEGIN
-    IF EXISTS (SELECT FROM pg_catalog.pg_dist_partition
-               WHERE logicalrelid = 'idempotency.keys'::regclass) THEN
-        RETURN 0;
-    END IF;
-    IF EXISTS (SELECT FROM idempotency.keys) THEN
-        RAISE EXCEPTION 'idempotency.keys of this node holds keys'
-            USING ERRCODE = '55000',
-                  DETAIL = 'Distributing idempotency.keys drops the dated partitions of each worker''s own table of keys.',
-                  HINT = 'Move them with idem_export_keys on this node and idem_import_keys on the coordinator before distributing, or delete them.';
-    END IF;
-    FOR r IN
-        SELECT c.oid::regclass AS rel
-        FROM pg_catalog.pg_inherits i
-        JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'idempotency.keys'::regclass
-          AND c.oid <> 'idempotency.keys_default'::regclass
-        ORDER BY 1
+    FOREACH t IN ARRAY ARRAY['idempotency.keys', 'idempotency.tombstones']::regclass[]
     LOOP
-        EXECUTE pg_catalog.format('DROP TABLE %s', r.rel);
-        n := n + 1;
+        CONTINUE WHEN EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                              WHERE logicalrelid = t);
+        IF t = 'idempotency.keys'::regclass AND EXISTS (SELECT FROM idempotency.keys) THEN
+            RAISE EXCEPTION 'idempotency.keys of this node holds keys'
+                USING ERRCODE = '55000',
+                      DETAIL = 'Distributing idempotency.keys drops the dated partitions of each worker''s own table of keys.',
+                      HINT = 'Move them with idem_export_keys on this node and idem_import_keys on the coordinator before distributing, or delete them.';
+        END IF;
+        IF t = 'idempotency.tombstones'::regclass THEN
+            DELETE FROM idempotency.tombstones;
+            GET DIAGNOSTICS gone = ROW_COUNT;
+            IF gone > 0 THEN
+                RAISE NOTICE 'deleted % tombstones of this node''s own expired keys', gone
+                    USING DETAIL = 'They were written before the Citus mode and name no tenant, by which Citus places tombstones; those keys are no longer refused with another payload.';
+            END IF;
+        END IF;
+        FOR r IN
+            SELECT c.oid::regclass AS rel
+            FROM pg_catalog.pg_inherits i
+            JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = t
+              AND c.oid NOT IN ('idempotency.keys_default'::regclass,
+                                'idempotency.tombstones_default'::regclass)
+            ORDER BY 1
+        LOOP
+            EXECUTE pg_catalog.format('DROP TABLE %s', r.rel);
+            n := n + 1;
+        END LOOP;
     END LOOP;
     RETURN n;
 END
 $$;
 COMMENT ON FUNCTION idempotency.idem_citus_drop_local_partitions() IS
-    'Citus mode: drop the dated partitions of this worker''s local idempotency.keys before it is distributed';
+    'Citus mode: drop the dated partitions of this worker''s local idempotency.keys and idempotency.tombstones before they are distributed';
 
 CREATE FUNCTION idempotency.citus_distribute(colocate_with regclass)
 RETURNS void
@@ -62,6 +78,7 @@ DECLARE
     r record;
     f regprocedure;
     ref regclass;
+    gone bigint;
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
         RAISE EXCEPTION 'Citus is not installed in this database'
@@ -107,7 +124,9 @@ BEGIN
         RAISE EXCEPTION 'idempotency.keys is distributed already, colocated with other tables than %', colocate_with
             USING ERRCODE = '55000',
                   HINT = 'Keys can be colocated with one group of tables only; pass a table of that group.';
-    ELSIF NOT FOUND THEN
+    END IF;
+    IF keys_coloc IS NULL OR NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                                WHERE logicalrelid = 'idempotency.tombstones'::regclass) THEN
         -- the workers' own dated partitions would clash with the shells of the coordinator's
         FOR r IN
             SELECT * FROM pg_catalog.run_command_on_workers(
@@ -119,12 +138,36 @@ BEGIN
                           HINT = 'Fix what the worker reports (it needs the extension idempotency of the same version), then call citus_distribute again.';
             END IF;
         END LOOP;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                   WHERE logicalrelid = 'idempotency.keys'::regclass) THEN
         -- its trigger keys_horizon (sql/parts/00_schema.sql) goes to the
         -- shards too; it only raises a horizon, which no node of a Citus
         -- cluster reads (src/horizon.c)
         PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
         PERFORM pg_catalog.create_distributed_table('idempotency.keys', 'tenant',
                                                     colocate_with => colocate_with::text);
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
+    END IF;
+
+    -- tombstones (doc/tombstones.md), colocated with the keys by tenant, so
+    -- that a claim on a worker reads the tombstones of its tenant there; a
+    -- database distributed by 0.3.0 gets them at this call after the update.
+    -- The coordinator's tombstones of before the Citus mode name no tenant,
+    -- by which Citus would place them: they are deleted, with a notice.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition
+                   WHERE logicalrelid = 'idempotency.tombstones'::regclass) THEN
+        DELETE FROM idempotency.tombstones WHERE tenant IS NULL;
+        GET DIAGNOSTICS gone = ROW_COUNT;
+        IF gone > 0 THEN
+            RAISE NOTICE 'deleted % tombstones written before the Citus mode', gone
+                USING DETAIL = 'They name no tenant, by which Citus places tombstones; those expired keys are no longer refused with another payload.';
+        END IF;
+        -- likewise its trigger tombstones_filter (src/tombfilter.c: no
+        -- filter is used in the Citus mode)
+        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+        PERFORM pg_catalog.create_distributed_table('idempotency.tombstones', 'tenant',
+                                                    colocate_with => 'idempotency.keys');
         PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'off', true);
     END IF;
 
@@ -157,4 +200,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION idempotency.citus_distribute(regclass) IS
-    'Citus mode: distribute idempotency.keys by tenant colocated with the given table, endpoints as a reference table, the per-key functions by tenant';
+    'Citus mode: distribute idempotency.keys and idempotency.tombstones by tenant colocated with the given table, endpoints as a reference table, the per-key functions by tenant';

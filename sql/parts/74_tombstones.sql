@@ -12,7 +12,12 @@ CREATE TABLE idempotency.tombstones (
     scope_hash      bytea NOT NULL,     -- idem_tombstone_hash(tenant, endpoint, key)
     fingerprint     bytea NOT NULL,     -- the expired key's
     expired_at      timestamptz NOT NULL,   -- the expired key's expires_at
-    expires_at      timestamptz NOT NULL    -- expired_at + the endpoint's tombstone_ttl
+    expires_at      timestamptz NOT NULL,   -- expired_at + the endpoint's tombstone_ttl
+    -- the Citus mode only (sql/parts/70_citus.sql): the expired key's
+    -- tenant, by which the table is distributed colocated with the keys;
+    -- NULL otherwise, where it costs no byte (the row header has room for
+    -- the null bitmap)
+    tenant          text COLLATE "C"
 ) PARTITION BY RANGE (expires_at);
 
 -- Tombstones whose expiry no dated partition covers; maintenance moves them

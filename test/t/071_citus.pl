@@ -4,8 +4,11 @@
 # then claims are delegated to the tenant's worker, racing duplicates execute
 # once, a claim for a tenant whose shard is elsewhere is refused (IK421), a
 # shard move carries the keys (and waits for a lease claim in progress),
-# maintenance partitions the whole cluster from the coordinator, and an
-# endpoint policy change reaches a worker backend that had cached it.  Then
+# maintenance partitions the whole cluster from the coordinator, tombstones
+# of expired keys answer on the tenant's worker (written as the
+# coordinator's pass drops a partition, a key committed while the drop
+# waited included, and as a worker's pass purges the default partition),
+# and an endpoint policy change reaches a worker backend that had cached it.  Then
 # online: a move in the default transfer mode (logical replication) with a
 # claim holding its lock when it starts and claims arriving while it runs,
 # citus_rebalance_start() under claims, and a worker killed with kill -9
@@ -263,6 +266,94 @@ like($ho . $he, qr/^replay\n[^\n]*IK421: the keys of tenant "acme" are not on th
 	'the same backend, which had cached the shard, refuses the tenant after the move');
 $coord->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
 
+# tombstones (doc/tombstones.md) are distributed by tenant, colocated with
+# the keys; keys of a tenant that live one second, in the dated partition
+# that covers now
+is($coord->safe_psql('postgres', q{
+SELECT partmethod::text || ' ' || (colocationid = (SELECT colocationid FROM pg_dist_partition
+                                                   WHERE logicalrelid = 'idempotency.keys'::regclass))::text
+FROM pg_dist_partition WHERE logicalrelid = 'idempotency.tombstones'::regclass}),
+	'h true', 'tombstones are distributed by tenant, colocated with the keys');
+$coord->safe_psql('postgres', q{
+INSERT INTO idempotency.endpoints (endpoint, tombstone_ttl, on_expired_reuse)
+VALUES ('POST /tomb', '90 days', 'execute'), ('POST /strict', '90 days', 'conflict')});
+my $tt = 'tomb';
+my $tnode = node_of($tt);
+my %tfp = map { $_ => qq{sha256(convert_to('$_', 'UTF8'))} } qw(a b);
+# a claim from the coordinator, delegated to the tenant's worker, rolled
+# back (an execute is not finished): "action status"
+my $tclaim = sub {
+	my ($endpoint, $k, $body) = @_;
+	return $coord->safe_psql('postgres', qq{
+BEGIN;
+SELECT action || ' ' || coalesce(http_status::text, '-')
+FROM idempotency.idem_claim('$tt', '$endpoint', '$k', $tfp{$body});
+ROLLBACK;});
+};
+for my $k ([ 'POST /tomb', 't1' ], [ 'POST /strict', 't2' ])
+{
+	$coord->safe_psql('postgres', qq{
+BEGIN;
+SELECT action FROM idempotency.idem_claim('$tt', '$k->[0]', '$k->[1]', $tfp{a}, ttl => '1 s');
+SELECT idempotency.idem_finish('$tt', '$k->[0]', '$k->[1]', 201, '{}');
+COMMIT;});
+}
+
+# The window of a drop (iso_tombstone_window on one server): a key of the
+# partition a pass drops is claimed and finished in a transaction still
+# open when the pass starts, and commits while the pass waits for it on the
+# worker.  The partitions that pass would make are made first (a pass with
+# a longer max_ttl), so that it waits at the drop and nowhere before: the
+# worker writes the tombstones under the drop's lock, so the key committed
+# meanwhile leaves one too (a pass that wrote them before taking that lock
+# would miss it).
+$coord->safe_psql('postgres',
+	q{SET idempotency.max_ttl = '9d'; SELECT count(*) FROM idempotency.idem_maintenance()});
+my ($wo, $we) = ('', '');
+my $wtimer = IPC::Run::timer(120);
+my $wheld = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $coord->connstr('postgres') ],
+	'<', \my $win2, '>', \$wo, '2>', \$we, $wtimer);
+$win2 = qq{BEGIN;
+SELECT action FROM idempotency.idem_claim('$tt', 'POST /tomb', 'w1', $tfp{a}, ttl => '1 s');
+SELECT idempotency.idem_finish('$tt', 'POST /tomb', 'w1', 201, '{}');
+SELECT 'claimed';
+};
+$wheld->pump until $wo =~ /claimed/ || $we ne '' || $wtimer->is_expired;
+is($wo =~ s/\n+/ /gr, 'execute claimed ', 'a key of the partition about to be dropped is claimed and finished, uncommitted');
+my ($po, $pe) = ('', '');
+my $pass = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-A', '-t', '-d', $coord->connstr('postgres'), '-c', q{
+SELECT count(*) FILTER (WHERE kind = 'create'),
+       count(*) FILTER (WHERE kind = 'drop' AND object LIKE 'keys_p%') > 0,
+       coalesce(sum(rows) FILTER (WHERE kind = 'tombstone' AND object LIKE 'keys_p%'), 0) >= 2
+FROM idempotency.idem_maintenance(now() + interval '1 day', preview => false)} ],
+	'>', \$po, '2>', \$pe, IPC::Run::timeout(300));
+ok( $tnode->poll_query_until('postgres', q{
+SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND backend_type = 'client backend'}),
+	'the pass waits on the tenant\'s worker for the open transaction');
+$win2 .= "COMMIT;\n\\q\n";
+$wheld->finish;
+is($we, '', 'the open transaction commits while the pass waits');
+$pass->finish;
+is($po . $pe, "0|t|t\n", 'the coordinator\'s pass a day on makes no partition, drops the one of those keys and counts their tombstones');
+
+# the dropped keys left their tombstones, with their tenant, in the shard
+# colocated with the tenant's keys on its worker (the worker wrote them as
+# the drop reached its shard); claims there answer from them
+is($coord->safe_psql('postgres', qq{
+SELECT count(*) FROM idempotency.keys WHERE tenant = '$tt'}), '0', 'the keys of the dropped partition are gone');
+is($tclaim->('POST /tomb', 't1', 'b'), 'mismatch 422',
+	'an expired key reused with another payload answers 422 on the tenant\'s worker');
+is($tclaim->('POST /tomb', 'w1', 'b'), 'mismatch 422',
+	'so does the key committed while the pass waited to drop its partition');
+is($tnode->safe_psql('postgres', qq{
+SELECT count(*) FROM idempotency.tombstones WHERE tenant = '$tt'}),
+	'3', 'the tombstones are on the tenant\'s worker, with the tenant');
+is($tclaim->('POST /strict', 't2', 'b'), 'mismatch 422', 'so does one of an endpoint with on_expired_reuse = conflict');
+is($tclaim->('POST /strict', 't2', 'a'), 'expired 409',
+	'the same payload on that endpoint answers 409 key_expired, as without Citus');
+
 # maintenance: the coordinator makes and drops partitions cluster-wide; a
 # worker's pass makes none
 is($away->safe_psql('postgres',
@@ -283,6 +374,23 @@ SELECT bool_and(result::int = 0)
 FROM run_command_on_workers($$SELECT count(*) FROM pg_class
   WHERE relname ~ ('^keys_p' || to_char(now(), 'YYYYMMDD'))$$)}),
 	't', 'the dropped ones leave every worker');
+
+# the same payload executes again; the key lives one second, in the default
+# partition (the pass above dropped the partition that covers now): a
+# worker's pass purges it and leaves its tombstone in the same statement
+like($coord->safe_psql('postgres', qq{
+BEGIN;
+SELECT action FROM idempotency.idem_claim('$tt', 'POST /tomb', 't1', $tfp{a}, ttl => '1 s');
+SELECT idempotency.idem_finish('$tt', 'POST /tomb', 't1', 201, '{}');
+COMMIT;}), qr/^execute\n/,
+	'the same payload executes again (on_expired_reuse = execute), as without Citus');
+sleep 2;
+is($tnode->safe_psql('postgres', q{
+SELECT string_agg(kind || ' ' || rows, ', ' ORDER BY kind) FROM idempotency.idem_maintenance()
+WHERE object = 'keys_default'}),
+	'purge 1, tombstone 1', 'the worker\'s pass purges the expired key of the default partition, leaving its tombstone');
+is($tclaim->('POST /tomb', 't1', 'b'), 'mismatch 422',
+	'the key purged from the default partition answers 422 with another payload');
 
 # an endpoint policy change reaches a worker backend that had cached the old
 # one: a session on the tenant's worker claims (which caches the policy),
