@@ -39,9 +39,7 @@
  */
 #include "postgres.h"
 
-#include "access/relscan.h"
 #include "access/table.h"
-#include "access/tableam.h"
 #include "access/xlog.h"
 #include "catalog/partition.h"
 #include "catalog/pg_inherits.h"
@@ -277,49 +275,35 @@ typedef struct LearnedEntry
 	TimestampTz horizon;
 } LearnedEntry;
 
-/* Every row version of one partition, into learned. */
-static int64
-IdemHorizonLearnPartition(Oid partoid, HTAB *learned)
+/* what a learning reads of one partition, into learned */
+typedef struct LearnState
 {
-	Relation	part = table_open(partoid, AccessShareLock);
-	AttrNumber	a_endpoint = get_attnum(partoid, "endpoint");
-	AttrNumber	a_expires = get_attnum(partoid, "expires_at");
-	TableScanDesc scan;
-	TupleTableSlot *slot;
-	int64		n = 0;
+	HTAB	   *learned;
+	AttrNumber	a_endpoint;
+	AttrNumber	a_expires;
+} LearnState;
 
-	if (a_endpoint == InvalidAttrNumber || a_expires == InvalidAttrNumber)
-		elog(ERROR, "partition \"%s\" of idempotency.keys lacks endpoint or expires_at",
-			 RelationGetRelationName(part));
-	slot = table_slot_create(part, NULL);
-	/* committed, in progress, prepared or dead: a horizon may be too late */
-	scan = table_beginscan(part, SnapshotAny, 0, NULL);
-	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
-	{
-		bool		isnull;
-		text	   *endpoint;
-		TimestampTz expires;
-		uint64		ephash;
-		LearnedEntry *le;
-		bool		found;
+static void
+IdemHorizonLearnRow(TupleTableSlot *slot, void *arg)
+{
+	LearnState *ls = arg;
+	bool		isnull;
+	text	   *endpoint;
+	TimestampTz expires;
+	uint64		ephash;
+	LearnedEntry *le;
+	bool		found;
 
-		CHECK_FOR_INTERRUPTS();
-		endpoint = DatumGetTextPP(slot_getattr(slot, a_endpoint, &isnull));
-		if (isnull)
-			continue;
-		expires = DatumGetTimestampTz(slot_getattr(slot, a_expires, &isnull));
-		if (isnull)
-			continue;
-		ephash = IdemHorizonHash(VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
-		le = hash_search(learned, &ephash, HASH_ENTER, &found);
-		if (!found || le->horizon <= expires)
-			le->horizon = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
-		n++;
-	}
-	table_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	table_close(part, NoLock);
-	return n;
+	endpoint = DatumGetTextPP(slot_getattr(slot, ls->a_endpoint, &isnull));
+	if (isnull)
+		return;
+	expires = DatumGetTimestampTz(slot_getattr(slot, ls->a_expires, &isnull));
+	if (isnull)
+		return;
+	ephash = IdemHorizonHash(VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
+	le = hash_search(ls->learned, &ephash, HASH_ENTER, &found);
+	if (!found || le->horizon <= expires)
+		le->horizon = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
 }
 
 int64
@@ -368,8 +352,17 @@ IdemHorizonLearn(Oid relid)
 	{
 		Oid			partoid = lfirst_oid(lc);
 
-		if (get_rel_relkind(partoid) == RELKIND_RELATION)
-			n += IdemHorizonLearnPartition(partoid, learned);
+		LearnState	ls;
+
+		if (get_rel_relkind(partoid) != RELKIND_RELATION)
+			continue;
+		ls.learned = learned;
+		ls.a_endpoint = get_attnum(partoid, "endpoint");
+		ls.a_expires = get_attnum(partoid, "expires_at");
+		if (ls.a_endpoint == InvalidAttrNumber || ls.a_expires == InvalidAttrNumber)
+			elog(ERROR, "partition %u of idempotency.keys lacks endpoint or expires_at",
+				 partoid);
+		n += IdemScanRowVersions(partoid, IdemHorizonLearnRow, &ls);
 	}
 
 	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
@@ -397,10 +390,10 @@ PG_FUNCTION_INFO_V1(idem_keys_horizon_trigger);
 Datum
 idem_keys_horizon_trigger(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	HeapTuple	tuple;
-	TupleDesc	desc;
 	Relation	rel;
+	HeapTuple	tuple = IdemBeforeRowTriggerTuple(fcinfo, "idem_keys_horizon_trigger",
+												  &rel);
+	TupleDesc	desc = RelationGetDescr(rel);
 	Oid			relid;
 	int			a_endpoint;
 	int			a_expires;
@@ -408,16 +401,6 @@ idem_keys_horizon_trigger(PG_FUNCTION_ARGS)
 	Datum		endpoint;
 	TimestampTz expires;
 
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("idem_keys_horizon_trigger must be fired before insert or update, for each row")));
-	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
-		trigdata->tg_newtuple : trigdata->tg_trigtuple;
-	rel = trigdata->tg_relation;
-	desc = RelationGetDescr(rel);
 	a_endpoint = get_attnum(RelationGetRelid(rel), "endpoint");
 	a_expires = get_attnum(RelationGetRelid(rel), "expires_at");
 	/* horizons are kept for the top of the tree, as writers name it */

@@ -15,9 +15,12 @@
 
 #include "postgres.h"
 
+#include "access/htup.h"
 #include "datatype/timestamp.h"
+#include "executor/tuptable.h"
 #include "fmgr.h"
 #include "utils/inval.h"
+#include "utils/relcache.h"
 
 /*
  * SQLSTATEs of the extension's own, in class "IK" (idempotency key).  The
@@ -73,6 +76,25 @@ extern void IdemRequireReadWrite(FunctionCallInfo fcinfo);
  * function called in SQL).
  */
 extern void IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname);
+
+/*
+ * The new row of a BEFORE INSERT OR UPDATE ... FOR EACH ROW trigger, and in
+ * *rel the relation it is written into; raise when funcname was called
+ * otherwise.
+ */
+extern HeapTuple IdemBeforeRowTriggerTuple(FunctionCallInfo fcinfo,
+										   const char *funcname,
+										   Relation *rel);
+
+/*
+ * Call fn on every row version of the table relid (committed, in progress,
+ * prepared or dead: SnapshotAny), which it locks in ACCESS SHARE; returns
+ * how many.  For the learning of what shared memory keeps of a table, where
+ * a row too many is harmless and a row missed is not.
+ */
+extern int64 IdemScanRowVersions(Oid relid,
+								 void (*fn) (TupleTableSlot *slot, void *arg),
+								 void *arg);
 
 /*
  * Act as role (with SECURITY_LOCAL_USERID_CHANGE and extra_sec_context

@@ -42,9 +42,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
-#include "access/relscan.h"
 #include "access/table.h"
-#include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/partition.h"
@@ -446,49 +444,48 @@ IdemTombFilterForgetOthers(Oid parent)
 	}
 }
 
+typedef struct AddAllState
+{
+	Oid			parent;
+	Oid			partoid;
+	AttrNumber	a_hash;
+} AddAllState;
+
+static void
+IdemTombFilterAddRow(TupleTableSlot *slot, void *arg)
+{
+	AddAllState *st = arg;
+	bool		isnull;
+	bytea	   *h = DatumGetByteaPP(slot_getattr(slot, st->a_hash, &isnull));
+
+	if (!isnull && VARSIZE_ANY_EXHDR(h) >= IDEM_TOMBFILTER_HASH_LEN)
+		IdemTombFilterAdd(st->parent, st->partoid, (const uint8 *) VARDATA_ANY(h));
+}
+
 /* Every row version of one partition, into its filter. */
 int64
 IdemTombFilterAddAll(Oid parent, Oid partoid)
 {
-	Relation	part = table_open(partoid, AccessShareLock);
-	AttrNumber	a_hash = get_attnum(partoid, "scope_hash");
-	/* about 70 tombstones fit a page */
-	int64		hint = (int64) RelationGetNumberOfBlocks(part) * 70;
-	TableScanDesc scan;
-	TupleTableSlot *slot;
-	int64		n = 0;
+	AddAllState st;
 
-	if (a_hash == InvalidAttrNumber)
-		elog(ERROR, "partition \"%s\" of idempotency.tombstones lacks scope_hash",
-			 RelationGetRelationName(part));
+	st.parent = parent;
+	st.partoid = partoid;
+	st.a_hash = get_attnum(partoid, "scope_hash");
+	if (st.a_hash == InvalidAttrNumber)
+		elog(ERROR, "partition %u of idempotency.tombstones lacks scope_hash", partoid);
 	if (tf_hash == NULL || IdemTombFilterArea() == NULL)
-	{
-		table_close(part, NoLock);
 		return 0;
-	}
-	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-	(void) IdemTombFilterEntryOf(parent, partoid, hint);
-	LWLockRelease(tf_shared->lock);
-
-	slot = table_slot_create(part, NULL);
-	/* committed, in progress, prepared or dead: a bit too many is harmless */
-	scan = table_beginscan(part, SnapshotAny, 0, NULL);
-	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	/* sized for what the file holds (about 70 tombstones a page) */
 	{
-		bool		isnull;
-		bytea	   *h;
+		Relation	part = table_open(partoid, AccessShareLock);
+		int64		hint = (int64) RelationGetNumberOfBlocks(part) * 70;
 
-		CHECK_FOR_INTERRUPTS();
-		h = DatumGetByteaPP(slot_getattr(slot, a_hash, &isnull));
-		if (isnull || VARSIZE_ANY_EXHDR(h) < IDEM_TOMBFILTER_HASH_LEN)
-			continue;
-		IdemTombFilterAdd(parent, partoid, (const uint8 *) VARDATA_ANY(h));
-		n++;
+		table_close(part, NoLock);
+		LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+		(void) IdemTombFilterEntryOf(parent, partoid, hint);
+		LWLockRelease(tf_shared->lock);
 	}
-	table_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	table_close(part, NoLock);
-	return n;
+	return IdemScanRowVersions(partoid, IdemTombFilterAddRow, &st);
 }
 
 int64
@@ -625,22 +622,13 @@ static AttrNumber last_attnum = InvalidAttrNumber;
 Datum
 idem_tombstones_filter_trigger(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	HeapTuple	tuple;
 	Relation	rel;
+	HeapTuple	tuple = IdemBeforeRowTriggerTuple(fcinfo, "idem_tombstones_filter_trigger",
+												  &rel);
 	int			a_hash;
 	bool		isnull;
 	Datum		d;
 
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("idem_tombstones_filter_trigger must be fired before insert or update, for each row")));
-	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
-		trigdata->tg_newtuple : trigdata->tg_trigtuple;
-	rel = trigdata->tg_relation;
 	if (tf_hash == NULL || !rel->rd_rel->relispartition)
 		return PointerGetDatum(tuple);
 	/* a statement writes many rows into few partitions */
