@@ -100,5 +100,48 @@ is($node->safe_psql('postgres',
 	'mismatch', 'after learning: the tombstone written before the crash is found');
 is(tombstone_partitions_opened(), '0', 'after learning: a new key opens no tombstone partition');
 
+# One client exhausting the shared table of horizons (4,096 entries): the
+# endpoints that find no entry share their database's horizon, and a key of
+# each is still found.
+$node->safe_psql('postgres', q{
+SET idempotency.max_claims_per_transaction = 5000;
+DO $$
+BEGIN
+    FOR i IN 1 .. 4200 LOOP
+        PERFORM idempotency.idem_claim('t', 'POST /many/' || i, 'k', sha256('a'), ttl => '1 day');
+        PERFORM idempotency.idem_finish('t', 'POST /many/' || i, 'k', 201, '{}');
+    END LOOP;
+END $$;
+BEGIN;
+SELECT idempotency.idem_claim('t', 'POST /many/last', 'long', sha256('a'), ttl => '20 days');
+SELECT idempotency.idem_finish('t', 'POST /many/last', 'long', 201, '{}');
+COMMIT;});
+is($node->safe_psql('postgres', q{
+SELECT count(*) FILTER (WHERE (idempotency.idem_claim('t', 'POST /many/' || i, 'k', sha256('a'))).action = 'replay')
+FROM generate_series(1, 4200) i}), '4200', 'with the table of horizons full, every key is found');
+is($node->safe_psql('postgres',
+		q{SELECT action FROM idempotency.idem_claim('t', 'POST /many/last', 'long', sha256('a'))}),
+	'replay', 'and a 20-day key of an endpoint without an entry too');
+
 $node->stop;
+
+# Tombstone filters out of memory: with 96 kB, the filter of a partition
+# holding many tombstones cannot grow; it is logged once, the partition is
+# probed by every claim, and its tombstones answer.
+my $small = idem_node('filters_small', conf => qq{
+idempotency.enable_worker = off
+idempotency.tombstone_filter_memory = '96kB'
+});
+$small->safe_psql('postgres', q{
+SELECT count(*) FROM idempotency.idem_maintenance();
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+SELECT idempotency.idem_tombstone_hash('t', 'POST /s', 'k' || i), sha256('a'),
+       now() - interval '1 day', now() + interval '20 days'
+FROM generate_series(1, 50000) i;});
+is($small->safe_psql('postgres', q{
+SELECT count(*) FILTER (WHERE (idempotency.idem_claim('t', 'POST /s', 'k' || i, sha256('b'))).action = 'mismatch')
+FROM generate_series(1, 50000, 997) i}), '51', 'the tombstones of a partition whose filter is full answer');
+ok($small->log_contains('the tombstone filters are full'), 'a full filter memory is logged');
+$small->stop;
+
 done_testing();
