@@ -266,44 +266,38 @@ IdemProbeIndex(Relation parent, Relation part, Relation idx,
 }
 
 /*
- * Whether partition p may hold a row of the scope expiring in [from,
- * horizon): a dated partition when its range meets that span, the default
- * partition when a part of the span is covered by no dated partition
- * (PostgreSQL keeps a row out of the default partition when a dated one
- * covers it).  Bounds other than values are taken to meet any span.
+ * Which partitions may hold a row of the scope expiring in [from, horizon),
+ * into may_hold (nparts entries), in one pass over the bounds: a dated
+ * partition when its range meets that span, the default partition when a
+ * part of the span is covered by no dated partition (PostgreSQL keeps a row
+ * out of the default partition when a dated one covers it).  Bounds other
+ * than values are taken to meet any span.
  */
-static bool
-IdemMayHold(PartitionBoundInfo bounds, int p, TimestampTz from,
-			TimestampTz horizon)
+static void
+IdemPartitionsMayHold(PartitionBoundInfo bounds, int nparts, TimestampTz from,
+					  TimestampTz horizon, bool *may_hold)
 {
-	if (bounds == NULL)
-		return true;
-	for (int j = 0; j <= bounds->ndatums; j++)
+	memset(may_hold, bounds == NULL, sizeof(bool) * nparts);
+	for (int j = 0; bounds != NULL && j <= bounds->ndatums; j++)
 	{
 		TimestampTz lower = DT_NOBEGIN;
 		TimestampTz upper = DT_NOEND;
+		int			p = bounds->indexes[j] >= 0 ? bounds->indexes[j] : bounds->default_index;
 
+		if ((j > 0 && bounds->kind[j - 1][0] != PARTITION_RANGE_DATUM_VALUE) ||
+			(j < bounds->ndatums && bounds->kind[j][0] != PARTITION_RANGE_DATUM_VALUE))
+		{
+			memset(may_hold, true, sizeof(bool) * nparts);
+			return;
+		}
 		if (j > 0)
-		{
-			if (bounds->kind[j - 1][0] != PARTITION_RANGE_DATUM_VALUE)
-				return true;
 			lower = DatumGetTimestampTz(bounds->datums[j - 1][0]);
-		}
 		if (j < bounds->ndatums)
-		{
-			if (bounds->kind[j][0] != PARTITION_RANGE_DATUM_VALUE)
-				return true;
 			upper = DatumGetTimestampTz(bounds->datums[j][0]);
-		}
 		/* [lower, upper) is partition indexes[j]'s range, or a gap at -1 */
-		if (bounds->indexes[j] == p ||
-			(bounds->indexes[j] < 0 && p == bounds->default_index))
-		{
-			if (lower < horizon && upper > from)
-				return true;
-		}
+		if (p >= 0 && lower < horizon && upper > from)
+			may_hold[p] = true;
 	}
-	return false;
 }
 
 /*
@@ -329,6 +323,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	TupleTableSlot *parent_slot = NULL;
 	Snapshot	snapshot;
 	Oid		   *oids;
+	bool	   *may_hold;
 	TimestampTz horizon;
 	int			nparts;
 	int			first;
@@ -350,14 +345,16 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 
 	/* the partitions to probe, the one that covers hint first */
 	oids = palloc(sizeof(Oid) * Max(nparts, 1));
+	may_hold = palloc(sizeof(bool) * Max(nparts, 1));
+	IdemPartitionsMayHold(bounds, nparts, st->ended_too ? DT_NOBEGIN : now,
+						  horizon, may_hold);
 	first = IdemPartitionFor(parent, pd, hint);
 	n = 0;
-	if (first >= 0 && IdemMayHold(bounds, first, st->ended_too ? DT_NOBEGIN : now, horizon))
+	if (first >= 0 && may_hold[first])
 		oids[n++] = pd->oids[first];
 	for (int p = 0; p < nparts; p++)
 	{
-		if (p != first &&
-			IdemMayHold(bounds, p, st->ended_too ? DT_NOBEGIN : now, horizon))
+		if (p != first && may_hold[p])
 			oids[n++] = pd->oids[p];
 	}
 
@@ -397,6 +394,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 		ExecDropSingleTupleTableSlot(parent_slot);
 	UnregisterSnapshot(snapshot);
 	pfree(oids);
+	pfree(may_hold);
 	if (is_shard)
 		table_close(layout, NoLock);
 	table_close(parent, NoLock);

@@ -396,34 +396,55 @@ IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash)
 	LWLockRelease(tf_shared->lock);
 }
 
-bool
-IdemTombFilterMaybe(Oid parent, Oid partoid, const uint8 *hash)
+/* Whether partoid may hold hash, under the shared lock; db is known. */
+static bool
+IdemTombFilterMaybeLocked(TombFilterEntry *db, Oid parent, Oid partoid,
+						  const uint8 *hash)
+{
+	TombFilterKey key;
+	TombFilterEntry *e;
+	bool		maybe;
+
+	IdemTombFilterKeyOf(&key, parent, partoid);
+	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+	if (e == NULL)
+		return db->overflow;	/* else nothing was ever written there */
+	if (e->unfiltered)
+		return true;
+	maybe = false;
+	for (int i = 0; i < e->ngens && !maybe; i++)
+		maybe = IdemTombFilterGenHas(dsa_get_address(tf_area, e->gens[i]), hash);
+	return maybe;
+}
+
+/* The database's entry when its filters are known, under the lock. */
+static TombFilterEntry *
+IdemTombFilterKnownLocked(Oid parent)
 {
 	TombFilterKey key;
 	TombFilterEntry *db;
-	TombFilterEntry *e;
-	bool		maybe = true;
 
-	if (!IdemTombFilterUsable())
-		return true;
-	LWLockAcquire(tf_shared->lock, LW_SHARED);
 	IdemTombFilterKeyOf(&key, parent, InvalidOid);
 	db = hash_search(tf_hash, &key, HASH_FIND, NULL);
-	if (db != NULL && db->known)
+	return db != NULL && db->known ? db : NULL;
+}
+
+void
+IdemTombFilterSkip(Oid parent, const Oid *partoids, int n, const uint8 *hash,
+				   bool *skip)
+{
+	TombFilterEntry *db;
+
+	if (!IdemTombFilterUsable())
+		return;
+	LWLockAcquire(tf_shared->lock, LW_SHARED);
+	db = IdemTombFilterKnownLocked(parent);
+	for (int i = 0; db != NULL && i < n; i++)
 	{
-		key.partoid = partoid;
-		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-		if (e == NULL)
-			maybe = db->overflow;	/* else nothing was ever written there */
-		else if (!e->unfiltered)
-		{
-			maybe = false;
-			for (int i = 0; i < e->ngens && !maybe; i++)
-				maybe = IdemTombFilterGenHas(dsa_get_address(tf_area, e->gens[i]), hash);
-		}
+		if (!skip[i] && !IdemTombFilterMaybeLocked(db, parent, partoids[i], hash))
+			skip[i] = true;
 	}
 	LWLockRelease(tf_shared->lock);
-	return maybe;
 }
 
 /* Forget the entries of an earlier tombstones table of this database. */

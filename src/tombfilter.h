@@ -18,13 +18,13 @@
 extern void IdemTombFilterInit(void);
 
 /*
- * Whether partition partoid of the tombstones table parent may hold a
- * tombstone of hash.  True whenever the filters are not known (not
- * preloaded, not learned since the server started, in recovery, out of
- * memory for this partition); false only when no tombstone of hash was
- * ever written into the partition since.
+ * Of the n partitions partoids of the tombstones table parent, set skip[i]
+ * for each that holds no tombstone of hash: its filter says so.  Sets none
+ * whenever the filters are not known (not preloaded, not learned since the
+ * server started, in recovery; a partition without room for its filter).
  */
-extern bool IdemTombFilterMaybe(Oid parent, Oid partoid, const uint8 *hash);
+extern void IdemTombFilterSkip(Oid parent, const Oid *partoids, int n,
+							   const uint8 *hash, bool *skip);
 
 /* Before a tombstone of hash is written into partition partoid of parent. */
 extern void IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash);

@@ -435,6 +435,7 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	bool		unlocked = IsolationIsSerializable();
 	/* no filter in the Citus mode: shards also receive rows by shard moves */
 	bool		filtered = !IdemKeystoreDistributed();
+	bool	   *skip;
 	bool		found = false;
 
 	/* in the Citus mode, the tenant's shard here (itself partitioned alike) */
@@ -445,9 +446,25 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	pd = RelationGetPartitionDesc(parent, true);
 	bounds = pd->boundinfo;
 
+	/*
+	 * The partitions to skip, in one pass over the bounds: those whose range
+	 * ended hold only expired tombstones, those whose filter does not know
+	 * the scope hold none of it.
+	 */
+	skip = palloc0(sizeof(bool) * Max(pd->nparts, 1));
+	for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
+	{
+		if (bounds->indexes[j] >= 0 &&
+			bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
+			DatumGetTimestampTz(bounds->datums[j][0]) <= now)
+			skip[bounds->indexes[j]] = true;
+	}
+	if (filtered)
+		IdemTombFilterSkip(RelationGetRelid(parent), pd->oids, pd->nparts,
+						   (const uint8 *) VARDATA(hash), skip);
+
 	for (int p = 0; p < pd->nparts; p++)
 	{
-		bool		ended = false;
 		Relation	part;
 		Relation	idx;
 		TombstoneProbe probe;
@@ -455,20 +472,7 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 		IndexScanDesc scan;
 		TupleTableSlot *slot;
 
-		/* a partition whose range ended holds only expired tombstones */
-		for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
-		{
-			if (bounds->indexes[j] == p &&
-				bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
-				DatumGetTimestampTz(bounds->datums[j][0]) <= now)
-				ended = true;
-		}
-		if (ended)
-			continue;
-		/* a partition whose filter does not know the scope holds none of it */
-		if (filtered &&
-			!IdemTombFilterMaybe(RelationGetRelid(parent), pd->oids[p],
-								 (const uint8 *) VARDATA(hash)))
+		if (skip[p])
 			continue;
 
 		/* as for the keys: a partition without a block holds no row */
@@ -520,6 +524,7 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	UnregisterSnapshot(snapshot);
 	table_close(parent, NoLock);
 	pfree(hash);
+	pfree(skip);
 	return found;
 }
 

@@ -12,6 +12,9 @@ SELECT current_setting('shared_preload_libraries') !~ 'idempotency' AS not_prelo
 \endif
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
+-- start from an empty store, whatever earlier tests left
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency;
 RESET client_min_messages;
 \getenv abs_srcdir PG_ABS_SRCDIR
 \i :abs_srcdir/include/helpers.sql
