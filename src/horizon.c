@@ -41,7 +41,6 @@
 
 #include "access/table.h"
 #include "access/xlog.h"
-#include "catalog/partition.h"
 #include "catalog/pg_inherits.h"
 #include "commands/trigger.h"
 #include "common/hashfn.h"
@@ -401,12 +400,12 @@ idem_keys_horizon_trigger(PG_FUNCTION_ARGS)
 	Datum		endpoint;
 	TimestampTz expires;
 
+	if (horizon_hash == NULL)
+		return PointerGetDatum(tuple);	/* no horizon is kept */
 	a_endpoint = get_attnum(RelationGetRelid(rel), "endpoint");
 	a_expires = get_attnum(RelationGetRelid(rel), "expires_at");
 	/* horizons are kept for the top of the tree, as writers name it */
-	relid = rel->rd_rel->relispartition ?
-		llast_oid(get_partition_ancestors(RelationGetRelid(rel))) :
-		RelationGetRelid(rel);
+	relid = IdemPartitionRoot(rel);
 	if (a_endpoint > 0 && a_expires > 0)
 	{
 		endpoint = heap_getattr(tuple, a_endpoint, desc, &isnull);

@@ -87,6 +87,13 @@ extern HeapTuple IdemBeforeRowTriggerTuple(FunctionCallInfo fcinfo,
 										   Relation *rel);
 
 /*
+ * The root of the partition tree rel belongs to (rel itself when it is no
+ * partition).  For row triggers: remembers the last relation asked about,
+ * since a statement writes many rows into few partitions.
+ */
+extern Oid	IdemPartitionRoot(Relation rel);
+
+/*
  * Call fn on every row version of the table relid (committed, in progress,
  * prepared or dead: SnapshotAny), which it locks in ACCESS SHARE; returns
  * how many.  For the learning of what shared memory keeps of a table, where

@@ -45,7 +45,6 @@
 #include "access/table.h"
 #include "access/xact.h"
 #include "access/xlog.h"
-#include "catalog/partition.h"
 #include "catalog/pg_inherits.h"
 #include "commands/trigger.h"
 #include "executor/tuptable.h"
@@ -624,15 +623,6 @@ IdemTombFilterDropped(Oid parent, Oid partoid)
 
 PG_FUNCTION_INFO_V1(idem_tombstones_filter_trigger);
 
-/*
- * The partition the trigger last fired for, its parent and attribute.  A
- * relation's OID names it until it is dropped, and a partition of the
- * tombstones is never attached elsewhere, so these stay right; a dropped
- * partition's OID reused by a new one would need many intervening OIDs.
- */
-static Oid	last_partoid = InvalidOid;
-static Oid	last_parent = InvalidOid;
-static AttrNumber last_attnum = InvalidAttrNumber;
 
 /*
  * idem_tombstones_filter_trigger() RETURNS trigger: BEFORE INSERT OR UPDATE
@@ -652,15 +642,7 @@ idem_tombstones_filter_trigger(PG_FUNCTION_ARGS)
 
 	if (tf_hash == NULL || !rel->rd_rel->relispartition)
 		return PointerGetDatum(tuple);
-	/* a statement writes many rows into few partitions */
-	if (RelationGetRelid(rel) != last_partoid)
-	{
-		last_partoid = InvalidOid;
-		last_parent = llast_oid(get_partition_ancestors(RelationGetRelid(rel)));
-		last_attnum = get_attnum(RelationGetRelid(rel), "scope_hash");
-		last_partoid = RelationGetRelid(rel);
-	}
-	a_hash = last_attnum;
+	a_hash = get_attnum(RelationGetRelid(rel), "scope_hash");
 	if (a_hash > 0)
 	{
 		d = heap_getattr(tuple, a_hash, RelationGetDescr(rel), &isnull);
@@ -669,7 +651,7 @@ idem_tombstones_filter_trigger(PG_FUNCTION_ARGS)
 			bytea	   *h = DatumGetByteaPP(d);
 
 			if (VARSIZE_ANY_EXHDR(h) >= IDEM_TOMBFILTER_HASH_LEN)
-				IdemTombFilterAdd(last_parent, last_partoid,
+				IdemTombFilterAdd(IdemPartitionRoot(rel), RelationGetRelid(rel),
 								  (const uint8 *) VARDATA_ANY(h));
 		}
 	}

@@ -19,6 +19,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
+#include "catalog/partition.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
@@ -103,6 +104,27 @@ IdemBeforeRowTriggerTuple(FunctionCallInfo fcinfo, const char *funcname,
 	*rel = trigdata->tg_relation;
 	return TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
 		trigdata->tg_newtuple : trigdata->tg_trigtuple;
+}
+
+Oid
+IdemPartitionRoot(Relation rel)
+{
+	static Oid	last_relid = InvalidOid;
+	static Oid	last_root = InvalidOid;
+
+	if (!rel->rd_rel->relispartition)
+		return RelationGetRelid(rel);
+	/*
+	 * A relation's OID names it until it is dropped, and the extension's
+	 * partitions are never attached elsewhere (the DDL guard refuses it).
+	 */
+	if (RelationGetRelid(rel) != last_relid)
+	{
+		last_relid = InvalidOid;
+		last_root = llast_oid(get_partition_ancestors(RelationGetRelid(rel)));
+		last_relid = RelationGetRelid(rel);
+	}
+	return last_root;
 }
 
 int64
