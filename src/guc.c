@@ -240,7 +240,7 @@ IdemGucInit(void)
 	if (process_shared_preload_libraries_in_progress)
 		DefineCustomIntVariable("idempotency.tombstone_filter_memory",
 								"Shared memory for the membership filters of tombstone partitions.",
-								"A claim opens a tombstone partition only when its filter says the key may be there; a filter takes about 10 bits a tombstone. 0 keeps no filter: every partition is probed.",
+								"A claim opens a tombstone partition only when its filter says the key may be there; a filter takes about 16 bits a tombstone. 0 keeps no filter: every partition is probed.",
 								&idem_tombstone_filter_memory,
 								8 * 1024, 0, 1024 * 1024,
 								PGC_POSTMASTER, GUC_UNIT_KB,

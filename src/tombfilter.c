@@ -7,7 +7,7 @@
  *	  whose range has not ended, and probing its index.  Each partition has
  *	  a Bloom filter of the scope hashes written into it, in shared memory,
  *	  and a claim opens a partition only when its filter says the scope may
- *	  be there (about one partition in a hundred when it is not).
+ *	  be there (about one partition in a thousand when it is not).
  *
  *	  The filters are blocked Bloom filters (every hash sets its bits in one
  *	  64-byte block) in a dynamic shared memory area of
@@ -73,11 +73,16 @@
 #define IDEM_TOMBFILTER_ENTRIES		8192
 /* generations of one partition's filter: the last is 2^15 times the first */
 #define IDEM_TOMBFILTER_MAX_GENS	16
-/* the first generation: blocks of 512 bits, about 51 hashes a block */
+/*
+ * Blocks of 512 bits, 32 hashes a block (16 bits a hash) with 10 bits set
+ * by each: about one false "maybe" in a thousand, so that a claim seldom
+ * opens a partition for nothing even where dozens of partitions hold
+ * tombstones.  The first generation has 64 blocks.
+ */
 #define IDEM_TOMBFILTER_MIN_BLOCKS	64
 #define IDEM_TOMBFILTER_BLOCK_WORDS	8
-#define IDEM_TOMBFILTER_PER_BLOCK	51
-#define IDEM_TOMBFILTER_K			7
+#define IDEM_TOMBFILTER_PER_BLOCK	32
+#define IDEM_TOMBFILTER_K			10
 
 typedef struct TombFilterKey
 {
@@ -231,36 +236,35 @@ IdemTombFilterKeyOf(TombFilterKey *key, Oid parent, Oid partoid)
 	key->partoid = partoid;
 }
 
-/* the block of a hash in a generation, and its bits in that block */
+/*
+ * The block of a hash in a generation (from its first 8 bytes' low bits),
+ * and the 10 bits it sets there, 9 bits each: 7 from its next 8 bytes, 3
+ * from the high bits of the first 8 (above any block number's).
+ */
 static inline uint64 *
-IdemTombFilterBlock(TombFilterGen *gen, const uint8 *hash)
+IdemTombFilterBlock(TombFilterGen *gen, const uint8 *hash, int *pos)
 {
 	uint64		a;
-
-	memcpy(&a, hash, sizeof(a));
-	return gen->words + (a & (gen->nblocks - 1)) * IDEM_TOMBFILTER_BLOCK_WORDS;
-}
-
-static inline uint64
-IdemTombFilterBits(const uint8 *hash)
-{
 	uint64		b;
 
+	memcpy(&a, hash, sizeof(a));
 	memcpy(&b, hash + 8, sizeof(b));
-	return b;
+	for (int i = 0; i < 7; i++)
+		pos[i] = (b >> (9 * i)) & 511;
+	for (int i = 0; i < IDEM_TOMBFILTER_K - 7; i++)
+		pos[7 + i] = (a >> (32 + 9 * i)) & 511;
+	return gen->words + (a & (gen->nblocks - 1)) * IDEM_TOMBFILTER_BLOCK_WORDS;
 }
 
 static bool
 IdemTombFilterGenHas(TombFilterGen *gen, const uint8 *hash)
 {
-	uint64	   *block = IdemTombFilterBlock(gen, hash);
-	uint64		b = IdemTombFilterBits(hash);
+	int			pos[IDEM_TOMBFILTER_K];
+	uint64	   *block = IdemTombFilterBlock(gen, hash, pos);
 
 	for (int i = 0; i < IDEM_TOMBFILTER_K; i++)
 	{
-		int			pos = (b >> (9 * i)) & 511;
-
-		if ((block[pos >> 6] & (UINT64CONST(1) << (pos & 63))) == 0)
+		if ((block[pos[i] >> 6] & (UINT64CONST(1) << (pos[i] & 63))) == 0)
 			return false;
 	}
 	return true;
@@ -269,15 +273,11 @@ IdemTombFilterGenHas(TombFilterGen *gen, const uint8 *hash)
 static void
 IdemTombFilterGenSet(TombFilterGen *gen, const uint8 *hash)
 {
-	uint64	   *block = IdemTombFilterBlock(gen, hash);
-	uint64		b = IdemTombFilterBits(hash);
+	int			pos[IDEM_TOMBFILTER_K];
+	uint64	   *block = IdemTombFilterBlock(gen, hash, pos);
 
 	for (int i = 0; i < IDEM_TOMBFILTER_K; i++)
-	{
-		int			pos = (b >> (9 * i)) & 511;
-
-		block[pos >> 6] |= UINT64CONST(1) << (pos & 63);
-	}
+		block[pos[i] >> 6] |= UINT64CONST(1) << (pos[i] & 63);
 	gen->count++;
 }
 
