@@ -28,7 +28,9 @@
 #   bytes        bytes written (heap + index of the tombstones, WAL) per
 #                expired key by the maintenance pass that drops its partition,
 #                with tombstones kept and with them off
-#   callgrind    instruction counts under valgrind (BENCH_CALLGRIND=1)
+#   callgrind    instruction counts under valgrind (BENCH_CALLGRIND=1), of the
+#                main scripts and, when their parts ran, of ext_execute in
+#                s_base, s_parts and s_tomb (and ext_execute_no_tombstones)
 # Key horizons and tombstone filters are learned by a database's first
 # maintenance pass after the server starts: every database gets one before
 # it is measured (and again after the restart under callgrind), and the
@@ -36,8 +38,8 @@
 #
 # BENCH_QUICK=1 runs shorter, with 1 million keys instead of 10 million for
 # the scale scenario, 200,000 instead of 1 million for expiry, the tombstones
-# and the bytes per expired key (about 5 minutes on 2 cores); the full run
-# takes about 20 minutes.
+# and the bytes per expired key (about 4 minutes on 2 cores); the full run
+# takes about 12 minutes.
 # BENCH_CALLGRIND=1 adds instruction counts under valgrind's callgrind.
 # BENCH_ONLY=main,scale,contention,fingerprint,expiry,diagnostics,tombstones,locks,bytes,callgrind
 # runs only the parts named (callgrind implies BENCH_CALLGRIND=1) and writes
@@ -533,7 +535,7 @@ bench_callgrind() {
     # the first connection after a start rebuilds the relation cache file:
     # connect once to each database before measuring; the key horizons and
     # tombstone filters are gone with the restart: a pass learns them again
-    for db in bench s_base s_parts s_diag; do
+    for db in bench s_base s_parts s_diag s_tomb; do
         psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || continue
         if has_proc "$db" 'idempotency.idem_maintenance(timestamptz,boolean)'; then
             learn_pass "$db"
@@ -553,6 +555,7 @@ bench_callgrind() {
     for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
     if [ $EXT = 1 ] && want scale; then runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql"); fi
     for script in "${DIAG_SCRIPTS[@]}"; do runs+=("s_diag:$script"); done
+    if [ $TOMB_DB = 1 ]; then runs+=("s_tomb:ext_execute.sql" "s_tomb:ext_execute_no_tombstones.sql"); fi
     for i in "${runs[@]}"; do
         db=${i%%:*}; script=${i#*:}
         RUN=$((RUN + 2))

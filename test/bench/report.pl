@@ -235,6 +235,7 @@ sub render
 			[ 'Replay: extension / plain lookup', 'bench/ext_replay', 'bench/plain_replay' ],
 			[ 'Replay, fingerprint sent / plain lookup', 'bench/ext_replay_given_fp', 'bench/plain_replay' ],
 			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ],
+			[ "Tombstones on / off, $subst{'@TOMBS@'} tombstones, 10-year endpoint (s_tomb)", 's_tomb/ext_execute', 's_tomb/ext_execute_no_tombstones' ],
 			[ 'Execute with mismatch diagnostics / without', 's_diag/diag_on', 's_diag/diag_none' ],
 			[ 'Execute, endpoint with diagnostics off / without a digest', 's_diag/diag_endpoint_off', 's_diag/diag_none' ])
 		{
