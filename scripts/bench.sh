@@ -39,7 +39,7 @@
 # BENCH_QUICK=1 runs shorter, with 1 million keys instead of 10 million for
 # the scale scenario, 200,000 instead of 1 million for expiry, the tombstones
 # and the bytes per expired key (about 4 minutes on 2 cores); the full run
-# takes about 12 minutes.
+# takes about 15 minutes.
 # BENCH_CALLGRIND=1 adds instruction counts under valgrind's callgrind.
 # BENCH_ONLY=main,scale,contention,fingerprint,expiry,diagnostics,tombstones,locks,bytes,callgrind
 # runs only the parts named (callgrind implies BENCH_CALLGRIND=1) and writes
