@@ -3,31 +3,61 @@
 # the library preloaded, and run the benchmarks of test/bench with pgbench:
 # several scripts mixed in one run (so that their latencies are measured under
 # the same conditions), once with 1 client and once with 8; then the scale,
-# contention, fingerprint and expiry scenarios.  Prints a table of per-script
-# average and p99 latencies and the ratios against their targets, and writes
-# it to test/bench/RESULTS.md.  Benchmarks only report: nothing here fails
-# because a target is missed.
+# contention, fingerprint, expiry and tombstone scenarios.  Prints a table of
+# per-script average and p99 latencies and the ratios against their targets,
+# and writes it to test/bench/RESULTS.md.  Benchmarks only report: nothing
+# here fails because a target is missed.
+#
+# The parts (BENCH_ONLY names them):
+#   main         execute and replay paths against their floors, 1 and 8 clients
+#   scale        the execute path (claim + business insert + finish) at 8 and
+#                at 33 dated key partitions and with 10 million live keys,
+#                1 client, synchronous_commit = off, each run mixed with the
+#                floor (and ext_execute_merged, on the floor's footing) so
+#                that every database has its ratio to the floor
+#   contention   32 clients on 16 hot keys
+#   fingerprint  canonical JSON fingerprints against sha256 of the text
+#   diagnostics  the execute path with and without a request digest
+#   expiry       dropping partitions against a batched DELETE
+#   tombstones   the execute path on an endpoint that keeps tombstones against
+#                one that keeps none, 1 client, synchronous_commit = off, with
+#                1 million tombstones over 30 one-day partitions (max_ttl 30
+#                days), then again with an endpoint at tombstone_ttl 10 years
+#   locks        relation locks (and how many fast-path) held by a claim of a
+#                new key in that database, atomic and lease mode: the most,
+#                the mean and the fewest over 500 claims each
+#   bytes        bytes written (heap + index of the tombstones, WAL) per
+#                expired key by the maintenance pass that drops its partition,
+#                with tombstones kept and with them off
+#   callgrind    instruction counts under valgrind (BENCH_CALLGRIND=1), of the
+#                main scripts and, when their parts ran, of ext_execute in
+#                s_base, s_parts and s_tomb (and ext_execute_no_tombstones)
+# Key horizons and tombstone filters are learned by a database's first
+# maintenance pass after the server starts: every database gets one before
+# it is measured (and again after the restart under callgrind), and the
+# report says what each learned.
 #
 # BENCH_QUICK=1 runs shorter, with 1 million keys instead of 10 million for
-# the scale scenario and 200,000 instead of 1 million for expiry (under 2
-# minutes on 2 cores); the full run takes under 10 minutes.
+# the scale scenario, 200,000 instead of 1 million for expiry, the tombstones
+# and the bytes per expired key (about 4 minutes on 2 cores); the full run
+# takes about 15 minutes.
 # BENCH_CALLGRIND=1 adds instruction counts under valgrind's callgrind.
-# BENCH_ONLY=main,scale,contention,fingerprint,expiry,diagnostics,callgrind runs only the
-# parts named (callgrind implies BENCH_CALLGRIND=1) and writes its report to
-# build/bench/RESULTS.md instead of test/bench/RESULTS.md.
+# BENCH_ONLY=main,scale,contention,fingerprint,expiry,diagnostics,tombstones,locks,bytes,callgrind
+# runs only the parts named (callgrind implies BENCH_CALLGRIND=1) and writes
+# its report to build/bench/RESULTS.md instead of test/bench/RESULTS.md.
 
 . "$(dirname "$0")/common.sh"
 
 QUICK=${BENCH_QUICK:-0}
 [ "$QUICK" = 0 ] || QUICK=1
 if [ $QUICK = 1 ]; then
-    T_WARM=2 T_MAIN=15 T_SCALE=4 SCALE_ROUNDS=2 T_CONT=8 T_FP=10 T_DIAG=15
-    SCALE_KEYS=1000000 NREPLAY=2000 EXPIRY_ROWS=200000 TOMB_ROWS=200000
+    T_WARM=2 T_MAIN=15 T_SCALE=4 SCALE_ROUNDS=2 T_CONT=8 T_FP=10 T_DIAG=15 T_TOMB=10
+    SCALE_KEYS=1000000 NREPLAY=2000 EXPIRY_ROWS=200000 TOMB_ROWS=200000 BYTES_ROWS=200000
 else
-    T_WARM=5 T_MAIN=60 T_SCALE=10 SCALE_ROUNDS=3 T_CONT=30 T_FP=30 T_DIAG=60
-    SCALE_KEYS=10000000 NREPLAY=10000 EXPIRY_ROWS=1000000 TOMB_ROWS=1000000
+    T_WARM=5 T_MAIN=60 T_SCALE=10 SCALE_ROUNDS=3 T_CONT=30 T_FP=30 T_DIAG=60 T_TOMB=30
+    SCALE_KEYS=10000000 NREPLAY=10000 EXPIRY_ROWS=1000000 TOMB_ROWS=1000000 BYTES_ROWS=1000000
 fi
-FEW_PARTS=8 MANY_PARTS=31
+FEW_PARTS=8 MANY_PARTS=33 LOCK_CLAIMS=500
 ONLY=${BENCH_ONLY:-}
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 [[ ",$ONLY," == *",callgrind,"* ]] && BENCH_CALLGRIND=1
@@ -121,7 +151,7 @@ make_partitions() {
     if has_proc "$db" 'idempotency.idem_maintenance(timestamptz,boolean)'; then
         # a pass premakes from today to today + max_ttl and one more
         psql_db postgres -c "ALTER DATABASE $db SET idempotency.max_ttl = '$((n - 2))d'"
-        psql_db "$db" -c 'SELECT count(*) FROM idempotency.idem_maintenance()' >/dev/null
+        learn_pass "$db"
     else
         psql_db "$db" -v nparts="$n" -f "$S/partitions.sql"
     fi
@@ -129,15 +159,34 @@ make_partitions() {
                WHERE i.inhparent = 'idempotency.keys'::regclass
                  AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT'"
 }
+# learn_pass DB: one maintenance pass in DB.  The first after the server
+# started learns the database's key horizons and tombstone filters (until
+# then claims probe every partition); what it learned (its DEBUG1 messages)
+# goes to $BENCH_DIR/learned as "DB<TAB>what", for the report.
+learn_pass() {
+    local db=$1 out what
+    out=$(psql_db "$db" -c 'SET client_min_messages = debug1' \
+        -c 'SELECT count(*) FROM idempotency.idem_maintenance()' 2>&1 >/dev/null) \
+        || { printf '%s\n' "$out" >&2; die "maintenance pass in $db failed"; }
+    what=$(printf '%s\n' "$out" | sed -n 's/.*idempotency: \(.* learned from [0-9]* rows\).*/\1/p' | paste -sd';' | sed 's/;/; /g')
+    printf '%s\t%s\n' "$db" "${what:-nothing learned (no horizons in this build, or learned before)}" >>"$BENCH_DIR/learned"
+}
+: >"$BENCH_DIR/learned"
 if has_proc bench 'idempotency.idem_maintenance(timestamptz,boolean)'; then
     meta partitions "made by \`idempotency.idem_maintenance()\` (with \`idempotency.max_ttl\` set per database)"
 else
     meta partitions "this build has no \`idem_maintenance\`: daily partitions made by test/bench/partitions.sql"
 fi
 
+# setup_db DB PARTS [SETTING=VALUE...]: the settings are the database's
+# (ALTER DATABASE ... SET), set before anything runs in it
 setup_db() {
-    local db=$1 parts=$2
+    local db=$1 parts=$2 kv
+    shift 2
     [ "$db" = bench ] || { psql_db postgres -c "CREATE DATABASE $db"; }
+    for kv in "$@"; do
+        psql_db postgres -c "ALTER DATABASE $db SET ${kv%%=*} = '${kv#*=}'"
+    done
     psql_db "$db" -f "$S/setup.sql"
     psql_db "$db" -f "$S/plpgsql_reference.sql"
     make_partitions "$db" "$parts"
@@ -171,27 +220,33 @@ latency() {
 }
 
 # ---- tombstones of expired keys ---------------------------------------------------
-# When the build keeps tombstones: $TOMB_ROWS of them in database bench,
-# spread over the next 30 days of expiry (the dated partitions maintenance
-# made), so that ext_execute (whose endpoint keeps tombstones) probes
-# populated partitions and ext_execute_no_tombstones (whose endpoint keeps
-# none) does not; and what they take on disk, per million.
+has_tombstones() { [ $EXT = 1 ] && [ "$(val "$1" "SELECT to_regclass('idempotency.tombstones') IS NOT NULL")" = t ]; }
+# tomb_load DB N: N tombstones of the endpoint POST /payments, which
+# ext_execute claims on (ext_execute_no_tombstones' endpoint keeps none),
+# spread evenly over the dated partitions of idempotency.tombstones that
+# maintenance made (test/bench/tombstones_load.sql).
+tomb_load() {
+    psql_db "$1" -v n="$2" -f "$S/tombstones_load.sql" >/dev/null
+}
+# tomb_parts_meta DB: "N partitions of idempotency.tombstones (default
+# included), K holding rows, D in the default partition"
+tomb_parts_meta() {
+    val "$1" "SELECT (SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency.tombstones'::regclass)
+                     || ' partitions of idempotency.tombstones (default included), '
+                     || (SELECT count(DISTINCT tableoid) FROM idempotency.tombstones) || ' holding rows, '
+                     || (SELECT count(*) FROM idempotency.tombstones_default) || ' rows in the default partition'"
+}
+# In database bench: $TOMB_ROWS tombstones, so that ext_execute (whose
+# endpoint keeps tombstones) probes populated partitions and
+# ext_execute_no_tombstones (whose endpoint keeps none) does not; and what
+# they take on disk, per million.
 TOMB_BYTES=""
 bench_tombstones() {
-    [ $EXT = 1 ] && [ "$(val bench "SELECT to_regclass('idempotency.tombstones') IS NOT NULL")" = t ] || return 0
-    psql_db bench -v n="$TOMB_ROWS" >/dev/null <<'SQL'
-INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
-SELECT idempotency.idem_tombstone_hash('acme', 'POST /payments', 'old' || i),
-       sha256(int8send(i)), now() - interval '1 day',
-       now() + (i % 30) * interval '1 day' + interval '1 hour'
-FROM generate_series(1, :n) i;
-VACUUM ANALYZE idempotency.tombstones;
-SQL
+    has_tombstones bench || return 0
+    tomb_load bench "$TOMB_ROWS"
     TOMB_BYTES=$(val bench "SELECT round(sum(pg_total_relation_size(inhrelid))::numeric / $TOMB_ROWS * 1000000)
                              FROM pg_inherits WHERE inhparent = 'idempotency.tombstones'::regclass")
-    local nparts
-    nparts=$(val bench "SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency.tombstones'::regclass")
-    meta tombstones "$TOMB_ROWS tombstones in database bench (endpoint POST /payments, which ext_execute claims on) over $nparts partitions of idempotency.tombstones (default included): $((TOMB_BYTES / 1048576)) MiB per million, $((TOMB_BYTES / 1000000)) bytes each (heap and index; scope_hash 16 bytes, fingerprint 32)"
+    meta tombstones "$TOMB_ROWS tombstones in database bench (endpoint POST /payments, which ext_execute claims on): $(tomb_parts_meta bench); $((TOMB_BYTES / 1048576)) MiB per million, $((TOMB_BYTES / 1000000)) bytes each (heap and index; scope_hash 16 bytes, fingerprint 32)"
 }
 
 # ---- 1, 2: execute and replay paths, mixed in one run --------------------------
@@ -218,11 +273,17 @@ bench_main() {
 }
 
 # ---- 3: scale --------------------------------------------------------------------
+# The execute path at $FEW_PARTS and at $MANY_PARTS dated partitions and with
+# $SCALE_KEYS live keys, each run mixing ext_execute with the floor
+# (floor_execute) so that each database has its own ratio to the floor, and
+# with ext_execute_merged (the execute path on the floor's footing); with
+# synchronous_commit = off in these databases, so that the WAL flush of the
+# commit does not hide what the claim costs.
 bench_scale() {
-    say "scale: $FEW_PARTS partitions (empty), $FEW_PARTS partitions and $SCALE_KEYS live keys, $MANY_PARTS partitions"
-    setup_db s_base "$FEW_PARTS" >"$BENCH_DIR/parts_base"
-    setup_db s_keys "$FEW_PARTS" >"$BENCH_DIR/parts_keys"
-    setup_db s_parts "$MANY_PARTS" >"$BENCH_DIR/parts_many"
+    say "scale: $FEW_PARTS partitions (empty), $FEW_PARTS partitions and $SCALE_KEYS live keys, $MANY_PARTS partitions; synchronous_commit = off, each with the floor"
+    setup_db s_base "$FEW_PARTS" synchronous_commit=off >"$BENCH_DIR/parts_base"
+    setup_db s_keys "$FEW_PARTS" synchronous_commit=off >"$BENCH_DIR/parts_keys"
+    setup_db s_parts "$MANY_PARTS" synchronous_commit=off >"$BENCH_DIR/parts_many"
     local t0 r i db
     t0=$(date +%s)
     as_pg "${PSQL[@]}" -d s_keys -v nkeys="$SCALE_KEYS" \
@@ -232,22 +293,24 @@ bench_scale() {
     meta scale_keys_size "$(val s_keys "SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass")"
     meta parts_few "$(tail -n 1 "$BENCH_DIR/parts_base")"
     meta parts_many "$(tail -n 1 "$BENCH_DIR/parts_many")"
+    meta scale_sync "databases s_base, s_keys and s_parts run with \`synchronous_commit = off\` (ALTER DATABASE); each run mixes ext_execute with floor_execute and ext_execute_merged (the execute path on the floor's footing: as many statements, the fingerprint sent), 1 client"
     psql_db postgres -c CHECKPOINT
     # pgbench runs against one database, so the three are measured in short
     # alternating rounds (the order rotates), all with 1 client, after a
     # warm-up run on each (as the main runs have one).
     DBS=(s_base s_keys s_parts)
+    SCALE_SCRIPTS=(ext_execute.sql floor_execute.sql ext_execute_merged.sql)
     for db in "${DBS[@]}"; do
-        run_pgbench "scale_warmup_$db" "$db" 1 "$T_WARM" ext_execute.sql >/dev/null
+        run_pgbench "scale_warmup_$db" "$db" 1 "$T_WARM" "${SCALE_SCRIPTS[@]}" >/dev/null
     done
     for r in $(seq 1 "$SCALE_ROUNDS"); do
         for i in 0 1 2; do
             db=${DBS[$(( (i + r) % 3 ))]}
-            run_pgbench "scale_${db}_$r" "$db" 1 "$T_SCALE" ext_execute.sql >/dev/null
+            run_pgbench "scale_${db}_$r" "$db" 1 "$T_SCALE" "${SCALE_SCRIPTS[@]}" >/dev/null
         done
     done
     for db in "${DBS[@]}"; do
-        latency scale "$db" $(for r in $(seq 1 "$SCALE_ROUNDS"); do echo "scale_${db}_$r"; done)
+        latency scale "$db,${db}_floor,${db}_merged" $(for r in $(seq 1 "$SCALE_ROUNDS"); do echo "scale_${db}_$r"; done)
     done
 }
 
@@ -327,6 +390,102 @@ bench_expiry() {
     sed 's/^/    /' "$BENCH_DIR/expiry.out"
 }
 
+# ---- tombstones on and off, with 1 million of them and a 10-year endpoint ---------
+# Database s_tomb: max_ttl 30 days (32 dated partitions of keys), one-day
+# partitions of tombstones (idempotency.tombstone_partition_interval), so
+# that the $TOMB_ROWS tombstones of POST /payments spread over about 30 of
+# them, and synchronous_commit = off.  ext_execute (an endpoint that keeps
+# tombstones) against ext_execute_no_tombstones (one that keeps none), with
+# the floor in the same run; then the same after an endpoint at
+# tombstone_ttl = '10 years' is added and maintenance made its windows.
+TOMB_DB=0 DECADE=0
+tomb_db() {
+    [ $TOMB_DB = 1 ] && return 0
+    say "tombstones: database s_tomb (max_ttl 30 days, 1-day tombstone partitions), $TOMB_ROWS tombstones"
+    setup_db s_tomb 32 idempotency.tombstone_partition_interval=1d synchronous_commit=off >"$BENCH_DIR/parts_tomb"
+    local t0
+    t0=$(date +%s)
+    tomb_load s_tomb "$TOMB_ROWS"
+    meta tomb_db "database s_tomb (\`synchronous_commit = off\`, \`idempotency.max_ttl = '30d'\`, \`idempotency.tombstone_partition_interval = '1d'\`): $(tail -n 1 "$BENCH_DIR/parts_tomb") dated partitions of idempotency.keys; $TOMB_ROWS tombstones of POST /payments (loaded in $(( $(date +%s) - t0 )) s by SQL, through the trigger tombstones_filter): $(tomb_parts_meta s_tomb)"
+    meta tomb_rows "$TOMB_ROWS"
+    TOMB_DB=1
+}
+tomb_decade() {
+    [ $DECADE = 1 ] && return 0
+    local i
+    psql_db s_tomb -c "INSERT INTO idempotency.endpoints (endpoint, tombstone_ttl) VALUES ('POST /decade', '10 years')"
+    # a pass makes at most 64 partitions of a table per transaction
+    for i in 1 2 3; do
+        psql_db s_tomb -c 'SET client_min_messages = warning' -c 'SELECT count(*) FROM idempotency.idem_maintenance()' >/dev/null
+    done
+    meta tomb_decade "then endpoint POST /decade at \`tombstone_ttl = '10 years'\` (a row in idempotency.endpoints) and three maintenance passes for its windows: $(tomb_parts_meta s_tomb)"
+    DECADE=1
+}
+bench_tomb_onoff() {
+    has_tombstones bench || { meta tomb_missing "this build keeps no tombstones: no tombstones rows"; return 0; }
+    tomb_db
+    local scripts=(ext_execute.sql ext_execute_no_tombstones.sql floor_execute.sql)
+    local names=ext_execute,ext_execute_no_tombstones,floor_execute
+    say "tombstones on against off, 1 client, ${T_TOMB}s; then with a 10-year endpoint"
+    psql_db postgres -c CHECKPOINT >/dev/null
+    run_pgbench tomb_warmup s_tomb 1 "$T_WARM" "${scripts[@]}" >/dev/null
+    run_pgbench tomb s_tomb 1 "$T_TOMB" "${scripts[@]}"
+    latency tombstones "$names" tomb
+    tomb_decade
+    psql_db postgres -c CHECKPOINT >/dev/null
+    run_pgbench tomb10_warmup s_tomb 1 "$T_WARM" "${scripts[@]}" >/dev/null
+    run_pgbench tomb10 s_tomb 1 "$T_TOMB" "${scripts[@]}"
+    latency "tombstones, 10-year endpoint" "$names" tomb10
+}
+
+# ---- relation locks of a claim of a new key -----------------------------------------
+# In s_tomb with its 10-year endpoint (max_ttl 30 days, tombstones stored):
+# test/bench/locks.sql counts from pg_locks the relations of schema
+# idempotency the backend holds inside the transaction of each of
+# $LOCK_CLAIMS claims of new keys per mode (a claim opens a tombstone
+# partition whose filter answers "maybe", so the count varies by key).
+bench_locks() {
+    has_tombstones bench || { meta locks "this build keeps no tombstones: not measured"; return 0; }
+    tomb_db
+    tomb_decade
+    local mode n most mean fewest slow over text=""
+    while IFS='|' read -r mode n most mean fewest slow over; do
+        [ -n "$over" ] || continue
+        printf 'locks\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$n" "$most" "$mean" "$fewest" "$slow" "$over" >>"$RESULTS"
+        text+="${text:+; }$mode mode ($([ "$mode" = atomic ] && echo 'claim + finish' || echo 'the claim')): at most $most, $mean on average, at least $fewest; $slow claims held a lock not fast-path, $over more than 8"
+    done < <(psql_db s_tomb -At -v n="$LOCK_CLAIMS" -f "$S/locks.sql")
+    [ -n "$text" ] || text="not measured: test/bench/locks.sql printed nothing"
+    meta locks "relation locks of schema idempotency held by a claim of a new key of POST /payments in database s_tomb (max_ttl 30 days, endpoint POST /decade at tombstone_ttl 10 years, tombstones stored), from pg_locks inside its transaction, over $LOCK_CLAIMS claims per mode each in its own transaction: $text"
+    say "locks per claim of a new key: $text"
+}
+
+# ---- bytes written per expired key --------------------------------------------------
+# Databases s_bytes_on (tombstones kept, the default 30 days) and s_bytes_off
+# (idempotency.tombstone_ttl = 0): $BYTES_ROWS keys expiring tomorrow, then
+# the pass that drops their partition (test/bench/expiry_bytes.sql).
+bench_bytes() {
+    if ! has_tombstones bench || ! has_proc bench 'idempotency.idem_maintenance(timestamptz,boolean)'; then
+        meta bytes_missing "this build keeps no tombstones: bytes per expired key not measured"
+        return 0
+    fi
+    say "bytes per expired key: $BYTES_ROWS keys dropped by a pass, tombstones kept and off"
+    local mode db line rows trows heap wal keys drops creates left
+    for mode in on off; do
+        db=s_bytes_$mode
+        psql_db postgres -c "CREATE DATABASE $db"
+        psql_db postgres -c "ALTER DATABASE $db SET idempotency.partition_interval = '1d'" \
+            -c "ALTER DATABASE $db SET idempotency.max_ttl = '5d'"
+        [ $mode = on ] || psql_db postgres -c "ALTER DATABASE $db SET idempotency.tombstone_ttl = '0'"
+        psql_db "$db" -c 'SET client_min_messages = warning' -c 'CREATE EXTENSION idempotency CASCADE'
+        learn_pass "$db"
+        line=$(psql_db "$db" -At -v rows="$BYTES_ROWS" -f "$S/expiry_bytes.sql" | tail -n 1)
+        IFS='|' read -r rows trows heap wal keys drops creates left <<<"$line"
+        printf 'bytes\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$rows" "$trows" "$heap" "$wal" "$keys" >>"$RESULTS"
+        meta "bytes_$mode" "database $db (tombstones $([ $mode = on ] && echo 'kept, idempotency.tombstone_ttl 30 days' || echo 'off, idempotency.tombstone_ttl = 0')): $rows keys expiring tomorrow; \`idem_maintenance(now() + interval '2 days', preview => false)\` after a CHECKPOINT dropped $drops partitions of keys ($((keys / 1048576)) MiB), made $creates, wrote $trows tombstones; idempotency.tombstones grew by $heap bytes (heap and index), WAL by $wal bytes; $left expired keys left"
+        printf '    %s: %s keys, %s tombstones, heap and index +%s bytes, WAL %s bytes\n' "$db" "$rows" "$trows" "$heap" "$wal"
+    done
+}
+
 # ---- BENCH_CALLGRIND=1: instruction counts ------------------------------------------
 # Restarts the cluster under valgrind's callgrind and runs each script with
 # 1 client for 100 and then 600 transactions; the difference of the two
@@ -379,8 +538,15 @@ bench_callgrind() {
     CG_CHILDREN=0
     for i in $(seq 1 120); do as_pg pg_isready -q -h "$SOCKET_DIR" -p "$PORT" && break; sleep 1; done
     # the first connection after a start rebuilds the relation cache file:
-    # connect once to each database before measuring
-    for db in bench s_base s_parts s_diag; do psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || true; done
+    # connect once to each database before measuring; the key horizons and
+    # tombstone filters are gone with the restart: a pass learns them again
+    for db in bench s_base s_parts s_diag s_tomb; do
+        psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || continue
+        if has_proc "$db" 'idempotency.idem_maintenance(timestamptz,boolean)'; then
+            learn_pass "$db"
+            sed -i "\$s/^$db\t/$db (restart under callgrind)\t/" "$BENCH_DIR/learned"
+        fi
+    done
     # then count the server's own processes, once those backends are gone
     local pm prev=-1 stable=0
     pm=$(head -n 1 "$BENCH_DIR/data/postmaster.pid")
@@ -394,6 +560,7 @@ bench_callgrind() {
     for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
     if [ $EXT = 1 ] && want scale; then runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql"); fi
     for script in "${DIAG_SCRIPTS[@]}"; do runs+=("s_diag:$script"); done
+    if [ $TOMB_DB = 1 ]; then runs+=("s_tomb:ext_execute.sql" "s_tomb:ext_execute_no_tombstones.sql"); fi
     for i in "${runs[@]}"; do
         db=${i%%:*}; script=${i#*:}
         RUN=$((RUN + 2))
@@ -417,6 +584,11 @@ if [ $EXT = 1 ]; then
 fi
 want fingerprint && bench_fingerprint
 want expiry && bench_expiry
+if [ $EXT = 1 ]; then
+    want tombstones && bench_tomb_onoff
+    want locks && bench_locks
+    want bytes && bench_bytes
+fi
 
 # ---- report ------------------------------------------------------------------------
 meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -424,10 +596,16 @@ meta version "$(val bench 'SELECT version()')"
 meta nproc "$(nproc)"
 meta load "$(cut -d' ' -f1-3 /proc/loadavg)"
 meta parts_main "$(tail -n 1 "$BENCH_DIR/parts_main")"
-meta mode "$([ $QUICK = 1 ] && echo "BENCH_QUICK=1 (short runs, $SCALE_KEYS keys for the scale scenario, $EXPIRY_ROWS for expiry)" || echo full)"
-meta durations "main runs ${T_MAIN}s each; scale ${SCALE_ROUNDS} rounds of ${T_SCALE}s per database; contention ${T_CONT}s; fingerprints ${T_FP}s; diagnostics ${T_DIAG}s"
+meta mode "$([ $QUICK = 1 ] && echo "BENCH_QUICK=1 (short runs, $SCALE_KEYS keys for the scale scenario, $EXPIRY_ROWS for expiry, $TOMB_ROWS tombstones instead of 1 million, $BYTES_ROWS expired keys for the bytes per key)" || echo full)"
+meta durations "main runs ${T_MAIN}s each; scale ${SCALE_ROUNDS} rounds of ${T_SCALE}s per database; contention ${T_CONT}s; fingerprints ${T_FP}s; diagnostics ${T_DIAG}s; tombstones ${T_TOMB}s per run"
 meta settings "$(printf '%s' "$SETTINGS" | paste -sd';' | sed 's/;/; /g')"
 [ "${BENCH_CALLGRIND:-0}" = 1 ] && bench_callgrind
+learned_meta() {
+    local db what out=""
+    while IFS=$'\t' read -r db what; do out+="${out:+; }$db: $what"; done <"$BENCH_DIR/learned"
+    printf '%s' "$out"
+}
+meta learned "every database had a maintenance pass before it was measured (its first since the server started, which learns key horizons and tombstone filters; later writes by SQL pass the triggers keys_horizon and tombstones_filter); what each pass learned, from its DEBUG1 messages: $(learned_meta)"
 meta elapsed "$(( $(date +%s) - STARTED )) s"
 echo
 if [ -z "$ONLY" ]; then

@@ -78,6 +78,14 @@ my @RATIOS = (
 	[ 'Replay: extension / PL/pgSQL reference, 1 client', '1 client', 'ext_replay', '1 client', 'plpgsql_replay', undef ],
 	[ 'Scale: @KEYS@ live keys / empty table', 'scale', 's_keys', 'scale', 's_base', 1.20 ],
 	[ 'Scale: @MANY@ partitions / @FEW@', 'scale', 's_parts', 'scale', 's_base', 1.20 ],
+	[ 'Execute / floor at @FEW@ partitions, 1 client, synchronous_commit off', 'scale', 's_base', 'scale', 's_base_floor', 1.05 ],
+	[ 'Execute / floor at @MANY@ partitions, 1 client, synchronous_commit off', 'scale', 's_parts', 'scale', 's_parts_floor', 1.05 ],
+	[ 'Execute / floor with @KEYS@ live keys (@FEW@ partitions), 1 client, synchronous_commit off', 'scale', 's_keys', 'scale', 's_keys_floor', undef ],
+	[ 'Execute on the floor\'s footing / floor at @FEW@ partitions, 1 client, synchronous_commit off', 'scale', 's_base_merged', 'scale', 's_base_floor', undef ],
+	[ 'Execute on the floor\'s footing / floor at @MANY@ partitions, 1 client, synchronous_commit off', 'scale', 's_parts_merged', 'scale', 's_parts_floor', undef ],
+	[ 'Tombstones on / off, @TOMBS@ tombstones, 1 client, synchronous_commit off', 'tombstones', 'ext_execute', 'tombstones', 'ext_execute_no_tombstones', 1.02 ],
+	[ 'Tombstones on / off, the same with an endpoint at tombstone_ttl 10 years', 'tombstones, 10-year endpoint', 'ext_execute', 'tombstones, 10-year endpoint', 'ext_execute_no_tombstones', 1.02 ],
+	[ 'Execute, tombstones kept / floor, @TOMBS@ tombstones, 10-year endpoint', 'tombstones, 10-year endpoint', 'ext_execute', 'tombstones, 10-year endpoint', 'floor_execute', undef ],
 	[ 'Fingerprint, 300 B body: canonical / built-in', 'fingerprint', 'fp_canonical_small', 'fingerprint', 'fp_builtin_small', 1.00 ],
 	[ 'Fingerprint, 300 B text body: canonical / built-in', 'fingerprint', 'fp_canonical_text_small', 'fingerprint', 'fp_builtin_small', undef ],
 	[ 'Fingerprint, 64 KB body: canonical / built-in', 'fingerprint', 'fp_canonical_large', 'fingerprint', 'fp_builtin_large', 1.00 ],
@@ -88,7 +96,7 @@ my @RATIOS = (
 sub render
 {
 	my ($tsv, $md) = @_;
-	my (%lat, @lat, %meta, @blocks, %ins, @ins, %insfn);
+	my (%lat, @lat, %meta, @blocks, %ins, @ins, %insfn, %locks, %bytes);
 	open my $fh, '<', $tsv or die "$tsv: $!\n";
 	while (<$fh>)
 	{
@@ -103,12 +111,15 @@ sub render
 		elsif ($c[0] eq 'ins') { $ins{"$c[1]/$c[2]"} = $c[3]; push @ins, "$c[1]/$c[2]" }
 		elsif ($c[0] eq 'insfn') { $insfn{"$c[1]/$c[2]"}{ $c[3] } = $c[4] }
 		elsif ($c[0] eq 'block') { push @blocks, [ $c[1], $c[2] ] }
+		elsif ($c[0] eq 'locks') { $locks{ $c[1] } = [ @c[ 2 .. 7 ] ] }
+		elsif ($c[0] eq 'bytes') { $bytes{ $c[1] } = [ @c[ 2 .. 6 ] ] }
 	}
 	close $fh;
 	my %subst = (
 		'@KEYS@' => fmt_count($meta{scale_keys}),
 		'@MANY@' => $meta{parts_many} // '?',
-		'@FEW@'  => $meta{parts_few}  // '?');
+		'@FEW@'  => $meta{parts_few}  // '?',
+		'@TOMBS@' => fmt_count($meta{tomb_rows}));
 
 	my @out;
 	push @out, '# Benchmark results', '',
@@ -121,7 +132,7 @@ sub render
 	  "- pgbench: `-M prepared`, per-transaction logs (`-l`), scripts of one table row mixed in one run (`-f script\@1` each)";
 	push @out, "- idempotency.keys in database bench (execute, replay, contention): $meta{parts_main} dated partitions and the default partition"
 	  if defined $meta{parts_main};
-	for my $k (qw(fingerprint partitions tombstones scale_load scale_keys_size core_missing fp_missing expiry_missing diagnostics diag_missing))
+	for my $k (qw(learned fingerprint partitions tombstones scale_load scale_keys_size scale_sync tomb_db tomb_decade locks bytes_on bytes_off core_missing fp_missing expiry_missing diagnostics diag_missing tomb_missing bytes_missing))
 	{
 		push @out, "- $k: $meta{$k}" if defined $meta{$k};
 	}
@@ -157,6 +168,23 @@ sub render
 		push @out, sprintf('| Expiry: dead tuples left by dropping partitions | %s | | 0 | %s |',
 			$meta{expiry_drop_dead}, $meta{expiry_drop_dead} == 0 ? 'met' : '**missed**');
 	}
+	for my $mode (qw(on off))
+	{
+		my $b = $bytes{$mode} or next;
+		my ($rows, $trows, $heap, $wal) = @$b;
+		next unless $rows;
+		push @out, sprintf('| Expiry: bytes written per expired key, tombstones %s (heap + index %.1f, WAL %.1f; %s keys) | %.1f B | | %s | information |',
+			$mode eq 'on' ? 'kept' : 'off', $heap / $rows, $wal / $rows, fmt_count($rows), ($heap + $wal) / $rows,
+			'—');
+	}
+	for my $mode (qw(atomic lease))
+	{
+		my $l = $locks{$mode} or next;
+		my ($n, $most, $mean, $fewest, $slow, $over) = @$l;
+		next unless defined $over && $over =~ /^\d+$/;
+		push @out, sprintf('| Relation locks per claim of a new key, %s mode, max_ttl 30 days, a 10-year tombstone endpoint: most of %d claims (mean %s, fewest %s; %s over 8, %s with a lock not fast-path) | %d | | ≤ 8, all fast-path | %s |',
+			$mode, $n, $mean, $fewest, $over, $slow, $most, $most <= 8 && $slow == 0 ? 'met' : '**missed**');
+	}
 	if (defined $meta{cont_duplicates})
 	{
 		push @out, sprintf('| Contention: duplicate executions | %s | | 0 | %s |',
@@ -173,6 +201,8 @@ sub render
 		$name .= " ($meta{parts_few} partitions, empty)" if $script eq 's_base';
 		$name .= " ($meta{parts_few} partitions, " . fmt_count($meta{scale_keys}) . ' live keys)' if $script eq 's_keys';
 		$name .= " ($meta{parts_many} partitions, empty)" if $script eq 's_parts';
+		$name = "floor_execute (in $1)" if $script =~ /^(s_\w+)_floor$/;
+		$name = "ext_execute_merged (in $1)" if $script =~ /^(s_\w+)_merged$/;
 		push @out, sprintf('| %s | %s | %d | %.3f | %.3f |', $label, $name, $n, $avg, $p99);
 	}
 	push @out, '';
@@ -205,6 +235,7 @@ sub render
 			[ 'Replay: extension / plain lookup', 'bench/ext_replay', 'bench/plain_replay' ],
 			[ 'Replay, fingerprint sent / plain lookup', 'bench/ext_replay_given_fp', 'bench/plain_replay' ],
 			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ],
+			[ "Tombstones on / off, $subst{'@TOMBS@'} tombstones, 10-year endpoint (s_tomb)", 's_tomb/ext_execute', 's_tomb/ext_execute_no_tombstones' ],
 			[ 'Execute with mismatch diagnostics / without', 's_diag/diag_on', 's_diag/diag_none' ],
 			[ 'Execute, endpoint with diagnostics off / without a digest', 's_diag/diag_endpoint_off', 's_diag/diag_none' ])
 		{
@@ -247,7 +278,10 @@ sub render
 	{
 		push @out, "- `$s`: $WHAT{$s}";
 	}
-	push @out, '- scale: `ext_execute` in three databases measured in alternating rounds with 1 client (pgbench runs against one database at a time).',
+	push @out, '- scale: `ext_execute` mixed with `floor_execute` and `ext_execute_merged` in three databases measured in alternating rounds with 1 client (pgbench runs against one database at a time), `synchronous_commit = off`.',
+	  "- tombstones: `ext_execute`, `ext_execute_no_tombstones` ($WHAT{ext_execute_no_tombstones}) and `floor_execute` mixed, 1 client, in database s_tomb, before and after an endpoint at `tombstone_ttl = '10 years'` is added.",
+	  '- locks: test/bench/locks.sql, claims of new keys in s_tomb (each in its own transaction), counted from `pg_locks` inside the transaction.',
+	  '- bytes: test/bench/expiry_bytes.sql, a maintenance pass dropping the partition of expired keys, measured with relation sizes and `pg_current_wal_lsn()` around it.',
 	  '';
 
 	my $notes = dirname($0) . '/notes.md';
