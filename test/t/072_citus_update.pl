@@ -5,7 +5,9 @@
 # citus_distribute called again distributes the tombstones colocated with
 # the keys, deleting those written before the Citus mode (they name no
 # tenant), and an expired key reused with another payload then answers 422
-# on the worker.
+# on the worker.  Each node then has what a fresh install of 0.4.0
+# distributed the same way has (a second database on the same nodes),
+# shards included (doc/scaling.md, "Citus: updating").
 #
 # Skipped where Citus is not installed, as 071_citus.
 use strict;
