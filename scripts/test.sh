@@ -57,9 +57,11 @@ if selected 070_plproxy; then
     SKIP_REASON=
     ensure_plproxy "$PGC" "$PGROOT" || SKIP_PLPROXY=$SKIP_REASON
 fi
-if selected 071_citus && [ "$("$PGC" --configure 2>/dev/null)" = "stand-in of scripts/pg17.sh" ]; then
+# the Citus tests: 071_citus, 072_citus_update
+selected_citus() { selected 071_citus || selected 072_citus_update; }
+if selected_citus && [ "$("$PGC" --configure 2>/dev/null)" = "stand-in of scripts/pg17.sh" ]; then
     SKIP_CITUS="Citus is not built for the PostgreSQL 17 that scripts/pg17.sh puts together (a stand-in pg_config, headers of 17.12)"
-elif selected 071_citus; then
+elif selected_citus; then
     SKIP_REASON=
     { ensure_citus "$PGC" && install_citus "$PGC" "$PGROOT"; } || SKIP_CITUS=${SKIP_REASON:-copying Citus into $PGROOT failed}
 fi

@@ -7,6 +7,75 @@
 
 \echo Use "ALTER EXTENSION idempotency UPDATE TO '0.4.0'" to load this file. \quit
 
+-- The Citus mode (doc/scaling.md, "Citus: updating"): Citus carries ALTER
+-- EXTENSION idempotency UPDATE from the coordinator to every worker, where
+-- this script runs again, with citus.enable_ddl_propagation off.  Citus
+-- would also carry each ALTER TABLE or CREATE TRIGGER of this script on a
+-- distributed or reference table to the workers and shards, with the whole
+-- script as the text of the statement, which a worker refuses ("cannot
+-- insert multiple commands into a prepared statement").  So every node
+-- changes its own objects only: DDL on the extension's tables runs through
+-- idem_update_ddl, which switches the propagation off for the statement and
+-- applies it to the table and to each of its shards placed on this node
+-- (the coordinator's placements of reference tables included), as Citus
+-- would have made them: a trigger on a shard is named after the table's
+-- with "_" and the shard id appended.  The coordinator and the workers
+-- change in the one distributed transaction of ALTER EXTENSION.  Without
+-- Citus, or for a table Citus does not know, the statement runs on the
+-- table alone.  Both functions are dropped at the end of this script.
+
+-- The table rel and, when Citus knows it, its shards placed on this node,
+-- each with the suffix Citus appends to the names of its triggers.
+CREATE FUNCTION idempotency.idem_update_targets(rel regclass)
+RETURNS TABLE (target regclass, suffix text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    target := rel;
+    suffix := '';
+    RETURN NEXT;
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN;
+    END IF;
+    -- dynamic: the catalogs of Citus exist only where it is installed
+    RETURN QUERY EXECUTE
+        'SELECT pg_catalog.shard_name($1, s.shardid)::regclass, ''_'' || s.shardid
+         FROM pg_catalog.pg_dist_shard s
+         JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid
+         WHERE s.logicalrelid = $1
+           AND p.groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group)
+         ORDER BY s.shardid'
+        USING rel;
+END
+$$;
+
+-- Run command on rel and, unless shards is false, on its shards placed on
+-- this node (idem_update_targets); in command, %1$s is the relation and
+-- %2$s the suffix of the names of its triggers.  Citus's DDL propagation
+-- (when Citus is loaded) is off meanwhile.
+CREATE FUNCTION idempotency.idem_update_ddl(rel regclass, command text, shards boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    propagation text := current_setting('citus.enable_ddl_propagation', true);
+    t record;
+BEGIN
+    IF propagation IS NOT NULL THEN
+        PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
+    END IF;
+    FOR t IN SELECT * FROM idempotency.idem_update_targets(rel) LOOP
+        EXIT WHEN t.suffix <> '' AND NOT shards;
+        EXECUTE format(command, t.target, t.suffix);
+    END LOOP;
+    IF propagation IS NOT NULL THEN
+        PERFORM set_config('citus.enable_ddl_propagation', propagation, true);
+    END IF;
+END
+$$;
+
 -- Replica identity of every table the extension writes (doc/operations.md,
 -- "Logical replication and blue/green switch-over"): lease updates and
 -- maintenance's deletes work under a publication FOR ALL TABLES and Citus
@@ -14,8 +83,10 @@
 -- made by maintenance or CREATE EXTENSION, each get their own; partitions of
 -- keys name their unique index on (key, endpoint, tenant), partitions of
 -- tombstones are FULL.
-ALTER TABLE idempotency.keys REPLICA IDENTITY FULL;
-ALTER TABLE idempotency.tombstones REPLICA IDENTITY FULL;
+-- (The shards of the two partitioned tables keep theirs, as Citus makes
+-- them: only the partitions' shards hold rows.)
+SELECT idempotency.idem_update_ddl('idempotency.keys', 'ALTER TABLE %1$s REPLICA IDENTITY FULL', shards => false);
+SELECT idempotency.idem_update_ddl('idempotency.tombstones', 'ALTER TABLE %1$s REPLICA IDENTITY FULL', shards => false);
 
 -- Tombstones in the Citus mode (doc/tombstones.md, doc/scaling.md): the
 -- column tenant, NULL but in the Citus mode, by which citus_distribute now
@@ -24,50 +95,66 @@ ALTER TABLE idempotency.tombstones REPLICA IDENTITY FULL;
 -- called again on the coordinator after this update: it distributes what
 -- is missing (the tombstones), and changes nothing else.  Here, while the
 -- table and its partitions are locked for their replica identity anyway.
-ALTER TABLE idempotency.tombstones ADD COLUMN tenant text COLLATE "C";
+SELECT idempotency.idem_update_ddl('idempotency.tombstones', 'ALTER TABLE %1$s ADD COLUMN tenant text COLLATE "C"');
+-- In the Citus mode each partition is a Citus table of its own, whose shards
+-- are the partitions of the parent's shards; each gets its replica identity
+-- as the partition does, its index found by its columns (Citus appends the
+-- shard id to the names of indexes, shortening long ones), and named by
+-- parse_ident (on the coordinator Citus hides shards from pg_class).
 DO $replica_identity$
 DECLARE
+    propagation text := pg_catalog.current_setting('citus.enable_ddl_propagation', true);
     r record;
+    idx regclass;
 BEGIN
+    IF propagation IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);
+    END IF;
     FOR r IN
-        SELECT i.inhrelid::regclass AS part,
-               (SELECT x.indexrelid::regclass
-                FROM pg_catalog.pg_index x
-                WHERE x.indrelid = i.inhrelid AND x.indisunique AND x.indisvalid
-                  AND x.indpred IS NULL AND x.indexprs IS NULL AND x.indnkeyatts = 3
-                  AND (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attname)
-                       FROM pg_catalog.pg_attribute a
-                       WHERE a.attrelid = i.inhrelid
-                         AND a.attnum = ANY (x.indkey::int2[]))
-                      = ARRAY['endpoint', 'key', 'tenant']
-                ORDER BY x.indexrelid LIMIT 1) AS idx
-        FROM pg_catalog.pg_inherits i
+        SELECT t.target AS part
+        FROM pg_catalog.pg_inherits i,
+             idempotency.idem_update_targets(i.inhrelid::regclass) t
         WHERE i.inhparent = 'idempotency.keys'::regclass
-        ORDER BY 1
+        ORDER BY i.inhrelid::regclass::text, t.suffix
     LOOP
-        IF r.idx IS NULL THEN
+        SELECT x.indexrelid::regclass INTO idx
+        FROM pg_catalog.pg_index x
+        WHERE x.indrelid = r.part AND x.indisunique AND x.indisvalid
+          AND x.indpred IS NULL AND x.indexprs IS NULL AND x.indnkeyatts = 3
+          AND (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attname)
+               FROM pg_catalog.pg_attribute a
+               WHERE a.attrelid = r.part
+                 AND a.attnum = ANY (x.indkey::int2[]))
+              = ARRAY['endpoint', 'key', 'tenant']
+        ORDER BY x.indexrelid LIMIT 1;
+        IF idx IS NULL THEN
             RAISE EXCEPTION 'partition % of idempotency.keys has no unique index on (key, endpoint, tenant)', r.part
                 USING ERRCODE = '55000',
                       HINT = 'Every partition needs that index; partitions made by idem_maintenance() have it.';
         END IF;
         EXECUTE pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY USING INDEX %I',
-                                  r.part, (SELECT relname FROM pg_catalog.pg_class WHERE oid = r.idx));
+                                  r.part, (SELECT n[pg_catalog.array_upper(n, 1)]
+                                           FROM pg_catalog.parse_ident(idx::text) n));
     END LOOP;
     FOR r IN
-        SELECT i.inhrelid::regclass AS part
-        FROM pg_catalog.pg_inherits i
+        SELECT t.target AS part
+        FROM pg_catalog.pg_inherits i,
+             idempotency.idem_update_targets(i.inhrelid::regclass) t
         WHERE i.inhparent = 'idempotency.tombstones'::regclass
-        ORDER BY 1
+        ORDER BY i.inhrelid::regclass::text, t.suffix
     LOOP
         EXECUTE pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY FULL', r.part);
     END LOOP;
+    IF propagation IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', propagation, true);
+    END IF;
 END
 $replica_identity$;
 
 -- The tables defend themselves (doc/operations.md): the triggers of
 -- idempotency.endpoints fire under session_replication_role = replica too.
-ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_resolver;
-ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_changed;
+SELECT idempotency.idem_update_ddl('idempotency.endpoints', 'ALTER TABLE %1$s ENABLE ALWAYS TRIGGER endpoints_resolver%2$s');
+SELECT idempotency.idem_update_ddl('idempotency.endpoints', 'ALTER TABLE %1$s ENABLE ALWAYS TRIGGER endpoints_changed%2$s');
 
 -- The tables defend themselves (doc/operations.md): the DDL guard of the
 -- tables of keys and tombstones, as in sql/parts/76_ddl_guard.sql.
@@ -98,8 +185,8 @@ DECLARE
     saved text := pg_catalog.current_setting('search_path');
 BEGIN
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true);
-    ALTER TABLE idempotency.endpoints
-        ALTER COLUMN resolver TYPE text USING resolver::text;
+    PERFORM idempotency.idem_update_ddl('idempotency.endpoints',
+        'ALTER TABLE %1$s ALTER COLUMN resolver TYPE text USING resolver::text');
     PERFORM pg_catalog.set_config('search_path', saved, true);
 END
 $resolver_text$;
@@ -111,11 +198,20 @@ $resolver_text$;
 -- or lease outside (0, 100 years] and malformed pointers.  Rows stored
 -- before with a ttl or lease out of that range (every claim of such an
 -- endpoint without its own ttl failed) stop the update, which then
--- changes nothing: set them to what was meant, then update again.
+-- changes nothing: set them to what was meant, then update again.  In the
+-- Citus mode endpoints is a reference table, checked on the coordinator:
+-- a worker runs this script inside the coordinator's ALTER EXTENSION, where
+-- Citus refuses a query of a reference table (a nested distributed query).
 DO $$
 DECLARE
     bad text;
 BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        -- apart: without Citus, the function does not exist
+        IF NOT pg_catalog.citus_is_coordinator() THEN
+            RETURN;
+        END IF;
+    END IF;
     SELECT pg_catalog.string_agg(pg_catalog.format('%L', e.endpoint), ', ' ORDER BY e.endpoint)
     INTO bad
     FROM idempotency.endpoints e
@@ -130,17 +226,7 @@ BEGIN
 END
 $$;
 
-ALTER TABLE idempotency.endpoints ADD COLUMN diagnostics_redact text[];
-
--- in the Citus mode endpoints is a reference table, whose triggers Citus
--- accepts only so (as idem_citus_setup makes them), until the update ends
-DO $$
-BEGIN
-    IF EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
-        PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
-    END IF;
-END
-$$;
+SELECT idempotency.idem_update_ddl('idempotency.endpoints', 'ALTER TABLE %1$s ADD COLUMN diagnostics_redact text[]');
 
 -- The ranges of ttl and lease (positive, at most 100 years) and the
 -- pointers of diagnostics_redact, refused with 22023 naming the column
@@ -150,10 +236,11 @@ RETURNS trigger
 AS 'MODULE_PATHNAME', 'idem_endpoints_check'
 LANGUAGE C;
 
-CREATE TRIGGER endpoints_check
-    BEFORE INSERT OR UPDATE ON idempotency.endpoints
-    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_check();
-ALTER TABLE idempotency.endpoints ENABLE ALWAYS TRIGGER endpoints_check;
+SELECT idempotency.idem_update_ddl('idempotency.endpoints', $ddl$
+CREATE TRIGGER endpoints_check%2$s
+    BEFORE INSERT OR UPDATE ON %1$s
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_check()$ddl$);
+SELECT idempotency.idem_update_ddl('idempotency.endpoints', 'ALTER TABLE %1$s ENABLE ALWAYS TRIGGER endpoints_check%2$s');
 
 REVOKE EXECUTE ON FUNCTION idempotency.idem_endpoints_check() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.idem_endpoints_check() TO idempotency_admin;
@@ -591,9 +678,10 @@ COMMENT ON FUNCTION idempotency.idem_keys_horizon_trigger() IS
     'Raises the key horizon of a row of idempotency.keys written by SQL (trigger keys_horizon)';
 REVOKE EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() TO idempotency_admin;
-CREATE TRIGGER keys_horizon BEFORE INSERT OR UPDATE ON idempotency.keys
-    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_keys_horizon_trigger();
-ALTER TABLE idempotency.keys ENABLE ALWAYS TRIGGER keys_horizon;
+SELECT idempotency.idem_update_ddl('idempotency.keys', $ddl$
+CREATE TRIGGER keys_horizon%2$s BEFORE INSERT OR UPDATE ON %1$s
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_keys_horizon_trigger()$ddl$);
+SELECT idempotency.idem_update_ddl('idempotency.keys', 'ALTER TABLE %1$s ENABLE ALWAYS TRIGGER keys_horizon%2$s');
 
 /*
  * Membership filters of the tombstone partitions (src/tombfilter.c): a
@@ -610,7 +698,11 @@ COMMENT ON FUNCTION idempotency.idem_tombstones_filter_trigger() IS
     'Adds a tombstone written into idempotency.tombstones to its partition''s filter (trigger tombstones_filter)';
 REVOKE EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() TO idempotency_admin;
-CREATE TRIGGER tombstones_filter BEFORE INSERT OR UPDATE ON idempotency.tombstones
-    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_tombstones_filter_trigger();
-ALTER TABLE idempotency.tombstones ENABLE ALWAYS TRIGGER tombstones_filter;
+SELECT idempotency.idem_update_ddl('idempotency.tombstones', $ddl$
+CREATE TRIGGER tombstones_filter%2$s BEFORE INSERT OR UPDATE ON %1$s
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_tombstones_filter_trigger()$ddl$);
+SELECT idempotency.idem_update_ddl('idempotency.tombstones', 'ALTER TABLE %1$s ENABLE ALWAYS TRIGGER tombstones_filter%2$s');
 
+-- the helpers of the Citus mode, at the top of this script
+DROP FUNCTION idempotency.idem_update_ddl(regclass, text, boolean);
+DROP FUNCTION idempotency.idem_update_targets(regclass);
