@@ -501,22 +501,40 @@ IdemDefaultHasRows(const MaintTable *t, TimestampTz lo, TimestampTz hi)
 }
 
 /*
- * Move the rows of the default partition of t whose expires_at is in
- * [lo, hi) into the table target (a partition about to be attached);
- * returns how many.
+ * Take the rows of the default partition of t whose expires_at is in
+ * [lo, hi) out of it, into the temporary table idem_moving (made here, and
+ * dropped by IdemDefaultMoveBack); returns how many.
  */
 static int64
-IdemDefaultMoveRows(const MaintTable *t, TimestampTz lo, TimestampTz hi,
-					const char *target)
+IdemDefaultMoveOut(const MaintTable *t, TimestampTz lo, TimestampTz hi)
 {
 	Oid			argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
 
+	IdemExecDDL(psprintf("CREATE TEMPORARY TABLE idem_moving (LIKE idempotency.%s)",
+						 t->name));
 	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY %s"
 										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
-										" INSERT INTO %s SELECT * FROM moved",
-										IdemDefaultName(t), target),
+										" INSERT INTO pg_temp.idem_moving SELECT * FROM moved",
+										IdemDefaultName(t)),
 							   2, argtypes, args, NULL, false, SPI_OK_INSERT);
+}
+
+/*
+ * Write the rows IdemDefaultMoveOut took back through the parent, which
+ * routes them to the partition just attached: as an INSERT into the
+ * partitioned table (a publication with publish_via_partition_root
+ * publishes it as such, where a write into the table before ATTACH went
+ * out under the table's own name, which no subscriber has), and through
+ * the triggers of the partition (horizons, tombstone filters).
+ */
+static void
+IdemDefaultMoveBack(const MaintTable *t)
+{
+	(void) IdemSpiExec(psprintf("INSERT INTO idempotency.%s SELECT * FROM pg_temp.idem_moving",
+								t->name),
+					   0, NULL, NULL, NULL, false, SPI_OK_INSERT);
+	IdemExecDDL("DROP TABLE pg_temp.idem_moving");
 }
 
 /* ---------------------------------------------------------------------
@@ -534,8 +552,9 @@ typedef struct CreateArgs
 
 /*
  * Make one partition: a standalone table with a CHECK constraint matching
- * its range (so that ATTACH need not scan it), the rows of its range moved
- * out of the default partition, then ATTACH.  Claims keep running against
+ * its range (so that ATTACH need not scan it); the rows of its range taken
+ * out of the default partition into a temporary table, ATTACH, and those
+ * rows written back through the parent.  Claims keep running against
  * the parent (ATTACH takes SHARE UPDATE EXCLUSIVE on it); only the default
  * partition is locked exclusively, and only for as long as the step lasts.
  */
@@ -588,17 +607,18 @@ IdemCreatePartition(IdemMaintPass *p, void *arg)
 	if (IdemDefaultHasRows(t, a->range->lo, a->range->hi))
 		IdemExecDDL(lock_parent_exclusive);
 
-	a->moved = IdemDefaultMoveRows(t, a->range->lo, a->range->hi, qname);
-	/* the table had no trigger yet: its filter learns the moved tombstones */
-	if (t == &tombstones_table && a->moved > 0)
-		(void) IdemTombFilterAddAll(IdemTombstoneRelid(),
-									get_relname_relid(a->name, get_namespace_oid(IDEM_SCHEMA, false)));
+	a->moved = IdemDefaultHasRows(t, a->range->lo, a->range->hi) ?
+		IdemDefaultMoveOut(t, a->range->lo, a->range->hi) : -1;
 
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "ALTER TABLE idempotency.%s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
 					 t->name, qname, lo, hi);
 	IdemExecDDL(sql.data);
+	if (a->moved >= 0)
+		IdemDefaultMoveBack(t);
+	else
+		a->moved = 0;
 }
 
 void

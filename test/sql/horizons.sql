@@ -143,8 +143,9 @@ COMMIT;
 SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h1', 'h1-bound', regress.fp('a'));
 
 -- A tombstone in the default partition of tombstones, moved into a dated
--- partition that a later pass makes (before it is attached, so without the
--- trigger): the new partition's filter learns it, and the claim finds it.
+-- partition that a later pass makes (written back through the parent once
+-- the partition is attached): the partition's filter has it, and the claim
+-- finds it.
 INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
 VALUES (idempotency.idem_tombstone_hash('t', 'POST /h6', 'h6-a'), regress.fp('a'),
         now() - interval '1 day', now() + interval '5 years 1 day');

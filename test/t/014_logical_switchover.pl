@@ -66,6 +66,30 @@ is( $green->safe_psql('postgres', 'SELECT secret FROM idempotency.diagnostics_se
 	$blue->safe_psql('postgres', 'SELECT secret FROM idempotency.diagnostics_secret'),
 	'green holds blue\'s diagnostics secret');
 
+# A key whose expiry no partition covers yet lands in blue's default
+# partition; the pass that makes its partition moves it there, as an
+# INSERT into idempotency.keys that green can apply (a write into the new
+# table before it was attached went out under the table's own name, which
+# green has not, and stopped the subscription).
+$blue->safe_psql('postgres', q{
+SET idempotency.max_ttl = '30d';
+BEGIN;
+SELECT idempotency.idem_claim('t', 'POST /far', 'far-1', sha256('far'), ttl => '20 days');
+SELECT idempotency.idem_finish('t', 'POST /far', 'far-1', 201, '{"far": 1}');
+COMMIT;});
+is($blue->safe_psql('postgres', q{SELECT tableoid::regclass FROM idempotency.keys WHERE key = 'far-1'}),
+	'idempotency.keys_default', 'a key beyond the partitions made lands in the default partition');
+$blue->safe_psql('postgres', q{
+SET idempotency.max_ttl = '30d';
+SELECT count(*) FROM idempotency.idem_maintenance();});
+isnt($blue->safe_psql('postgres', q{SELECT tableoid::regclass FROM idempotency.keys WHERE key = 'far-1'}),
+	'idempotency.keys_default', 'a pass moves it into the partition it makes');
+$blue->wait_for_catchup('green');
+is($green->safe_psql('postgres', q{SELECT response_status FROM idempotency.keys WHERE key = 'far-1'}),
+	'201', 'green receives the moved key');
+# it has no business row: out of the checks below
+$blue->safe_psql('postgres', q{DELETE FROM idempotency.keys WHERE key = 'far-1'});
+
 my $dir = PostgreSQL::Test::Utils::tempdir;
 my $key = q{'k' || :k};
 my $fp = "sha256(convert_to($key, 'UTF8'))";
