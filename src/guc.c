@@ -50,7 +50,7 @@ int			idem_diagnostics_max_mismatches = 3;
 int			idem_diagnostics_tracked_keys = 10000;
 int			idem_tombstone_ttl = 30 * 24 * 60 * 60;
 int			idem_tombstone_partition_interval = 7 * 24 * 60 * 60;
-int			idem_tombstone_filter_memory = 8 * 1024;
+int			idem_tombstone_filter_memory = 32 * 1024;
 
 /* the value the GUC machinery holds for idempotency.encryption_key: "" */
 static char *idem_encryption_key_setting = NULL;
@@ -242,7 +242,7 @@ IdemGucInit(void)
 								"Shared memory for the membership filters of tombstone partitions.",
 								"A claim opens a tombstone partition only when its filter says the key may be there; a filter takes about 16 bits a tombstone. 0 keeps no filter: every partition is probed.",
 								&idem_tombstone_filter_memory,
-								8 * 1024, 0, 1024 * 1024,
+								32 * 1024, 0, 1024 * 1024,
 								PGC_POSTMASTER, GUC_UNIT_KB,
 								NULL, NULL, NULL);
 	if (process_shared_preload_libraries_in_progress)

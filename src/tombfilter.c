@@ -11,7 +11,7 @@
  *
  *	  The filters are blocked Bloom filters (every hash sets its bits in one
  *	  64-byte block) in a dynamic shared memory area of
- *	  idempotency.tombstone_filter_memory, made at server start in the main
+ *	  idempotency.tombstone_filter_memory (32 MB), made at server start in the main
  *	  shared memory.  A partition's filter grows by generations, each twice
  *	  the size of the one before, so that it needs no count in advance; a
  *	  partition whose filter cannot grow (the area is full) is marked
