@@ -569,6 +569,7 @@ IdemCreatePartition(IdemMaintPass *p, void *arg)
 	char	   *lock_parent_exclusive = psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
 												 t->name);
 	StringInfoData sql;
+	bool		move;
 
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
@@ -603,22 +604,21 @@ IdemCreatePartition(IdemMaintPass *p, void *arg)
 	IdemExecDDL(psprintf("LOCK TABLE ONLY idempotency.%s IN ACCESS EXCLUSIVE MODE",
 						 t->dflt));
 
-	/* rows that arrived meanwhile */
-	if (IdemDefaultHasRows(t, a->range->lo, a->range->hi))
+	/* rows that arrived meanwhile; with the default locked, none comes now */
+	move = IdemDefaultHasRows(t, a->range->lo, a->range->hi);
+	if (move)
+	{
 		IdemExecDDL(lock_parent_exclusive);
-
-	a->moved = IdemDefaultHasRows(t, a->range->lo, a->range->hi) ?
-		IdemDefaultMoveOut(t, a->range->lo, a->range->hi) : -1;
+		a->moved = IdemDefaultMoveOut(t, a->range->lo, a->range->hi);
+	}
 
 	resetStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "ALTER TABLE idempotency.%s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)",
 					 t->name, qname, lo, hi);
 	IdemExecDDL(sql.data);
-	if (a->moved >= 0)
+	if (move)
 		IdemDefaultMoveBack(t);
-	else
-		a->moved = 0;
 }
 
 void

@@ -483,7 +483,7 @@ IdemTombFilterAddRow(TupleTableSlot *slot, void *arg)
 }
 
 /* Every row version of one partition, into its filter. */
-int64
+static int64
 IdemTombFilterAddAll(Oid parent, Oid partoid)
 {
 	AddAllState st;

@@ -37,12 +37,6 @@ extern void IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash);
  */
 extern int64 IdemTombFilterLearn(Oid parent);
 
-/*
- * Every row of relid, about to become partition relid of parent without
- * passing the trigger (rows moved into it before it is attached), into its
- * filter; returns how many.
- */
-extern int64 IdemTombFilterAddAll(Oid parent, Oid relid);
 extern void IdemTombFilterDropped(Oid parent, Oid partoid);
 
 #endif							/* IDEM_TOMBFILTER_H */
