@@ -377,6 +377,21 @@ IdemDatabaseWorkerMain(Datum main_arg)
 		table_endscan(scan);
 		table_close(rel, AccessShareLock);
 	}
+
+	/*
+	 * Every pass writes: a server or database whose new transactions are
+	 * read only (as a switch-over stops the writes of the old primary) gets
+	 * none, rather than a pass failing every interval.
+	 */
+	if (OidIsValid(extowner) && DefaultXactReadOnly)
+	{
+		ereport(LOG,
+				(errmsg("idempotency maintenance skipped database \"%s\": its transactions are read only",
+						get_database_name(MyDatabaseId)),
+				 errdetail("default_transaction_read_only is on for the server or the database."),
+				 errhint("Maintenance resumes at the first pass after default_transaction_read_only is turned off.")));
+		extowner = InvalidOid;
+	}
 	CommitTransactionCommand();
 	if (!OidIsValid(extowner))
 		proc_exit(0);
