@@ -183,4 +183,10 @@ extern int64 IdemKeystorePurgeDefault(TimestampTz as_of);
  */
 extern Oid	IdemKeystoreRelid(void);
 
+/*
+ * Citus mode: the shard of idempotency.tombstones on this node colocated
+ * with tenant's shard of keys, or InvalidOid.
+ */
+extern Oid	IdemKeystoreTombstoneShard(const text *tenant);
+
 #endif							/* IDEM_KEYSTORE_H */

@@ -90,6 +90,9 @@ typedef struct CitusShardEntry
 	int64		shardid;
 	Oid			shard_relid;	/* the shard's relation here, or InvalidOid */
 	bool		local;			/* a placement of the shard is on this node */
+	Oid			tombstones_relid;	/* the colocated shard of tombstones here,
+									 * or InvalidOid (none here, or the
+									 * tombstones are not distributed) */
 	LocalTransactionId locked_lxid; /* the shard lock is held by this */
 	SubTransactionId locked_subxid; /* (sub)transaction */
 } CitusShardEntry;
@@ -356,6 +359,7 @@ IdemCitusResolve(const text *tenant)
 	int64		shardid;
 	Oid			shard_relid;
 	bool		local;
+	Oid			tombstones_relid;
 	bool		isnull;
 	bool		found;
 	int			rc;
@@ -371,11 +375,20 @@ IdemCitusResolve(const text *tenant)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
+	/*
+	 * With the colocated shard of idempotency.tombstones (tombstone.c),
+	 * where it is distributed: after an update from 0.3.0 the keys may be
+	 * distributed while the tombstones are not yet.
+	 */
 	rc = SPI_execute_with_args("SELECT s.id,"
 							   " pg_catalog.to_regclass(pg_catalog.shard_name($1, s.id))::oid,"
 							   " EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
 							   "   JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
-							   "   WHERE p.shardid = s.id)"
+							   "   WHERE p.shardid = s.id),"
+							   " (SELECT pg_catalog.to_regclass(pg_catalog.shard_name(d.logicalrelid,"
+							   "     pg_catalog.get_shard_id_for_distribution_column(d.logicalrelid, $2)))::oid"
+							   "   FROM pg_catalog.pg_dist_partition d"
+							   "   WHERE d.logicalrelid = pg_catalog.to_regclass('idempotency.tombstones'))"
 							   " FROM (SELECT pg_catalog.get_shard_id_for_distribution_column($1, $2) AS id) s",
 							   2, argtypes, args, NULL, true, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
@@ -389,6 +402,10 @@ IdemCitusResolve(const text *tenant)
 		shard_relid = InvalidOid;
 	local = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
 									   SPI_tuptable->tupdesc, 3, &isnull));
+	tombstones_relid = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+													  SPI_tuptable->tupdesc, 4, &isnull));
+	if (isnull)
+		tombstones_relid = InvalidOid;
 	IdemEndOwnerSection(&section);
 	SPI_finish();
 
@@ -409,10 +426,24 @@ IdemCitusResolve(const text *tenant)
 	entry->shardid = shardid;
 	entry->shard_relid = shard_relid;
 	entry->local = local && OidIsValid(shard_relid);
+	entry->tombstones_relid = tombstones_relid;
 	entry->locked_lxid = InvalidLocalTransactionId;
 	entry->locked_subxid = InvalidSubTransactionId;
 	pfree(name);
 	return entry;
+}
+
+/*
+ * Citus mode: the shard of idempotency.tombstones on this node colocated
+ * with the tenant's shard of keys, or InvalidOid; resolved in the same
+ * query as the keys' shard and cached with it.  The claim has resolved and
+ * locked the keys' shard against moves before: a move of one is a move of
+ * both.
+ */
+Oid
+IdemKeystoreTombstoneShard(const text *tenant)
+{
+	return IdemCitusResolve(tenant)->tombstones_relid;
 }
 
 /*

@@ -97,38 +97,12 @@ typedef struct TombstoneProbe
 
 static HTAB *tombstone_probes = NULL;
 
-/*
- * Citus mode: whether idempotency.tombstones is distributed (unknown,
- * no, yes), and per tenant the local shard of tombstones colocated with
- * the tenant's shard of keys, as resolved on this node.
- */
+/* Citus mode: whether idempotency.tombstones is distributed (unknown, no, yes). */
 static int	tombstones_distributed = -1;
-
-typedef struct TombstoneShard
-{
-	char		tenant[IDEM_SCOPE_MAX_LEN + 1]; /* hash key */
-	Oid			relid;			/* the shard here, or InvalidOid */
-} TombstoneShard;
-
-#define IDEM_TOMBSTONE_SHARDS_MAX 4096
-
-static HTAB *tombstone_shards = NULL;
-
-static void
-IdemTombstoneShardsForget(void)
-{
-	if (tombstone_shards != NULL)
-	{
-		hash_destroy(tombstone_shards);
-		tombstone_shards = NULL;
-	}
-}
 
 static void
 IdemTombstoneInvalidate(Datum arg, Oid relid)
 {
-	bool		probe_found = false;
-
 	if (!OidIsValid(relid) || relid == tombstones_relid)
 	{
 		tombstones_relid = InvalidOid;
@@ -137,16 +111,13 @@ IdemTombstoneInvalidate(Datum arg, Oid relid)
 	if (tombstone_probes != NULL)
 	{
 		if (OidIsValid(relid))
-			(void) hash_search(tombstone_probes, &relid, HASH_REMOVE, &probe_found);
+			(void) hash_search(tombstone_probes, &relid, HASH_REMOVE, NULL);
 		else
 		{
 			hash_destroy(tombstone_probes);
 			tombstone_probes = NULL;
 		}
 	}
-	/* a shard, or one of Citus's catalogs: as for the keys (keystore_rel.c) */
-	if (!probe_found)
-		IdemTombstoneShardsForget();
 }
 
 /* idempotency.tombstones, or InvalidOid where it does not exist */
@@ -356,69 +327,21 @@ IdemTombstoneGetProbe(Relation part)
 
 /*
  * Citus mode: the shard of idempotency.tombstones on this node that holds
- * the tombstones of tenant, colocated with the tenant's shard of keys
- * (which the claim has resolved and locked against moves before: a move of
- * one is a move of both).  Cached per backend, forgotten as the shards of
- * keys are (IdemTombstoneInvalidate).
+ * the tombstones of tenant, colocated with the tenant's shard of keys and
+ * resolved with it (keystore_rel.c).
  */
 static Oid
 IdemTombstoneShard(const text *tenant)
 {
-	char	   *name = text_to_cstring(tenant);
-	TombstoneShard *entry;
-	IdemOwnerSection section;
-	Datum		d;
-	bool		isnull;
-	bool		found;
-	Oid			relid;
+	Oid			relid = IdemKeystoreTombstoneShard(tenant);
 
-	if (strlen(name) > IDEM_SCOPE_MAX_LEN)
-		elog(ERROR, "tenant longer than %d bytes", IDEM_SCOPE_MAX_LEN);
-	if (tombstone_shards != NULL &&
-		(entry = hash_search(tombstone_shards, name, HASH_FIND, NULL)) != NULL)
-		relid = entry->relid;
-	else
-	{
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
-		if (SPI_execute_with_args("SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1,"
-								  " pg_catalog.get_shard_id_for_distribution_column($1, $2)))::oid",
-								  2, (Oid[]) {OIDOID, TEXTOID},
-								  (Datum[]) {ObjectIdGetDatum(IdemTombstoneRelid()),
-									  PointerGetDatum(tenant)},
-								  NULL, true, 1) != SPI_OK_SELECT ||
-			SPI_processed != 1)
-			elog(ERROR, "resolving the shard of idempotency.tombstones failed");
-		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-		relid = isnull ? InvalidOid : DatumGetObjectId(d);
-		IdemEndOwnerSection(&section);
-		SPI_finish();
-
-		/* bounded: emptied when full */
-		if (tombstone_shards != NULL &&
-			hash_get_num_entries(tombstone_shards) >= IDEM_TOMBSTONE_SHARDS_MAX)
-			IdemTombstoneShardsForget();
-		if (tombstone_shards == NULL)
-		{
-			HASHCTL		ctl;
-
-			ctl.keysize = IDEM_SCOPE_MAX_LEN + 1;
-			ctl.entrysize = sizeof(TombstoneShard);
-			ctl.hcxt = CacheMemoryContext;
-			tombstone_shards = hash_create("idempotency tombstone shards", 64, &ctl,
-										   HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
-		}
-		entry = hash_search(tombstone_shards, name, HASH_ENTER, &found);
-		entry->relid = relid;
-	}
 	if (!OidIsValid(relid))
 		ereport(ERROR,
 				(errcode(ERRCODE_IDEM_SHARD_NOT_LOCAL),
-				 errmsg("the tombstones of tenant \"%s\" are not on this node", name),
+				 errmsg("the tombstones of tenant \"%s\" are not on this node",
+						text_to_cstring(tenant)),
 				 errdetail("idempotency.tombstones is a Citus distributed table colocated with idempotency.keys, and the shard that holds the tenant's tombstones has no placement on this node."),
 				 errhint("Call the function on the coordinator as a statement of its own, so that Citus delegates it to the tenant's node; see doc/scaling.md, \"Citus: which calls are delegated\".")));
-	pfree(name);
 	return relid;
 }
 
