@@ -67,6 +67,7 @@
 #include "idempotency.h"
 #include "schema.h"
 #include "tombfilter.h"
+#include "tombstone.h"
 
 #define IDEM_TOMBFILTER_TRANCHE		"idempotency tombstone filters"
 /* headers of the shared table: databases and their tombstone partitions */
@@ -469,17 +470,40 @@ typedef struct AddAllState
 	Oid			parent;
 	Oid			partoid;
 	AttrNumber	a_hash;
+	AttrNumber	a_fp;
 } AddAllState;
+
+/*
+ * Every hash a row of tombstones stands for (one, or the entries of a run,
+ * tombstone.h) into the filter of partoid.
+ */
+static void
+IdemTombFilterAddHashes(Oid parent, Oid partoid, bytea *scope_hash, bytea *fingerprint)
+{
+	const uint8 *h;
+	int			stride;
+	int			n = IdemTombstoneRowHashes(scope_hash, fingerprint, &h, &stride);
+
+	StaticAssertStmt(IDEM_TOMBFILTER_HASH_LEN <= IDEM_TOMBSTONE_HASH_LEN,
+					 "a filter reads more of a hash than a tombstone keeps");
+	for (int i = 0; i < n; i++, h += stride)
+		IdemTombFilterAdd(parent, partoid, h);
+}
 
 static void
 IdemTombFilterAddRow(TupleTableSlot *slot, void *arg)
 {
 	AddAllState *st = arg;
 	bool		isnull;
-	bytea	   *h = DatumGetByteaPP(slot_getattr(slot, st->a_hash, &isnull));
+	bool		fp_isnull;
+	Datum		h = slot_getattr(slot, st->a_hash, &isnull);
+	Datum		fp = st->a_fp > 0 ? slot_getattr(slot, st->a_fp, &fp_isnull) : (Datum) 0;
 
-	if (!isnull && VARSIZE_ANY_EXHDR(h) >= IDEM_TOMBFILTER_HASH_LEN)
-		IdemTombFilterAdd(st->parent, st->partoid, (const uint8 *) VARDATA_ANY(h));
+	if (st->a_fp <= 0)
+		fp_isnull = true;
+	if (!isnull)
+		IdemTombFilterAddHashes(st->parent, st->partoid, DatumGetByteaPP(h),
+								fp_isnull ? NULL : DatumGetByteaPP(fp));
 }
 
 /* Every row version of one partition, into its filter. */
@@ -491,6 +515,7 @@ IdemTombFilterAddAll(Oid parent, Oid partoid)
 	st.parent = parent;
 	st.partoid = partoid;
 	st.a_hash = get_attnum(partoid, "scope_hash");
+	st.a_fp = get_attnum(partoid, "fingerprint");
 	if (st.a_hash == InvalidAttrNumber)
 		elog(ERROR, "partition %u of idempotency.tombstones lacks scope_hash", partoid);
 	if (tf_hash == NULL || IdemTombFilterArea() == NULL)
@@ -637,23 +662,25 @@ idem_tombstones_filter_trigger(PG_FUNCTION_ARGS)
 	HeapTuple	tuple = IdemBeforeRowTriggerTuple(fcinfo, "idem_tombstones_filter_trigger",
 												  &rel);
 	int			a_hash;
+	int			a_fp;
 	bool		isnull;
+	bool		fp_isnull = true;
 	Datum		d;
+	Datum		fp = (Datum) 0;
 
 	if (tf_hash == NULL || !rel->rd_rel->relispartition)
 		return PointerGetDatum(tuple);
 	a_hash = get_attnum(RelationGetRelid(rel), "scope_hash");
+	a_fp = get_attnum(RelationGetRelid(rel), "fingerprint");
 	if (a_hash > 0)
 	{
 		d = heap_getattr(tuple, a_hash, RelationGetDescr(rel), &isnull);
+		if (a_fp > 0)
+			fp = heap_getattr(tuple, a_fp, RelationGetDescr(rel), &fp_isnull);
 		if (!isnull)
-		{
-			bytea	   *h = DatumGetByteaPP(d);
-
-			if (VARSIZE_ANY_EXHDR(h) >= IDEM_TOMBFILTER_HASH_LEN)
-				IdemTombFilterAdd(IdemPartitionRoot(rel), RelationGetRelid(rel),
-								  (const uint8 *) VARDATA_ANY(h));
-		}
+			IdemTombFilterAddHashes(IdemPartitionRoot(rel), RelationGetRelid(rel),
+									DatumGetByteaPP(d),
+									fp_isnull ? NULL : DatumGetByteaPP(fp));
 	}
 	return PointerGetDatum(tuple);
 }

@@ -39,6 +39,7 @@
 #include "postgres.h"
 
 #include "access/genam.h"
+#include "access/heaptoast.h"
 #include "access/htup_details.h"
 #include "access/table.h"
 #include "access/tableam.h"
@@ -51,6 +52,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "executor/tuptable.h"
+#include "port/pg_bswap.h"
 #include "fmgr.h"
 #include "partitioning/partbounds.h"
 #include "partitioning/partdesc.h"
@@ -245,6 +247,73 @@ IdemTombstoneHashDatum(const text *tenant, const text *endpoint, const text *key
 	return h;
 }
 
+/*
+ * Runs (tombstone.h).  A run's bucket is the first bits of its entries'
+ * hashes, 4 to 24 of them in steps of 4, chosen per drop so that a bucket
+ * holds about a row or more of entries; its scope_hash is one byte that
+ * says how many bits, then those bits (the last byte's low nibble zero
+ * when they end mid-byte), so that it is never as long as a hash and the
+ * buckets of every width can be looked up by equality, as a hash is.
+ * Entries per row: as many as keep the row under the size at which it
+ * would be compressed or moved out of line, so that a row is read in place.
+ */
+#define RUN_MIN_BITS	4
+#define RUN_MAX_BITS	24
+#define RUN_NBUCKETKEYS	(RUN_MAX_BITS / RUN_MIN_BITS)
+#define RUN_MAX_ENTRIES ((TOAST_TUPLE_THRESHOLD - 64) / IDEM_TOMBSTONE_RUN_ENTRY)
+
+StaticAssertDecl(RUN_MAX_ENTRIES >= 8, "a run holds too few entries for this block size");
+
+/* The bucket of hash at bits bits into out (at most 4 bytes); its length. */
+static int
+IdemTombstoneBucket(const uint8 *hash, int bits, uint8 *out)
+{
+	int			nbytes = (bits + 7) / 8;
+
+	out[0] = (uint8) bits;
+	memcpy(out + 1, hash, nbytes);
+	if (bits % 8 != 0)
+		out[nbytes] &= (uint8) (0xFF << (8 - bits % 8));
+	return 1 + nbytes;
+}
+
+/* Whether a row with this scope_hash and fingerprint is a run. */
+static bool
+IdemTombstoneIsRun(const uint8 *h, int hlen, int fplen)
+{
+	int			bits;
+
+	if (hlen < 2 || hlen >= IDEM_TOMBSTONE_HASH_LEN)
+		return false;
+	bits = h[0];
+	return bits >= RUN_MIN_BITS && bits <= RUN_MAX_BITS && bits % RUN_MIN_BITS == 0 &&
+		hlen == 1 + (bits + 7) / 8 &&
+		fplen > 0 && fplen % IDEM_TOMBSTONE_RUN_ENTRY == 0;
+}
+
+int
+IdemTombstoneRowHashes(bytea *scope_hash, bytea *fingerprint,
+					   const uint8 **first, int *stride)
+{
+	int			hlen = VARSIZE_ANY_EXHDR(scope_hash);
+
+	if (hlen >= IDEM_TOMBSTONE_HASH_LEN)
+	{
+		*first = (const uint8 *) VARDATA_ANY(scope_hash);
+		*stride = 0;
+		return 1;
+	}
+	if (fingerprint != NULL &&
+		IdemTombstoneIsRun((const uint8 *) VARDATA_ANY(scope_hash), hlen,
+						   VARSIZE_ANY_EXHDR(fingerprint)))
+	{
+		*first = (const uint8 *) VARDATA_ANY(fingerprint);
+		*stride = IDEM_TOMBSTONE_RUN_ENTRY;
+		return VARSIZE_ANY_EXHDR(fingerprint) / IDEM_TOMBSTONE_RUN_ENTRY;
+	}
+	return 0;
+}
+
 PG_FUNCTION_INFO_V1(idem_tombstone_hash);
 
 /*
@@ -345,6 +414,69 @@ IdemTombstoneShard(const text *tenant)
 	return relid;
 }
 
+/* A tombstone found: kept when it lives at now and is the latest so far. */
+static void
+IdemTombstoneConsider(TimestampTz now, TimestampTz expired, TimestampTz expires,
+					  const char *fp, int fplen, bool *found,
+					  bytea **fingerprint, TimestampTz *expired_at,
+					  MemoryContext cxt)
+{
+	bytea	   *copy;
+
+	if (expires <= now || (*found && expired <= *expired_at))
+		return;
+	*found = true;
+	*expired_at = expired;
+	copy = MemoryContextAlloc(cxt, VARHDRSZ + fplen);
+	SET_VARSIZE(copy, VARHDRSZ + fplen);
+	memcpy(VARDATA(copy), fp, fplen);
+	*fingerprint = copy;
+}
+
+/*
+ * The entries for hash of a run (a row whose scope_hash is the bucket of
+ * hash), by binary search: each is considered.
+ */
+static void
+IdemTombstoneConsiderRun(const uint8 *hash, bytea *packed,
+						 TimestampTz row_expired, TimestampTz row_expires,
+						 TimestampTz now, bool *found, bytea **fingerprint,
+						 TimestampTz *expired_at, MemoryContext cxt)
+{
+	const uint8 *entries = (const uint8 *) VARDATA_ANY(packed);
+	int			n = VARSIZE_ANY_EXHDR(packed) / IDEM_TOMBSTONE_RUN_ENTRY;
+	int			lo = 0;
+	int			hi = n;
+
+	/* the first entry not below hash */
+	while (lo < hi)
+	{
+		int			mid = lo + (hi - lo) / 2;
+
+		if (memcmp(entries + (Size) mid * IDEM_TOMBSTONE_RUN_ENTRY, hash,
+				   IDEM_TOMBSTONE_HASH_LEN) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (; lo < n; lo++)
+	{
+		const uint8 *e = entries + (Size) lo * IDEM_TOMBSTONE_RUN_ENTRY;
+		uint32		back_expired;
+		uint32		back_expires;
+
+		if (memcmp(e, hash, IDEM_TOMBSTONE_HASH_LEN) != 0)
+			break;
+		memcpy(&back_expired, e + IDEM_TOMBSTONE_HASH_LEN + IDEM_TOMBSTONE_FP_LEN, 4);
+		memcpy(&back_expires, e + IDEM_TOMBSTONE_HASH_LEN + IDEM_TOMBSTONE_FP_LEN + 4, 4);
+		IdemTombstoneConsider(now,
+							  row_expired - (TimestampTz) pg_ntoh32(back_expired) * USECS_PER_SEC,
+							  row_expires - (TimestampTz) pg_ntoh32(back_expires) * USECS_PER_SEC,
+							  (const char *) e + IDEM_TOMBSTONE_HASH_LEN,
+							  IDEM_TOMBSTONE_FP_LEN, found, fingerprint, expired_at, cxt);
+	}
+}
+
 bool
 IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 				  bytea **fingerprint, TimestampTz *expired_at,
@@ -360,6 +492,27 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	bool		filtered = !IdemKeystoreDistributed();
 	bool	   *skip;
 	bool		found = false;
+
+	/*
+	 * What to look up: the hash, and (outside the Citus mode, where only
+	 * maintenance's drops of whole partitions write runs) its bucket at
+	 * every width a run may have.
+	 */
+	Datum		lookups[1 + RUN_NBUCKETKEYS];
+	int			nlookups = 1;
+
+	lookups[0] = PointerGetDatum(hash);
+	if (filtered)
+	{
+		for (int bits = RUN_MIN_BITS; bits <= RUN_MAX_BITS; bits += RUN_MIN_BITS)
+		{
+			bytea	   *b = palloc(VARHDRSZ + 4);
+
+			SET_VARSIZE(b, VARHDRSZ + IdemTombstoneBucket((const uint8 *) VARDATA(hash),
+														  bits, (uint8 *) VARDATA(b)));
+			lookups[nlookups++] = PointerGetDatum(b);
+		}
+	}
 
 	/* in the Citus mode, the tenant's shard here (itself partitioned alike) */
 	parent = table_open(IdemTombstonesCitus() ? IdemTombstoneShard(scope->tenant) :
@@ -411,32 +564,38 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 		idx = index_open(probe.indexoid, AccessShareLock);
 
 		/* no predicate locks: see IdemProbeIndex in keystore_direct.c */
-		ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
-							   InvalidOid, F_BYTEAEQ, PointerGetDatum(hash));
 		slot = table_slot_create(part, NULL);
 		scan = IdemIndexBeginscan(part, idx, unlocked ? SnapshotAny : snapshot, 1, 0);
-		index_rescan(scan, &skey, 1, NULL, 0);
-		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		for (int k = 0; k < nlookups; k++)
 		{
-			bool		isnull;
-			TimestampTz expires;
-			TimestampTz expired;
-
-			if (unlocked && !table_tuple_satisfies_snapshot(part, slot, snapshot))
-				continue;
-			expires = DatumGetTimestampTz(slot_getattr(slot, probe.a_expires, &isnull));
-			if (isnull || expires <= now)
-				continue;
-			expired = DatumGetTimestampTz(slot_getattr(slot, probe.a_expired, &isnull));
-			if (isnull || (found && expired <= *expired_at))
-				continue;
-			found = true;
-			*expired_at = expired;
+			ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
+								   InvalidOid, F_BYTEAEQ, lookups[k]);
+			index_rescan(scan, &skey, 1, NULL, 0);
+			while (index_getnext_slot(scan, ForwardScanDirection, slot))
 			{
-				MemoryContext old = MemoryContextSwitchTo(cxt);
+				bool		isnull;
+				bool		isnull2;
+				TimestampTz expires;
+				TimestampTz expired;
+				bytea	   *fp;
 
-				*fingerprint = DatumGetByteaPCopy(slot_getattr(slot, probe.a_fp, &isnull));
-				MemoryContextSwitchTo(old);
+				if (unlocked && !table_tuple_satisfies_snapshot(part, slot, snapshot))
+					continue;
+				expires = DatumGetTimestampTz(slot_getattr(slot, probe.a_expires, &isnull));
+				expired = DatumGetTimestampTz(slot_getattr(slot, probe.a_expired, &isnull2));
+				if (isnull || isnull2 || expires <= now)
+					continue;
+				fp = DatumGetByteaPP(slot_getattr(slot, probe.a_fp, &isnull));
+				if (isnull)
+					continue;
+				if (k == 0)
+					IdemTombstoneConsider(now, expired, expires, VARDATA_ANY(fp),
+										  VARSIZE_ANY_EXHDR(fp), &found,
+										  fingerprint, expired_at, cxt);
+				else if (VARSIZE_ANY_EXHDR(fp) % IDEM_TOMBSTONE_RUN_ENTRY == 0)
+					IdemTombstoneConsiderRun((const uint8 *) VARDATA(hash), fp,
+											 expired, expires, now, &found,
+											 fingerprint, expired_at, cxt);
 			}
 		}
 		index_endscan(scan);
@@ -446,7 +605,8 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	}
 	UnregisterSnapshot(snapshot);
 	table_close(parent, NoLock);
-	pfree(hash);
+	for (int k = 0; k < nlookups; k++)
+		pfree(DatumGetPointer(lookups[k]));
 	pfree(skip);
 	return found;
 }
@@ -684,6 +844,215 @@ IdemTombstonesBeforeShardDrop(Oid relid)
 	SPI_finish();
 }
 
+/* One tombstone of a run being built. */
+typedef struct RunEntry
+{
+	uint8		hash[IDEM_TOMBSTONE_HASH_LEN];
+	uint8		fp[IDEM_TOMBSTONE_FP_LEN];
+	TimestampTz expired;
+	TimestampTz expires;
+} RunEntry;
+
+typedef struct RunWriter
+{
+	SPIPlanPtr	insert;			/* INSERT of one row of tombstones */
+	int			bits;			/* width of the buckets */
+	uint8		bucket[4];		/* the bucket of the entries held */
+	int			bucket_len;
+	RunEntry	entries[RUN_MAX_ENTRIES];
+	int			n;
+} RunWriter;
+
+static void
+IdemTombstoneInsertRow(RunWriter *w, const uint8 *scope_hash, int hlen,
+					   const uint8 *fp, int fplen, TimestampTz expired,
+					   TimestampTz expires)
+{
+	bytea	   *h = palloc(VARHDRSZ + hlen);
+	bytea	   *f = palloc(VARHDRSZ + fplen);
+	Datum		values[4];
+	int			rc;
+
+	SET_VARSIZE(h, VARHDRSZ + hlen);
+	memcpy(VARDATA(h), scope_hash, hlen);
+	SET_VARSIZE(f, VARHDRSZ + fplen);
+	memcpy(VARDATA(f), fp, fplen);
+	values[0] = PointerGetDatum(h);
+	values[1] = PointerGetDatum(f);
+	values[2] = TimestampTzGetDatum(expired);
+	values[3] = TimestampTzGetDatum(expires);
+	rc = SPI_execute_plan(w->insert, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT)
+		elog(ERROR, "writing a row of tombstones failed: %s",
+			 SPI_result_code_string(rc));
+	pfree(h);
+	pfree(f);
+}
+
+/*
+ * The entries held, as one row: its expired_at and expires_at are the
+ * latest of theirs, and each entry keeps how many whole seconds lie
+ * between, so that an entry read back expires no earlier than its key's
+ * tombstone would have (up to a second later).  An entry too far back for
+ * its offsets (never within one partition's drop) is written alone.
+ */
+static void
+IdemTombstoneFlushRun(RunWriter *w)
+{
+	TimestampTz row_expired = DT_NOBEGIN;
+	TimestampTz row_expires = DT_NOBEGIN;
+	uint8	   *packed;
+	int			n = 0;
+
+	if (w->n == 0)
+		return;
+	for (int i = 0; i < w->n; i++)
+	{
+		row_expired = Max(row_expired, w->entries[i].expired);
+		row_expires = Max(row_expires, w->entries[i].expires);
+	}
+	packed = palloc((Size) w->n * IDEM_TOMBSTONE_RUN_ENTRY);
+	for (int i = 0; i < w->n; i++)
+	{
+		RunEntry   *e = &w->entries[i];
+		int64		back_expired = (row_expired - e->expired) / USECS_PER_SEC;
+		int64		back_expires = (row_expires - e->expires) / USECS_PER_SEC;
+		uint8	   *out = packed + (Size) n * IDEM_TOMBSTONE_RUN_ENTRY;
+		uint32		v;
+
+		if (back_expired > PG_UINT32_MAX || back_expires > PG_UINT32_MAX)
+		{
+			IdemTombstoneInsertRow(w, e->hash, IDEM_TOMBSTONE_HASH_LEN,
+								   e->fp, IDEM_TOMBSTONE_FP_LEN,
+								   e->expired, e->expires);
+			continue;
+		}
+		memcpy(out, e->hash, IDEM_TOMBSTONE_HASH_LEN);
+		memcpy(out + IDEM_TOMBSTONE_HASH_LEN, e->fp, IDEM_TOMBSTONE_FP_LEN);
+		v = pg_hton32((uint32) back_expired);
+		memcpy(out + IDEM_TOMBSTONE_HASH_LEN + IDEM_TOMBSTONE_FP_LEN, &v, 4);
+		v = pg_hton32((uint32) back_expires);
+		memcpy(out + IDEM_TOMBSTONE_HASH_LEN + IDEM_TOMBSTONE_FP_LEN + 4, &v, 4);
+		n++;
+	}
+	if (n > 0)
+		IdemTombstoneInsertRow(w, w->bucket, w->bucket_len, packed,
+							   n * IDEM_TOMBSTONE_RUN_ENTRY, row_expired, row_expires);
+	pfree(packed);
+	w->n = 0;
+}
+
+/*
+ * The bucket width for n tombstones of one drop: the widest (up to 24
+ * bits) whose buckets hold a full row or more on average.
+ */
+static int
+IdemTombstoneRunBits(int64 n)
+{
+	int			bits = RUN_MIN_BITS;
+
+	while (bits + RUN_MIN_BITS <= RUN_MAX_BITS &&
+		   n / (int64) RUN_MAX_ENTRIES >= ((int64) 1 << (bits + RUN_MIN_BITS)))
+		bits += RUN_MIN_BITS;
+	return bits;
+}
+
+/*
+ * The tombstones of source (see IdemTombstonesOfPartition), n of them, as
+ * runs: read in the order of their hashes with snapshot, and written a
+ * bucket at a time; a key whose fingerprint is not a SHA-256 gets a row of
+ * its own.  Returns how many tombstones were written.  Called within SPI.
+ */
+static int64
+IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
+						Datum *args, Snapshot snapshot, int64 n)
+{
+	RunWriter  *w = palloc0(sizeof(RunWriter));
+	SPIPlanPtr	read;
+	Portal		portal;
+	int64		written = 0;
+
+	w->bits = IdemTombstoneRunBits(n);
+	w->insert = SPI_prepare("INSERT INTO idempotency.tombstones"
+							" (scope_hash, fingerprint, expired_at, expires_at)"
+							" VALUES ($1, $2, $3, $4)",
+							4, (Oid[]) {BYTEAOID, BYTEAOID, TIMESTAMPTZOID, TIMESTAMPTZOID});
+	if (w->insert == NULL)
+		elog(ERROR, "preparing the insert of tombstones failed: %s",
+			 SPI_result_code_string(SPI_result));
+	read = SPI_prepare(psprintf("SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key),"
+								" s.fingerprint, s.expires_at, s.expires_at + t.ttl%s ORDER BY 1",
+								IdemTombstoneSourceSql(source)),
+					   nargs, argtypes);
+	if (read == NULL)
+		elog(ERROR, "preparing the tombstones of %s failed: %s",
+			 source, SPI_result_code_string(SPI_result));
+
+	/* a read-only cursor reads with the active snapshot: the caller's */
+	PushActiveSnapshot(snapshot);
+	portal = SPI_cursor_open(NULL, read, args, NULL, true);
+	PopActiveSnapshot();
+
+	for (;;)
+	{
+		SPITupleTable *batch;
+		uint64		nbatch;
+
+		SPI_cursor_fetch(portal, true, 1024);
+		batch = SPI_tuptable;
+		nbatch = SPI_processed;
+		if (nbatch == 0)
+			break;
+		for (uint64 i = 0; i < nbatch; i++)
+		{
+			HeapTuple	tup = batch->vals[i];
+			TupleDesc	desc = batch->tupdesc;
+			bool		isnull[4];
+			bytea	   *h = DatumGetByteaPP(SPI_getbinval(tup, desc, 1, &isnull[0]));
+			bytea	   *fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 2, &isnull[1]));
+			TimestampTz expired = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull[2]));
+			TimestampTz expires = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull[3]));
+			uint8		bucket[4];
+			int			blen;
+			RunEntry   *e;
+
+			if (isnull[0] || isnull[1] || isnull[2] || isnull[3])
+				elog(ERROR, "a tombstone of %s lacks a value", source);
+			if (VARSIZE_ANY_EXHDR(fp) != IDEM_TOMBSTONE_FP_LEN ||
+				VARSIZE_ANY_EXHDR(h) != IDEM_TOMBSTONE_HASH_LEN)
+			{
+				IdemTombstoneInsertRow(w, (const uint8 *) VARDATA_ANY(h),
+									   VARSIZE_ANY_EXHDR(h),
+									   (const uint8 *) VARDATA_ANY(fp),
+									   VARSIZE_ANY_EXHDR(fp), expired, expires);
+				written++;
+				continue;
+			}
+			blen = IdemTombstoneBucket((const uint8 *) VARDATA_ANY(h), w->bits, bucket);
+			if (w->n > 0 &&
+				(w->n == RUN_MAX_ENTRIES || blen != w->bucket_len ||
+				 memcmp(bucket, w->bucket, blen) != 0))
+				IdemTombstoneFlushRun(w);
+			if (w->n == 0)
+			{
+				memcpy(w->bucket, bucket, blen);
+				w->bucket_len = blen;
+			}
+			e = &w->entries[w->n++];
+			memcpy(e->hash, VARDATA_ANY(h), IDEM_TOMBSTONE_HASH_LEN);
+			memcpy(e->fp, VARDATA_ANY(fp), IDEM_TOMBSTONE_FP_LEN);
+			e->expired = expired;
+			e->expires = expires;
+			written++;
+		}
+		SPI_freetuptable(batch);
+	}
+	IdemTombstoneFlushRun(w);
+	SPI_cursor_close(portal);
+	pfree(w);
+	return written;
+}
+
 /*
  * The tombstones of the expired rows of a partition of keys (tombstone.h):
  * written, or with count_only counted.  The rows are written as snapshot
@@ -727,6 +1096,33 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 		Assert(snapshot != NULL);
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
+
+		/*
+		 * A whole partition's drop (the Citus mode writes on its workers,
+		 * see IdemTombstonesBeforeShardDrop) leaves runs when it leaves
+		 * many tombstones: counted first with the same snapshot.
+		 */
+		if (tids == NIL && !IdemTombstonesCitus())
+		{
+			plan = SPI_prepare(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),
+							   nargs, argtypes);
+			if (plan == NULL)
+				elog(ERROR, "preparing the count of the tombstones of %s failed: %s",
+					 source, SPI_result_code_string(SPI_result));
+			rc = SPI_execute_snapshot(plan, args, NULL, snapshot, InvalidSnapshot,
+									  true, false, 1);
+			if (rc != SPI_OK_SELECT || SPI_processed != 1)
+				elog(ERROR, "counting the tombstones of %s failed: %s",
+					 source, SPI_result_code_string(rc));
+			n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											SPI_tuptable->tupdesc, 1, &isnull));
+			if (n >= IDEM_TOMBSTONE_RUN_MIN)
+			{
+				n = IdemTombstonesWriteRuns(source, nargs, argtypes, args, snapshot, n);
+				SPI_finish();
+				return n;
+			}
+		}
 		plan = SPI_prepare(psprintf(TOMBSTONE_INSERT_SQL "%s",
 									IdemTombstoneSourceSql(source)),
 						   nargs, argtypes);

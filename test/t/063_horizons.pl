@@ -144,4 +144,51 @@ FROM generate_series(1, 50000, 997) i}), '51', 'the tombstones of a partition wh
 ok($small->log_contains('the tombstone filters are full'), 'a full filter memory is logged');
 $small->stop;
 
+# Runs of tombstones across a crash: a drop that leaves 3,000 tombstones
+# writes them as runs (rows of many entries, src/tombstone.c); after a
+# restart, learning puts every entry of every run into the filters, so that
+# each expired key with another payload still answers 422 and a new key
+# opens no tombstone partition.
+my $runs = idem_node('runs', conf => qq{
+idempotency.enable_worker = off
+idempotency.partition_interval = '1d'
+});
+$runs->safe_psql('postgres', q{
+SELECT count(*) FROM idempotency.idem_maintenance();
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+SELECT 't', 'POST /r', 'r' || i, sha256('a'), 'completed', now(), now() + interval '1 second'
+FROM generate_series(1, 3000) i;
+SELECT pg_sleep(1.2);
+SELECT count(*) FROM idempotency.idem_maintenance(now() + interval '2 days', preview => false);});
+cmp_ok($runs->safe_psql('postgres',
+		'SELECT count(*) FROM idempotency.tombstones WHERE octet_length(scope_hash) < 16'),
+	'>', 0, 'the drop of 3,000 keys wrote runs');
+sub runs_mismatches
+{
+	return $runs->safe_psql('postgres', q{
+SET idempotency.max_claims_per_transaction = 5000;
+BEGIN;
+SELECT count(*) FILTER (WHERE (idempotency.idem_claim('t', 'POST /r', 'r' || i, sha256('b'))).action = 'mismatch')
+FROM generate_series(1, 3000) i;
+ROLLBACK;});
+}
+sub runs_partitions_opened
+{
+	return $runs->safe_psql('postgres', qq{
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /r', 'new-' || (extract(epoch from clock_timestamp()) * 1000000)::bigint, $fp) \\g /dev/null
+SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+WHERE l.pid = pg_backend_pid() AND c.relkind = 'r' AND c.relname ~ '^tombstones_';
+ROLLBACK;});
+}
+is(runs_mismatches(), '3000', 'every key of the runs answers 422 with another payload');
+is(runs_partitions_opened(), '0', 'a new key opens no tombstone partition');
+$runs->stop('immediate');
+$runs->start;
+is(runs_mismatches(), '3000', 'before learning: every key of the runs answers 422');
+$runs->safe_psql('postgres', 'SELECT count(*) FROM idempotency.idem_maintenance()');
+is(runs_partitions_opened(), '0', 'after learning: a new key opens no tombstone partition');
+is(runs_mismatches(), '3000', 'after learning: every key of the runs still answers 422');
+$runs->stop;
+
 done_testing();
