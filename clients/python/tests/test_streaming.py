@@ -91,6 +91,7 @@ class Streaming(unittest.IsolatedAsyncioTestCase):
             await self.pool.open()
         self.first = asyncio.Event()  # the application has a first chunk
         self.logged: List[str] = []
+        self.runs: List[int] = []
 
     async def asyncTearDown(self) -> None:
         if self.pool is not None:
@@ -115,6 +116,15 @@ class Streaming(unittest.IsolatedAsyncioTestCase):
             out = await read(request)
             await ctx.conn.execute("SELECT 1")
             return {**out, "key": ctx.key}
+
+        # a route whose first run fails with a deadlock once it has the body
+        @app.post("/deadlocks")
+        async def deadlocks(request: Request, ctx: Context = Depends(idempotency)) -> Dict[str, Any]:
+            out = await read(request)
+            self.runs.append(sum(out["chunks"]))
+            if len(self.runs) == 1:
+                await ctx.conn.execute("DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40P01'; END $$")
+            return {**out, "runs": len(self.runs)}
 
         # a route that does not opt in
         @app.post("/plain")
@@ -220,6 +230,23 @@ class Streaming(unittest.IsolatedAsyncioTestCase):
         await asyncio.wait_for(run, 10)
         self.assertEqual(c.status, 400)
         self.assertEqual(c.json["error"]["code"], "idempotency_key_reuse")
+
+    @unittest.skipUnless(HAVE_DB, "IDEM_TEST_PGPORT not set")
+    async def test_run_again_with_the_kept_body_only(self) -> None:
+        # a keyed request runs again after a deadlock with its body given again
+        c = Client(self.app(self.pool), "/deadlocks", {"Idempotency-Key": str(uuid.uuid4())})
+        run = c.start()
+        c.chunk(b"z" * 100, False)
+        await asyncio.wait_for(run, 10)
+        self.assertEqual((c.status, c.json["runs"], self.runs), (200, 2, [100, 100]))
+        # a keyless one streamed its body, which was not kept: not run again
+        self.runs.clear()
+        c = Client(self.app(self.pool), "/deadlocks", {})
+        run = c.start()
+        c.chunk(b"z" * 100, False)
+        await asyncio.wait_for(run, 10)
+        self.assertEqual((c.status, self.runs), (503, [100]))
+        self.assertTrue(any("not run again" in m for m in self.logged), self.logged)
 
     @unittest.skipUnless(HAVE_DB, "IDEM_TEST_PGPORT not set")
     async def test_keyed_claim_above_limit_is_refused_without_reading_on(self) -> None:
