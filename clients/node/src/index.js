@@ -11,6 +11,7 @@ const { fingerprintBody, formToJson, BodyError } = require('./body');
 const { answer, ACTION_OUTCOME } = require('./profiles');
 const zlib = require('node:zlib');
 const { captureResponse, sendBody } = require('./capture');
+const { cancelBackend } = require('./cancel');
 
 // Errors after which the whole request is run again: serialization
 // failure, deadlock, and a connection lost before COMMIT was acknowledged
@@ -350,6 +351,12 @@ function idempotent(options, ...handlers) {
       return 'retry';
     }
     state.connectFailed = false;
+    if (state.disconnected) {
+      // gone while it waited for a pool connection: nothing claimed yet
+      client.release();
+      o.log('client_disconnected: the client disconnected before the claim; nothing was claimed');
+      return 'done';
+    }
     try {
       await checkOptions(client);
     } catch (err) {
@@ -385,21 +392,24 @@ function idempotent(options, ...handlers) {
         client.release();
       }
     };
-    // a run given up (its deadline, its client gone): the client closed and
-    // its backend ended, which may still be running a handler's query (the
-    // server notices a closed socket only when that query ends) and holds
-    // the claim meanwhile.  Ended after the client is given back, so that
-    // a pool of one has a connection for it
+    // a run given up (its deadline, its client gone): its backend may still
+    // be running a query (the claim's wait for a duplicate, a handler's
+    // query) and hold the claim meanwhile, since the server notices a
+    // closed socket only when that query ends.  The query is cancelled
+    // first (PostgreSQL's cancel request: the backend's pid and secret key,
+    // on a connection of its own, no pool connection needed), then the
+    // client is closed, not given back as it is: its backend ends and rolls
+    // the transaction back, which frees the claim
     const giveUp = async (err) => {
       lostError = err;
-      const pid = client.processID;
-      giveBack();
-      if (!pid) return;
-      try {
-        await o.pool.query('SELECT pg_terminate_backend($1)', [pid]);
-      } catch (e) {
-        o.log('could not end the backend of a run given up; it ends when its query does', e);
+      if (client.processID) {
+        try {
+          await cancelBackend(client);
+        } catch (e) {
+          o.log('could not cancel the query of a run given up; its backend ends when that query does', e);
+        }
       }
+      giveBack();
     };
     let heartbeat = null;
     let inTransaction = false;
@@ -423,15 +433,34 @@ function idempotent(options, ...handlers) {
           { code: c.error_code, retryAfter: c.retry_after, mismatch: c.mismatch }));
         return 'done';
       };
+      // the client went away: during the claim (the handlers are not run),
+      // or while they run (their run is ended at once)
+      const disconnectError = (ran) => {
+        const err = new Error(ran ? 'the client disconnected while the handlers ran' : 'the client disconnected before the handlers ran');
+        err.idempotencyDisconnect = ran ? 'running' : 'before';
+        return err;
+      };
       // the fingerprint refuses a body PostgreSQL cannot take (class 22:
-      // a number beyond a double, \u0000): the client's fault, a 400
+      // a number beyond a double, \u0000): the client's fault, a 400.  A
+      // client that goes away meanwhile (the claim may wait for a duplicate
+      // that runs, up to `wait`) ends the claim at once: its query is
+      // cancelled on the server and its connection closed (giveUp)
       const claim = async () => {
+        if (state.disconnected) throw disconnectError(false);
+        const query = client.query(SQL_CLAIM, claimArgs());
+        const gone = new Promise((resolve, reject) => { state.onDisconnect = () => reject(disconnectError(false)); });
         try {
-          return (await client.query(SQL_CLAIM, claimArgs())).rows[0];
+          return (await Promise.race([query, gone])).rows[0];
         } catch (err) {
+          if (err.idempotencyDisconnect) {
+            query.catch(() => {}); // it ends cancelled, or with its connection
+            throw err;
+          }
           if (/^22/.test(sqlstate(err) || '')) err.idempotencyBodyInvalid = true;
           err.idempotencyOwn = true;
           throw err;
+        } finally {
+          state.onDisconnect = null;
         }
       };
       if (key !== null && o.leaseSql && state.leaseToken === null) {
@@ -474,13 +503,6 @@ function idempotent(options, ...handlers) {
         },
       };
       capture = captureResponse(res);
-      // the client went away: during the claim (the handlers are not run),
-      // or while they run (their run is ended at once)
-      const disconnectError = (ran) => {
-        const err = new Error(ran ? 'the client disconnected while the handlers ran' : 'the client disconnected before the handlers ran');
-        err.idempotencyDisconnect = ran ? 'running' : 'before';
-        return err;
-      };
       if (state.disconnected) throw disconnectError(false);
       state.onDisconnect = () => capture.abort(disconnectError(true));
       const out = await runWithDeadline(capture, runner);

@@ -13,8 +13,9 @@ import random
 import re
 import warnings
 import zlib
-from typing import (Any, Awaitable, Callable, Dict, Iterable, List, MutableMapping, Optional, Sequence, Set,
-                    Tuple, Union)
+from collections import deque
+from typing import (Any, Awaitable, Callable, Deque, Dict, Iterable, List, MutableMapping, Optional, Sequence,
+                    Set, Tuple, Union)
 
 import psycopg
 from psycopg.rows import dict_row
@@ -286,6 +287,126 @@ class _BodyRefused(Exception):
     a double, \\u0000): the client's fault, a 400."""
 
 
+class _RequestBody:
+    """The request's body between the server and the application.
+
+    The application reads it as the server gives it, chunk by chunk: the
+    middleware buffers nothing of a request it does not claim.  A request
+    with an Idempotency-Key header has a copy of what goes by kept (up to
+    limit bytes; past it the copy is dropped), so that a claim can
+    fingerprint the body: the claim reads what the application has not read
+    yet (bounded by limit), keeps it for the application and fingerprints
+    the whole.  The kept copy is also what a run after a retryable failure
+    gets again.
+
+    Once the body was given whole, the server's next message (the client's
+    http.disconnect) is shared: the middleware's watch and the application's
+    own receive() get the same message, neither takes it from the other."""
+
+    def __init__(self, receive: Receive, limit: int, keep: bool) -> None:
+        self._receive = receive
+        self.limit = limit
+        self.keep = keep
+        self.kept: List[bytes] = []
+        self.size = 0
+        self.over = False  # the kept copy passed limit and was dropped
+        self.pending: Deque[Message] = deque()  # read by the claim, not yet by the application
+        self.read_any = False
+        self.disconnected = False
+        self.complete = asyncio.Event()  # the last body message, or a disconnect, came from the server
+        self._after: Optional["asyncio.Future[Message]"] = None
+
+    def _note(self, message: Message) -> None:
+        self.read_any = True
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            if self.keep and not self.over:
+                self.size += len(chunk)
+                if self.size > self.limit:
+                    self.over = True
+                    self.kept = []
+                elif chunk:
+                    self.kept.append(chunk)
+            if not message.get("more_body", False):
+                self.complete.set()
+        elif message["type"] == "http.disconnect":
+            self.disconnected = True
+            self.complete.set()
+
+    async def _next_after_body(self) -> Message:
+        """The server's next message once the body was given whole, one
+        receive() shared by whoever waits for it."""
+        if self._after is None:
+            self._after = asyncio.ensure_future(self._receive())
+        return await asyncio.shield(self._after)
+
+    async def _app_after_body(self) -> Message:
+        message = await self._next_after_body()
+        if message["type"] != "http.disconnect":
+            self._after = None  # the application took it: the next is another
+        return message
+
+    async def streaming(self) -> Message:
+        """receive() for the application's first run: the body as it comes
+        (what a claim read first), then the shared next message."""
+        if self.pending:
+            return self.pending.popleft()
+        if self.complete.is_set():
+            return await self._app_after_body()
+        message = await self._receive()
+        self._note(message)
+        return message
+
+    def receive_for(self, attempt: int) -> Optional[Receive]:
+        """receive() for a run of the application: the first streams; a
+        later one gets the body again, from the kept copy or as it comes if
+        nothing was read yet; None when it cannot (a body given to the
+        application as it came, not kept)."""
+        if attempt == 0 or not self.read_any:
+            return self.streaming
+        if not (self.keep and not self.over and self.complete.is_set() and not self.disconnected):
+            return None
+        self.pending.clear()
+        body = b"".join(self.kept)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await self._app_after_body()
+        return replay
+
+    async def read_whole(self) -> Optional[bytes]:
+        """The body for the fingerprint: the rest read from the server (kept
+        for the application), bounded by limit; None above it."""
+        while not self.complete.is_set() and not self.over:
+            message = await self._receive()
+            self._note(message)
+            self.pending.append(message)
+        if self.disconnected:
+            raise _Disconnected("the client disconnected while its body was read")
+        if self.over:
+            return None
+        return b"".join(self.kept)
+
+    async def watch(self) -> bool:
+        """True when the server reports the client gone; False (watching
+        stops) when it gives anything else.  Starts once the body was given
+        whole (to the application, or to a claim), the only time the
+        server's receive() has nothing but a disconnect to give."""
+        await self.complete.wait()
+        if self.disconnected:
+            return True
+        message = await self._next_after_body()
+        return bool(message["type"] == "http.disconnect")
+
+    def close(self) -> None:
+        if self._after is not None and not self._after.done():
+            self._after.cancel()
+
+
 class Context:
     """What the application gets as request.state.idempotency."""
 
@@ -388,42 +509,44 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"].upper() not in self.methods:
             return await self.app(scope, receive, send)
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
-        # the body is read first (the application gets it again); a body
-        # above limit is refused, or with opt_in passed on as it comes and
-        # refused only if the route claims
-        raw, more, too_large = b"", True, False
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            raw += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(raw) > self.limit:
-                too_large = True
-                if not self.opt_in:
-                    return await self._send_answer(send, "body_invalid", message="request body too large")
-                break
+        # the body goes to the application as it comes; only a request with
+        # a key has a copy kept (up to limit) for the fingerprint of a claim
+        keyed = any(k == "idempotency-key" for k, _ in headers)
+        body = _RequestBody(receive, self.limit, keep=keyed)
         path = scope.get("root_path", "") + scope["path"]
         if scope.get("query_string"):
             path += "?" + scope["query_string"].decode("latin-1")
         # the route tree as the application at this middleware sees it, for
         # the route template (routing changes the scope as it goes)
         entry = {**scope}
-        request = {"headers": headers, "raw": raw, "too_large": too_large, "path": path,
-                   "method": scope["method"], "entry": entry}
+        request = {"headers": headers, "body": body, "path": path, "method": scope["method"], "entry": entry}
         box: Dict[str, Any] = {"req": None, "request": request}
-        if not self.opt_in:
-            endpoint = await self._endpoint(entry)
-            if endpoint is None:  # no route matches: nothing to protect
-                return await self.app(scope, self._replaying(raw, more, receive), send)
-            try:
-                box["req"] = await self._prepare(scope, request, endpoint)
-            except _Refused as r:
-                return await self._send_answer(send, r.outcome, message=r.message)
+        try:
+            if not self.opt_in:
+                endpoint = await self._endpoint(entry)
+                if endpoint is None:  # no route matches: nothing to protect
+                    return await self.app(scope, receive, send)
+                try:
+                    box["req"] = await self._prepare(scope, request, endpoint)
+                except _Refused as r:
+                    return await self._send_answer(send, r.outcome, message=r.message)
+                except _Disconnected:
+                    return None
+            await self._run(scope, send, body, box)
+        finally:
+            body.close()
+        return None
+
+    async def _run(self, scope: Scope, send: Send, body: _RequestBody, box: Dict[str, Any]) -> None:
         state: Dict[str, Any] = {"lease_token": None, "no_side_effect": False, "connect_failed": False}
         for attempt in range(self.retries + 1):
+            app_receive = body.receive_for(attempt)
+            if app_receive is None:
+                self.log("the request is not run again: its body went to the application as it came and was not "
+                         "kept (a request without an Idempotency-Key, or one above limit)", None)
+                break
             try:
-                return await self._attempt(scope, receive, send, raw, more, box, state)
+                return await self._attempt(scope, app_receive, send, body, box, state)
             except _Retry:
                 await asyncio.sleep((0.005 + random.random() * 0.02) * 2 ** attempt)
         if state["lease_token"] is not None:
@@ -450,13 +573,18 @@ class IdempotencyMiddleware:
             raise _Refused("key_invalid", str(err)) from err
         if key is None and self.required:
             raise _Refused("key_missing", "this request needs an Idempotency-Key header")
-        if request["too_large"]:
-            raise _Refused("body_invalid", "request body too large")
-        content_type = next((v for k, v in headers if k == "content-type"), "")
-        try:
-            body_json, _ = fingerprint_body(content_type, request["raw"])
-        except BodyError as err:
-            raise _Refused("body_invalid", str(err)) from err
+        body_json: Optional[str] = None
+        if key is not None:
+            # only a keyed claim reads the body (what the application has
+            # not read yet, kept for it), bounded by limit: its fingerprint
+            raw = await request["body"].read_whole()
+            if raw is None:
+                raise _Refused("body_invalid", "request body too large")
+            content_type = next((v for k, v in headers if k == "content-type"), "")
+            try:
+                body_json, _ = fingerprint_body(content_type, raw)
+            except BodyError as err:
+                raise _Refused("body_invalid", str(err)) from err
         tenant = self.tenant(scope) if callable(self.tenant) else self.tenant
         if asyncio.iscoroutine(tenant):
             tenant = await tenant
@@ -504,27 +632,6 @@ class IdempotencyMiddleware:
         except Exception:  # nothing to cancel, or the server is gone
             pass
         await conn.close()
-
-    @staticmethod
-    async def _disconnect(receive: Receive) -> bool:
-        """True when the server reports the client gone; False (watching
-        stops) when it gives anything else, which a server that has given the
-        whole body does not."""
-        message = await receive()
-        return bool(message["type"] == "http.disconnect")
-
-    @staticmethod
-    def _replaying(raw: bytes, more: bool, receive: Receive) -> Receive:
-        """receive() for the application: the body read so far, then the rest."""
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": raw, "more_body": more}
-            return await receive()
-        return replay
 
     async def _send_answer(self, send: Send, outcome: str, **kw: Any) -> None:
         status, headers, body = answer(self.profile, outcome, **kw)
@@ -616,7 +723,7 @@ class IdempotencyMiddleware:
         await self._send_answer(send, outcome, code=c["error_code"], retry_after=c["retry_after"],
                                 mismatch=c.get("mismatch"))
 
-    async def _attempt(self, scope: Scope, receive: Receive, send: Send, raw: bytes, more: bool,
+    async def _attempt(self, scope: Scope, receive: Receive, send: Send, body: _RequestBody,
                        box: Dict[str, Any], state: Dict[str, Any]) -> None:
         """One run of the request; raises _Retry when it should run again.
         box["req"] is the prepared request (None until an opt_in route
@@ -801,17 +908,15 @@ class IdempotencyMiddleware:
                     if not message.get("more_body", False):
                         await complete()
 
-            app_task = asyncio.ensure_future(self.app(scope, self._replaying(raw, more, receive), capture))
+            app_task = asyncio.ensure_future(self.app(scope, receive, capture))
             # Until the response is sent (not over the background tasks after
             # it): the deadline, and the client's disconnect once the body
-            # was read whole (the server's receive() has nothing else to give
-            # then; the application may wait on it too)
+            # was given whole (the server's receive() has nothing else to give
+            # then; the application waiting on it gets the same message)
             sent_wait = asyncio.ensure_future(sent_event.wait())
-            waits: Set["asyncio.Future[Any]"] = {app_task, sent_wait}
-            if not more:
-                gone_wait = asyncio.ensure_future(self._disconnect(receive))
-                watchers.append(gone_wait)
-                waits.add(gone_wait)
+            gone_wait = asyncio.ensure_future(body.watch())
+            watchers.append(gone_wait)
+            waits: Set["asyncio.Future[Any]"] = {app_task, sent_wait, gone_wait}
             loop = asyncio.get_running_loop()
             until = loop.time() + self.deadline if self.deadline else None
             try:

@@ -18,6 +18,8 @@ const logged = [];
 const runs = {};
 const started = {};
 let heartbeats = 0;
+const poolQueries = [];
+const pids = {};
 const log = (m) => logged.push(m);
 
 function app(env) {
@@ -25,12 +27,14 @@ function app(env) {
   const query = env.pool.query.bind(env.pool);
   env.pool.query = (...args) => {
     if (/idem_heartbeat/.test(String(args[0]))) heartbeats++;
+    poolQueries.push(String(args[0]));
     return query(...args);
   };
   const a = express();
   const handler = async (req, res) => {
     const { key, client } = req.idempotency;
     runs[key] = (runs[key] || 0) + 1;
+    pids[key] = client.processID;
     await client.query('INSERT INTO dc_charges (idem_key) VALUES ($1)', [key]);
     if (req.get('x-no-side-effect')) req.idempotency.noSideEffect();
     if (req.get('x-hang')) {
@@ -122,6 +126,61 @@ test('a disconnect while the handler is inside a long query: its backend is ende
   assert.ok(Date.now() - t0 < 5000, `the retry waited ${Date.now() - t0} ms for the claim`);
   const { rows } = await env.admin.query("SELECT count(*) AS n FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'");
   assert.equal(Number(rows[0].n), 0, 'the handler\'s query still runs');
+});
+
+// the backends of env.pool's clients that run a claim now
+const claimsRunning = async () => (await env.admin.query(
+  "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%idem_claim(%' AND pid <> pg_backend_pid()")).rows.map((r) => r.pid);
+
+test('a disconnect while the claim waits for a running duplicate: the claim query is cancelled on the server, its connection closed', { skip }, async () => {
+  const key = newKey();
+  logged.length = 0;
+  poolQueries.length = 0;
+  // the first request holds the key: its handler hangs
+  const hanging = new Promise((r) => { started[key] = r; });
+  const first = http.request({
+    host: '127.0.0.1', port: env.port, method: 'POST', path: '/sleeps',
+    headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json', 'x-hang': '1' },
+  });
+  first.on('error', () => {});
+  first.end('{"amount":1}');
+  await hanging;
+  // the duplicate's claim waits for it (wait: 10 seconds) ...
+  const second = http.request({
+    host: '127.0.0.1', port: env.port, method: 'POST', path: '/sleeps',
+    headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json' },
+  });
+  second.on('error', () => {});
+  second.end('{"amount":1}');
+  let waiting = [];
+  for (let i = 0; i < 100 && waiting.length === 0; i++) { await sleep(20); waiting = await claimsRunning(); }
+  assert.equal(waiting.length, 1, 'the duplicate\'s claim does not wait');
+  // ... and its client goes away
+  second.destroy();
+  const t0 = Date.now();
+  while (Date.now() - t0 < 3000 && !logged.some((l) => l.includes('before the handlers ran'))) await sleep(20);
+  assert.ok(logged.some((l) => /^client_disconnected: the client disconnected before the handlers ran/.test(l)), logged.join('\n'));
+  assert.ok(Date.now() - t0 < 2000, `the disconnect was noticed after ${Date.now() - t0} ms (the claim waited on)`);
+  // the claim's query was cancelled and its backend is gone (the client
+  // closed, not given back to the pool)
+  let gone = false;
+  for (let i = 0; i < 50 && !gone; i++) {
+    const { rows } = await env.admin.query('SELECT count(*) AS n FROM pg_stat_activity WHERE pid = $1', [waiting[0]]);
+    gone = Number(rows[0].n) === 0;
+    if (!gone) await sleep(20);
+  }
+  assert.ok(gone, 'the backend of the claim given up still runs');
+  assert.deepEqual(await claimsRunning(), []);
+  assert.equal(runs[key], 1, 'the duplicate ran its handler');
+  assert.ok(!poolQueries.some((q) => /pg_terminate_backend/.test(q)), 'a backend was terminated, not cancelled');
+  // the first request goes away too: its handler's query cancelled, its backend gone
+  const firstPid = pids[key];
+  first.destroy();
+  for (let i = 0; i < 100 && !logged.some((l) => l.includes('while the handlers ran')); i++) await sleep(20);
+  assert.equal(await settledState(key), null);
+  const { rows } = await env.admin.query('SELECT count(*) AS n FROM pg_stat_activity WHERE pid = $1', [firstPid]);
+  assert.equal(Number(rows[0].n), 0, 'the backend of the run given up was given back to the pool');
+  assert.ok(!poolQueries.some((q) => /pg_terminate_backend/.test(q)), 'a backend was terminated, not cancelled');
 });
 
 test('lease mode: a disconnect mid-handler marks the key unknown and stops the heartbeat', { skip }, async () => {
