@@ -25,7 +25,7 @@
 /*
  * SQLSTATEs of the extension's own, in class "IK" (idempotency key).  The
  * last three characters are the HTTP status an application should answer
- * with, so that the mapping is mechanical.  The README lists them.
+ * with, so that the mapping is mechanical.  doc/reference.md lists them.
  */
 #define ERRCODE_IDEM_INVALID_KEY			MAKE_SQLSTATE('I','K','4','0','0')
 #define ERRCODE_IDEM_WRONG_TENANT			MAKE_SQLSTATE('I','K','4','0','1')

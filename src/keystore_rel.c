@@ -10,7 +10,7 @@
  *	  is cached per backend and forgotten at the relcache invalidation of
  *	  what it describes (one callback, below).
  *
- *	  In the Citus mode (README "Citus"), idempotency.keys is a distributed
+ *	  In the Citus mode (doc/scaling.md, "Citus: set-up"), idempotency.keys is a distributed
  *	  table: the relation of a scope's rows is then the tenant's shard on
  *	  this node (itself partitioned like the table), found through SQL so
  *	  that nothing links to Citus, locked against shard moves as Citus's
@@ -71,7 +71,7 @@ TupleDesc	idem_keys_desc = NULL;
 uint64		idem_keys_generation = 1;
 
 /*
- * Citus mode (README "Scaling out", "Citus"): whether idempotency.keys is a
+ * Citus mode (doc/scaling.md): whether idempotency.keys is a
  * Citus distributed table, learnt once per description of the parent; and
  * per tenant, the shard that holds its rows, as resolved on this node.
  */

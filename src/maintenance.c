@@ -146,7 +146,7 @@ IdemMaintLearnHorizons(IdemMaintPass *p)
 }
 
 /*
- * The steps.  In the Citus mode (README "Citus") stale leases and the
+ * The steps.  In the Citus mode (doc/scaling.md, "Citus: maintenance, stats and health") stale leases and the
  * default partition's purge (with its tombstones) run on every node, on its
  * own shards; only the coordinator makes and drops partitions (of keys and
  * of tombstones), which Citus carries to the shards.

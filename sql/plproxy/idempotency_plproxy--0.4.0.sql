@@ -11,7 +11,7 @@
 -- Each proxied call is a transaction of its own on its shard, so atomic
 -- mode (claim and finish in one transaction) cannot span two calls: claim
 -- through the proxy in lease mode, or run claim, business write and finish
--- in one shard-side function proxied as a whole (README, the template).
+-- in one shard-side function proxied as a whole (doc/scaling.md, "PL/Proxy: atomic mode and the shard-side template").
 
 -- complain if the script is sourced in psql rather than run by CREATE EXTENSION
 \echo Use "CREATE EXTENSION idempotency_plproxy" to load this file. \quit
@@ -145,7 +145,7 @@ LANGUAGE plproxy AS $$
 $$;
 
 -- A tenant's keys, on the shard that owns the tenant now: export before a
--- re-partitioning changes the owner, import after (README "Scaling out").
+-- re-partitioning changes the owner, import after (doc/scaling.md, "PL/Proxy: re-partitioning and keys").
 -- The keys imported should be the tenant's own: the call goes to the
 -- tenant's shard whatever they hold.
 CREATE FUNCTION idempotency.idem_export_keys(tenant text)

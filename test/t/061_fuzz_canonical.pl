@@ -6,7 +6,7 @@
 # members repeated, numbers swapped for extreme ones, deep wrapping).  The
 # server then puts each text through every path, in a UTF-8 database and in
 # a SQL_ASCII one (which also takes invalid UTF-8), and checks that:
-# - the only errors are the documented ones (README, Fingerprints);
+# - the only errors are the documented ones (doc/fingerprints.md);
 # - nothing crashes the server;
 # - the output is canonical: canonicalizing it again, as text and as jsonb,
 #   gives it back;

@@ -1,4 +1,4 @@
-# The Citus mode (README "Scaling out", "Citus"): a coordinator and two
+# The Citus mode (doc/scaling.md, "Citus: set-up"): a coordinator and two
 # workers with shared_preload_libraries = 'citus,idempotency';
 # idempotency.citus_distribute('payments') distributes the keys by tenant,
 # then claims are delegated to the tenant's worker, racing duplicates execute

@@ -1,7 +1,7 @@
 'use strict';
 // The request body as the fingerprint sees it: JSON as sent, a
 // form-encoded body mapped to JSON (the mapping is part of the
-// fingerprint, see README "HTTP APIs"), any other body by its type and
+// fingerprint, see doc/http.md, "HTTP APIs"), any other body by its type and
 // SHA-256, no body as SQL NULL.
 
 const crypto = require('node:crypto');
