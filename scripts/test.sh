@@ -65,14 +65,14 @@ elif selected_citus; then
     SKIP_REASON=
     { ensure_citus "$PGC" && install_citus "$PGC" "$PGROOT"; } || SKIP_CITUS=${SKIP_REASON:-copying Citus into $PGROOT failed}
 fi
-# 080_pg_upgrade upgrades a cluster of this server to PostgreSQL 18: on an
+# 082_pg_upgrade upgrades a cluster of this server to PostgreSQL 18: on an
 # older server, the extension is built for 18 too (the cached build, made
 # once when missing, see pgcache.sh; PG18_CONFIG names another, as for make
 # test-matrix) into a private copy of its own, whose bindir the test gets.
 # Otherwise the test gets the reason it cannot run: it skips with it, or
 # fails under CI (CI=true), where PostgreSQL 18 must be available.
 PG_UPGRADE_BINDIR= SKIP_PG_UPGRADE= FAIL_PG_UPGRADE=
-if selected 080_pg_upgrade; then
+if selected 082_pg_upgrade; then
     if [ "$PGC" != "$SYS_PG_CONFIG" ]; then
         SKIP_PG_UPGRADE="it upgrades Debian's PostgreSQL 15 to PostgreSQL 18, and runs in the PostgreSQL 15 run (make test)"
     else
