@@ -72,11 +72,15 @@ cmp_ok(opened('POST /a'), '>=', 20, 'the endpoint of the 20-day key opens its 20
 # restart, until maintenance has learned the filters, every tombstone
 # partition is probed, and afterwards a new key opens none while an expired
 # key with another payload still answers 422.
+# (on node $_[0], default $node; endpoint $_[1], default POST /c)
 sub tombstone_partitions_opened
 {
-	return $node->safe_psql('postgres', qq{
+	my ($on, $endpoint) = @_;
+	$on //= $node;
+	$endpoint //= 'POST /c';
+	return $on->safe_psql('postgres', qq{
 BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'POST /c', 'new-' || (extract(epoch from clock_timestamp()) * 1000000)::bigint, $fp) \\g /dev/null
+SELECT action FROM idempotency.idem_claim('t', '$endpoint', 'new-' || (extract(epoch from clock_timestamp()) * 1000000)::bigint, $fp) \\g /dev/null
 SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
 WHERE l.pid = pg_backend_pid() AND c.relkind = 'r' AND c.relname ~ '^tombstones_';
 ROLLBACK;});
@@ -172,22 +176,13 @@ SELECT count(*) FILTER (WHERE (idempotency.idem_claim('t', 'POST /r', 'r' || i, 
 FROM generate_series(1, 3000) i;
 ROLLBACK;});
 }
-sub runs_partitions_opened
-{
-	return $runs->safe_psql('postgres', qq{
-BEGIN;
-SELECT action FROM idempotency.idem_claim('t', 'POST /r', 'new-' || (extract(epoch from clock_timestamp()) * 1000000)::bigint, $fp) \\g /dev/null
-SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-WHERE l.pid = pg_backend_pid() AND c.relkind = 'r' AND c.relname ~ '^tombstones_';
-ROLLBACK;});
-}
 is(runs_mismatches(), '3000', 'every key of the runs answers 422 with another payload');
-is(runs_partitions_opened(), '0', 'a new key opens no tombstone partition');
+is(tombstone_partitions_opened($runs, 'POST /r'), '0', 'a new key opens no tombstone partition');
 $runs->stop('immediate');
 $runs->start;
 is(runs_mismatches(), '3000', 'before learning: every key of the runs answers 422');
 $runs->safe_psql('postgres', 'SELECT count(*) FROM idempotency.idem_maintenance()');
-is(runs_partitions_opened(), '0', 'after learning: a new key opens no tombstone partition');
+is(tombstone_partitions_opened($runs, 'POST /r'), '0', 'after learning: a new key opens no tombstone partition');
 is(runs_mismatches(), '3000', 'after learning: every key of the runs still answers 422');
 $runs->stop;
 
