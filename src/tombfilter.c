@@ -626,6 +626,13 @@ IdemTombFilterLocalLoad(Oid parent, const Oid *partoids, int n)
 	tf_local.valid = true;
 }
 
+/* The block of the probe's hash in a generation of the local copy. */
+static inline const uint64 *
+IdemTombFilterLocalBlock(const TombFilterLocalGen *lg, const TombFilterProbe *probe)
+{
+	return IdemTombFilterBlockAt(lg->words, lg->mask, probe);
+}
+
 /*
  * The answers of the local copy: no[i] for each partition not yet skipped
  * that holds no tombstone of the probe's hash.  The cache lines of every
@@ -644,8 +651,7 @@ IdemTombFilterLocalAnswer(const TombFilterProbe *probe, const bool *skip)
 		if (skip[i] || lp->kind != TF_BITS)
 			continue;
 		for (int g = lp->first; g < lp->first + lp->ngens; g++)
-			IDEM_PREFETCH(IdemTombFilterBlockAt(tf_local.gens[g].words,
-												tf_local.gens[g].mask, probe));
+			IDEM_PREFETCH(IdemTombFilterLocalBlock(&tf_local.gens[g], probe));
 	}
 	for (int i = 0; i < tf_local.nparts; i++)
 	{
@@ -658,9 +664,8 @@ IdemTombFilterLocalAnswer(const TombFilterProbe *probe, const bool *skip)
 		{
 			maybe = false;
 			for (int g = lp->first; g < lp->first + lp->ngens && !maybe; g++)
-				maybe = IdemTombFilterBlockHas(IdemTombFilterBlockAt(tf_local.gens[g].words,
-																	 tf_local.gens[g].mask,
-																	 probe),
+				maybe = IdemTombFilterBlockHas(IdemTombFilterLocalBlock(&tf_local.gens[g],
+																		probe),
 											   probe);
 		}
 		else
