@@ -86,31 +86,58 @@ IdemBase64Url(const uint8 *in, int len, char *out)
 	return n;
 }
 
+/*
+ * The framed input is assembled in one buffer and hashed by one update: a
+ * scope of three checked strings (at most IDEM_SCOPE_MAX_LEN bytes each)
+ * with a label, or the encryption key, fits on the stack; a longer one is
+ * allocated.  The buffer holds the raw key, and is zeroed before it is
+ * left.
+ */
+#define FRAMED_STACK_LEN	1024
+
 void
 IdemFramedSha256(const char *label, int nparts,
 				 const char *const *parts, const int *lens,
 				 uint8 out[PG_SHA256_DIGEST_LENGTH])
 {
-	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
-	int			i;
+	uint8		stackbuf[FRAMED_STACK_LEN];
+	uint8	   *buf = stackbuf;
+	size_t		label_len = label != NULL ? strlen(label) : 0;
+	size_t		total = label_len;
+	size_t		n;
+	pg_cryptohash_ctx *ctx;
 	bool		ok;
+	int			i;
 
-	ok = pg_cryptohash_init(ctx) == 0;
-	if (ok && label != NULL)
-		ok = pg_cryptohash_update(ctx, (const uint8 *) label, strlen(label)) == 0;
-	for (i = 0; ok && i < nparts; i++)
+	for (i = 0; i < nparts; i++)
+		total += 4 + (size_t) lens[i];
+	if (total > sizeof(stackbuf))
+		buf = palloc(total);
+
+	if (label_len > 0)
+		memcpy(buf, label, label_len);
+	n = label_len;
+	for (i = 0; i < nparts; i++)
 	{
-		uint8		len[4];
+		uint32		len = (uint32) lens[i];
 
-		len[0] = (uint8) ((uint32) lens[i] >> 24);
-		len[1] = (uint8) ((uint32) lens[i] >> 16);
-		len[2] = (uint8) ((uint32) lens[i] >> 8);
-		len[3] = (uint8) lens[i];
-		ok = pg_cryptohash_update(ctx, len, 4) == 0 &&
-			pg_cryptohash_update(ctx, (const uint8 *) parts[i], lens[i]) == 0;
+		buf[n++] = (uint8) (len >> 24);
+		buf[n++] = (uint8) (len >> 16);
+		buf[n++] = (uint8) (len >> 8);
+		buf[n++] = (uint8) len;
+		if (len > 0)
+			memcpy(buf + n, parts[i], len);
+		n += len;
 	}
-	if (ok)
-		ok = pg_cryptohash_final(ctx, out, PG_SHA256_DIGEST_LENGTH) == 0;
+	Assert(n == total);
+
+	ctx = pg_cryptohash_create(PG_SHA256);
+	ok = pg_cryptohash_init(ctx) == 0 &&
+		pg_cryptohash_update(ctx, buf, n) == 0 &&
+		pg_cryptohash_final(ctx, out, PG_SHA256_DIGEST_LENGTH) == 0;
+	explicit_bzero(buf, n);
+	if (buf != stackbuf)
+		pfree(buf);
 	if (!ok)
 	{
 		const char *msg = pg_cryptohash_error(ctx);

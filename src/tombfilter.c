@@ -33,6 +33,19 @@
  *	  commits.  A row written and rolled back leaves its bits: a false
  *	  "maybe", never a false "no".
  *
+ *	  A claim reads the filters without the lock.  Each backend keeps a
+ *	  copy of the layout of its database's filters (which partitions have
+ *	  an entry, where the bit arrays of their generations live and how many
+ *	  blocks each has), valid while a shared counter has not moved: every
+ *	  change of the layout (an entry made or removed, a generation added or
+ *	  freed, a database learned or overflowed, a partition unfiltered)
+ *	  increments it, under the exclusive lock and before any array is
+ *	  freed.  The probe reads the counter, tests the bits of its copy, and
+ *	  reads the counter again: the arrays of live generations only gain
+ *	  bits, and the area never gets a segment of its own, so a freed array
+ *	  is still mapped; should the counter have moved while a partition was
+ *	  answered "no", the test is made again under the lock.
+ *
  *	  Without shared_preload_libraries, with a memory of 0, on a standby,
  *	  before the update to 0.4.0 (which adds the trigger) and in the Citus
  *	  mode, no filter is known and every partition is probed.
@@ -50,6 +63,7 @@
 #include "executor/tuptable.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "port/atomics.h"
 #include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -84,6 +98,20 @@
 #define IDEM_TOMBFILTER_BLOCK_WORDS	8
 #define IDEM_TOMBFILTER_PER_BLOCK	32
 #define IDEM_TOMBFILTER_K			10
+/* a block's bytes, and the alignment of a generation's blocks */
+#define IDEM_TOMBFILTER_BLOCK_BYTES	(IDEM_TOMBFILTER_BLOCK_WORDS * sizeof(uint64))
+
+/* a hint that the cache line at p will be read soon, where the compiler has one */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_prefetch)
+#define IDEM_PREFETCH(p)	__builtin_prefetch((p), 0, 3)
+#endif
+#elif defined(__GNUC__)
+#define IDEM_PREFETCH(p)	__builtin_prefetch((p), 0, 3)
+#endif
+#ifndef IDEM_PREFETCH
+#define IDEM_PREFETCH(p)	((void) (p))
+#endif
 
 typedef struct TombFilterKey
 {
@@ -110,8 +138,9 @@ typedef struct TombFilterGen
 	uint32		nblocks;		/* a power of two */
 	uint32		count;
 	uint32		capacity;
-	uint32		pad;
-	uint64		words[FLEXIBLE_ARRAY_MEMBER];
+	uint32		words_off;		/* bytes from the header to the first block,
+								 * aligned on a cache line */
+	uint64		space[FLEXIBLE_ARRAY_MEMBER];
 } TombFilterGen;
 
 typedef struct TombFilterShared
@@ -120,11 +149,61 @@ typedef struct TombFilterShared
 	int			dsa_tranche;
 	Size		area_size;
 	bool		full_logged;
+	/* incremented by every change of the layout (see the banner) */
+	pg_atomic_uint64 layout;
 } TombFilterShared;
+
+/*
+ * The layout of one partition's filter, as this backend last read it: its
+ * answer when it has no bits (TF_NO: no entry, nothing was written there;
+ * TF_MAYBE: unfiltered, or no entry in a database that overflowed), or its
+ * generations.
+ */
+typedef enum TombFilterLocalKind
+{
+	TF_NO,
+	TF_MAYBE,
+	TF_BITS
+} TombFilterLocalKind;
+
+typedef struct TombFilterLocalGen
+{
+	const uint64 *words;		/* the first block */
+	uint32		mask;			/* nblocks - 1 */
+} TombFilterLocalGen;
+
+typedef struct TombFilterLocalPart
+{
+	TombFilterLocalKind kind;
+	int			first;			/* its generations in tf_local.gens */
+	int			ngens;
+} TombFilterLocalPart;
+
+/*
+ * The backend's copy of the layout of the filters of one tombstones table,
+ * for one list of its partitions (the last a claim asked about), valid
+ * while tf_shared->layout equals its layout.
+ */
+typedef struct TombFilterLocal
+{
+	bool		valid;
+	uint64		layout;
+	Oid			parent;
+	bool		known;			/* the database's filters were learned */
+	int			nparts;
+	int			ngens;
+	int			cap_parts;
+	int			cap_gens;
+	Oid		   *partoids;
+	TombFilterLocalPart *parts;
+	TombFilterLocalGen *gens;
+	bool	   *no;				/* the answers of one probe */
+} TombFilterLocal;
 
 static TombFilterShared *tf_shared = NULL;
 static HTAB *tf_hash = NULL;
 static dsa_area *tf_area = NULL;
+static TombFilterLocal tf_local;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -172,6 +251,7 @@ IdemTombFilterShmemStartup(void)
 		tf_shared->lock = &(GetNamedLWLockTranche(IDEM_TOMBFILTER_TRANCHE))->lock;
 		tf_shared->area_size = area_size;
 		tf_shared->full_logged = false;
+		pg_atomic_init_u64(&tf_shared->layout, 0);
 		tf_shared->dsa_tranche = LWLockNewTrancheId();
 		if (area_size > 0)
 		{
@@ -238,53 +318,94 @@ IdemTombFilterKeyOf(TombFilterKey *key, Oid parent, Oid partoid)
 }
 
 /*
- * The block of a hash in a generation (from its first 8 bytes' low bits),
- * and the 10 bits it sets there, 9 bits each: 7 from its next 8 bytes, 3
- * from the high bits of the first 8 (above any block number's).
+ * Where a hash goes in a generation: the block (from its first 8 bytes' low
+ * bits, masked by the generation's number of blocks less one), and the 10
+ * bits it sets there, 9 bits each: 7 from its next 8 bytes, 3 from the high
+ * bits of the first 8 (above any block number's), as a mask of the block's
+ * words.  The bits are the same in every generation, so a probe computes
+ * them once.
  */
-static inline uint64 *
-IdemTombFilterBlock(TombFilterGen *gen, const uint8 *hash, int *pos)
+typedef struct TombFilterProbe
+{
+	uint64		block_of;		/* to be masked */
+	uint64		bits[IDEM_TOMBFILTER_BLOCK_WORDS];
+} TombFilterProbe;
+
+static inline void
+IdemTombFilterProbeOf(TombFilterProbe *probe, const uint8 *hash)
 {
 	uint64		a;
 	uint64		b;
+	int			pos;
 
 	memcpy(&a, hash, sizeof(a));
 	memcpy(&b, hash + 8, sizeof(b));
-	for (int i = 0; i < 7; i++)
-		pos[i] = (b >> (9 * i)) & 511;
-	for (int i = 0; i < IDEM_TOMBFILTER_K - 7; i++)
-		pos[7 + i] = (a >> (32 + 9 * i)) & 511;
-	return gen->words + (a & (gen->nblocks - 1)) * IDEM_TOMBFILTER_BLOCK_WORDS;
-}
-
-static bool
-IdemTombFilterGenHas(TombFilterGen *gen, const uint8 *hash)
-{
-	int			pos[IDEM_TOMBFILTER_K];
-	uint64	   *block = IdemTombFilterBlock(gen, hash, pos);
-
+	memset(probe->bits, 0, sizeof(probe->bits));
 	for (int i = 0; i < IDEM_TOMBFILTER_K; i++)
 	{
-		if ((block[pos[i] >> 6] & (UINT64CONST(1) << (pos[i] & 63))) == 0)
-			return false;
+		pos = i < 7 ? (b >> (9 * i)) & 511 : (a >> (32 + 9 * (i - 7))) & 511;
+		probe->bits[pos >> 6] |= UINT64CONST(1) << (pos & 63);
 	}
-	return true;
+	probe->block_of = a;
+}
+
+static inline const uint64 *
+IdemTombFilterBlockAt(const uint64 *words, uint32 mask,
+					  const TombFilterProbe *probe)
+{
+	return words + (probe->block_of & mask) * IDEM_TOMBFILTER_BLOCK_WORDS;
+}
+
+/* whether every bit of the probe is set in block */
+static inline bool
+IdemTombFilterBlockHas(const uint64 *block, const TombFilterProbe *probe)
+{
+	uint64		missing = 0;
+
+	for (int w = 0; w < IDEM_TOMBFILTER_BLOCK_WORDS; w++)
+		missing |= probe->bits[w] & ~block[w];
+	return missing == 0;
+}
+
+static inline uint64 *
+IdemTombFilterWords(TombFilterGen *gen)
+{
+	return (uint64 *) ((char *) gen + gen->words_off);
 }
 
 static void
 IdemTombFilterGenSet(TombFilterGen *gen, const uint8 *hash)
 {
-	int			pos[IDEM_TOMBFILTER_K];
-	uint64	   *block = IdemTombFilterBlock(gen, hash, pos);
+	TombFilterProbe probe;
+	uint64	   *block;
 
-	for (int i = 0; i < IDEM_TOMBFILTER_K; i++)
-		block[pos[i] >> 6] |= UINT64CONST(1) << (pos[i] & 63);
+	IdemTombFilterProbeOf(&probe, hash);
+	block = (uint64 *) IdemTombFilterBlockAt(IdemTombFilterWords(gen),
+											 gen->nblocks - 1, &probe);
+	for (int w = 0; w < IDEM_TOMBFILTER_BLOCK_WORDS; w++)
+		block[w] |= probe.bits[w];
 	gen->count++;
+}
+
+/*
+ * The layout changes, under the exclusive lock: before any bit array is
+ * freed (a backend reading it without the lock then sees the counter move
+ * when it may have read the array after it was reused; the atomic
+ * increment is a full barrier).
+ */
+static inline void
+IdemTombFilterLayoutChanges(void)
+{
+	Assert(LWLockHeldByMeInMode(tf_shared->lock, LW_EXCLUSIVE));
+	(void) pg_atomic_fetch_add_u64(&tf_shared->layout, 1);
 }
 
 static void
 IdemTombFilterFreeGens(TombFilterEntry *e)
 {
+	if (e->ngens == 0)
+		return;
+	IdemTombFilterLayoutChanges();
 	for (int i = 0; i < e->ngens; i++)
 		dsa_free(tf_area, e->gens[i]);
 	e->ngens = 0;
@@ -309,11 +430,14 @@ IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
 	while (hint > 0 && (int64) nblocks * IDEM_TOMBFILTER_PER_BLOCK < hint &&
 		   nblocks < (UINT32_MAX / 2 / IDEM_TOMBFILTER_BLOCK_WORDS / 8))
 		nblocks *= 2;
+	/* room to align the first block on a cache line */
 	if (e->ngens < IDEM_TOMBFILTER_MAX_GENS)
 		dp = dsa_allocate_extended(tf_area,
-								   offsetof(TombFilterGen, words) +
-								   (Size) nblocks * IDEM_TOMBFILTER_BLOCK_WORDS * sizeof(uint64),
+								   offsetof(TombFilterGen, space) +
+								   IDEM_TOMBFILTER_BLOCK_BYTES +
+								   (Size) nblocks * IDEM_TOMBFILTER_BLOCK_BYTES,
 								   DSA_ALLOC_NO_OOM | DSA_ALLOC_ZERO | DSA_ALLOC_HUGE);
+	IdemTombFilterLayoutChanges();
 	if (!DsaPointerIsValid(dp))
 	{
 		IdemTombFilterFreeGens(e);
@@ -331,6 +455,9 @@ IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
 	gen->nblocks = nblocks;
 	gen->count = 0;
 	gen->capacity = nblocks * IDEM_TOMBFILTER_PER_BLOCK;
+	/* the main shared memory is at the same address in every backend */
+	gen->words_off = (uint32) (TYPEALIGN(IDEM_TOMBFILTER_BLOCK_BYTES,
+										 (uintptr_t) gen->space) - (uintptr_t) gen);
 	e->gens[e->ngens++] = dp;
 	return true;
 }
@@ -352,12 +479,16 @@ IdemTombFilterEntryOf(Oid parent, Oid partoid, int64 hint)
 	{
 		IdemTombFilterKeyOf(&key, parent, InvalidOid);
 		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-		if (e != NULL)
+		if (e != NULL && !e->overflow)
+		{
+			IdemTombFilterLayoutChanges();
 			e->overflow = true;
+		}
 		return NULL;
 	}
 	if (!found)
 	{
+		IdemTombFilterLayoutChanges();
 		e->known = false;
 		e->overflow = false;
 		e->unfiltered = false;
@@ -396,27 +527,6 @@ IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash)
 	LWLockRelease(tf_shared->lock);
 }
 
-/* Whether partoid may hold hash, under the shared lock; db is known. */
-static bool
-IdemTombFilterMaybeLocked(TombFilterEntry *db, Oid parent, Oid partoid,
-						  const uint8 *hash)
-{
-	TombFilterKey key;
-	TombFilterEntry *e;
-	bool		maybe;
-
-	IdemTombFilterKeyOf(&key, parent, partoid);
-	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-	if (e == NULL)
-		return db->overflow;	/* else nothing was ever written there */
-	if (e->unfiltered)
-		return true;
-	maybe = false;
-	for (int i = 0; i < e->ngens && !maybe; i++)
-		maybe = IdemTombFilterGenHas(dsa_get_address(tf_area, e->gens[i]), hash);
-	return maybe;
-}
-
 /* The database's entry when its filters are known, under the lock. */
 static TombFilterEntry *
 IdemTombFilterKnownLocked(Oid parent)
@@ -429,22 +539,191 @@ IdemTombFilterKnownLocked(Oid parent)
 	return db != NULL && db->known ? db : NULL;
 }
 
+/* Room in the local copy for nparts partitions and ngens generations. */
+static void
+IdemTombFilterLocalReserve(int nparts, int ngens)
+{
+	if (nparts > tf_local.cap_parts)
+	{
+		int			cap = Max(nparts, 2 * tf_local.cap_parts);
+
+		if (tf_local.partoids == NULL)
+		{
+			tf_local.partoids = MemoryContextAlloc(TopMemoryContext, sizeof(Oid) * cap);
+			tf_local.parts = MemoryContextAlloc(TopMemoryContext,
+												sizeof(TombFilterLocalPart) * cap);
+			tf_local.no = MemoryContextAlloc(TopMemoryContext, sizeof(bool) * cap);
+		}
+		else
+		{
+			tf_local.partoids = repalloc(tf_local.partoids, sizeof(Oid) * cap);
+			tf_local.parts = repalloc(tf_local.parts, sizeof(TombFilterLocalPart) * cap);
+			tf_local.no = repalloc(tf_local.no, sizeof(bool) * cap);
+		}
+		tf_local.cap_parts = cap;
+	}
+	if (ngens > tf_local.cap_gens)
+	{
+		int			cap = Max(ngens, 2 * tf_local.cap_gens);
+
+		if (tf_local.gens == NULL)
+			tf_local.gens = MemoryContextAlloc(TopMemoryContext,
+											   sizeof(TombFilterLocalGen) * cap);
+		else
+			tf_local.gens = repalloc(tf_local.gens, sizeof(TombFilterLocalGen) * cap);
+		tf_local.cap_gens = cap;
+	}
+}
+
+/*
+ * Copy the layout of the filters of the n partitions partoids of parent,
+ * under the lock (in either mode: the layout changes only under the
+ * exclusive lock, so the counter read here is the copy's).
+ */
+static void
+IdemTombFilterLocalLoad(Oid parent, const Oid *partoids, int n)
+{
+	TombFilterEntry *db;
+
+	/* invalid until complete: an allocation may fail on the way */
+	tf_local.valid = false;
+	IdemTombFilterLocalReserve(n, 0);
+	tf_local.layout = pg_atomic_read_u64(&tf_shared->layout);
+	tf_local.parent = parent;
+	tf_local.nparts = n;
+	tf_local.ngens = 0;
+	memcpy(tf_local.partoids, partoids, sizeof(Oid) * n);
+	db = IdemTombFilterKnownLocked(parent);
+	tf_local.known = db != NULL;
+	for (int i = 0; db != NULL && i < n; i++)
+	{
+		TombFilterLocalPart *lp = &tf_local.parts[i];
+		TombFilterKey key;
+		TombFilterEntry *e;
+
+		IdemTombFilterKeyOf(&key, parent, partoids[i]);
+		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+		lp->first = tf_local.ngens;
+		lp->ngens = 0;
+		if (e == NULL)
+			lp->kind = db->overflow ? TF_MAYBE : TF_NO;
+		else if (e->unfiltered)
+			lp->kind = TF_MAYBE;
+		else
+		{
+			lp->kind = TF_BITS;
+			IdemTombFilterLocalReserve(0, tf_local.ngens + e->ngens);
+			for (int g = 0; g < e->ngens; g++)
+			{
+				TombFilterGen *gen = dsa_get_address(tf_area, e->gens[g]);
+				TombFilterLocalGen *lg = &tf_local.gens[tf_local.ngens++];
+
+				lg->words = IdemTombFilterWords(gen);
+				lg->mask = gen->nblocks - 1;
+			}
+			lp->ngens = e->ngens;
+		}
+	}
+	tf_local.valid = true;
+}
+
+/* The block of the probe's hash in a generation of the local copy. */
+static inline const uint64 *
+IdemTombFilterLocalBlock(const TombFilterLocalGen *lg, const TombFilterProbe *probe)
+{
+	return IdemTombFilterBlockAt(lg->words, lg->mask, probe);
+}
+
+/*
+ * The answers of the local copy: no[i] for each partition not yet skipped
+ * that holds no tombstone of the probe's hash.  The cache lines of every
+ * block to be read are asked for first, so that their loads overlap.
+ * Returns whether any partition was answered "no".
+ */
+static bool
+IdemTombFilterLocalAnswer(const TombFilterProbe *probe, const bool *skip)
+{
+	bool		any = false;
+
+	for (int i = 0; i < tf_local.nparts; i++)
+	{
+		const TombFilterLocalPart *lp = &tf_local.parts[i];
+
+		if (skip[i] || lp->kind != TF_BITS)
+			continue;
+		for (int g = lp->first; g < lp->first + lp->ngens; g++)
+			IDEM_PREFETCH(IdemTombFilterLocalBlock(&tf_local.gens[g], probe));
+	}
+	for (int i = 0; i < tf_local.nparts; i++)
+	{
+		const TombFilterLocalPart *lp = &tf_local.parts[i];
+		bool		maybe;
+
+		if (skip[i])
+			maybe = true;		/* already skipped: nothing to answer */
+		else if (lp->kind == TF_BITS)
+		{
+			maybe = false;
+			for (int g = lp->first; g < lp->first + lp->ngens && !maybe; g++)
+				maybe = IdemTombFilterBlockHas(IdemTombFilterLocalBlock(&tf_local.gens[g],
+																		probe),
+											   probe);
+		}
+		else
+			maybe = lp->kind == TF_MAYBE;
+		tf_local.no[i] = !maybe;
+		any |= !maybe;
+	}
+	return any;
+}
+
 void
 IdemTombFilterSkip(Oid parent, const Oid *partoids, int n, const uint8 *hash,
 				   bool *skip)
 {
-	TombFilterEntry *db;
+	TombFilterProbe probe;
+	uint64		layout;
+	bool		any;
 
-	if (!IdemTombFilterUsable())
+	if (n <= 0 || !IdemTombFilterUsable())
 		return;
-	LWLockAcquire(tf_shared->lock, LW_SHARED);
-	db = IdemTombFilterKnownLocked(parent);
-	for (int i = 0; db != NULL && i < n; i++)
+	IdemTombFilterProbeOf(&probe, hash);
+
+	/*
+	 * Without the lock, while the local copy is the layout's: its arrays
+	 * are those of live generations, and they only gain bits.  The read
+	 * barriers keep the bits read between the two reads of the counter.
+	 */
+	layout = pg_atomic_read_u64(&tf_shared->layout);
+	pg_read_barrier();
+	if (tf_local.valid && tf_local.layout == layout &&
+		tf_local.parent == parent && tf_local.nparts == n &&
+		memcmp(tf_local.partoids, partoids, sizeof(Oid) * n) == 0)
 	{
-		if (!skip[i] && !IdemTombFilterMaybeLocked(db, parent, partoids[i], hash))
-			skip[i] = true;
+		if (!tf_local.known)
+			return;
+		any = IdemTombFilterLocalAnswer(&probe, skip);
+		pg_read_barrier();
+
+		/*
+		 * A "no" stands only when no array can have been freed, and so
+		 * reused, while it was read.
+		 */
+		if (!any || pg_atomic_read_u64(&tf_shared->layout) == layout)
+		{
+			for (int i = 0; any && i < n; i++)
+				skip[i] |= tf_local.no[i];
+			return;
+		}
 	}
+
+	/* Under the lock: the copy is made again, and the bits read under it. */
+	LWLockAcquire(tf_shared->lock, LW_SHARED);
+	IdemTombFilterLocalLoad(parent, partoids, n);
+	any = tf_local.known && IdemTombFilterLocalAnswer(&probe, skip);
 	LWLockRelease(tf_shared->lock);
+	for (int i = 0; any && i < n; i++)
+		skip[i] |= tf_local.no[i];
 }
 
 /* Forget the entries of an earlier tombstones table of this database. */
@@ -459,6 +738,7 @@ IdemTombFilterForgetOthers(Oid parent)
 	{
 		if (e->key.dbid == MyDatabaseId && e->key.parent != parent)
 		{
+			IdemTombFilterLayoutChanges();
 			IdemTombFilterFreeGens(e);
 			(void) hash_search(tf_hash, &e->key, HASH_REMOVE, NULL);
 		}
@@ -568,7 +848,10 @@ IdemTombFilterLearn(Oid parent)
 	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
 	db = IdemTombFilterEntryOf(parent, InvalidOid, 0);
 	if (db != NULL)
+	{
+		IdemTombFilterLayoutChanges();
 		db->known = true;
+	}
 	LWLockRelease(tf_shared->lock);
 	return n;
 }
@@ -604,6 +887,7 @@ IdemTombFilterXactCallback(XactEvent event, void *arg)
 					e = hash_search(tf_hash, key, HASH_FIND, NULL);
 					if (e != NULL)
 					{
+						IdemTombFilterLayoutChanges();
 						IdemTombFilterFreeGens(e);
 						(void) hash_search(tf_hash, key, HASH_REMOVE, NULL);
 					}

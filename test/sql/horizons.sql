@@ -158,3 +158,37 @@ SELECT count(*) >= 0 AS pass FROM idempotency.idem_maintenance();
 SELECT tableoid::regclass <> 'idempotency.tombstones_default'::regclass AS moved FROM idempotency.tombstones
 WHERE scope_hash = idempotency.idem_tombstone_hash('t', 'POST /h6', 'h6-a');
 SELECT action FROM idempotency.idem_claim('t', 'POST /h6', 'h6-a', regress.fp('b'));
+
+-- A backend's copy of the layout of the filters (src/tombfilter.c) is read
+-- again when the layout changed after the copy was made: a claim reads the
+-- filters without the lock while a shared counter has not moved.  First a
+-- claim makes the copy; then a tombstone is written into a dated partition
+-- of the 10-year window that held none (the partition's filter is made),
+-- and a claim of its key is still refused.
+CREATE TEMP TABLE h7 AS SELECT now() + interval '10 years 3 days' AS expires_at;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-copy', regress.fp('a'));
+ROLLBACK;
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+SELECT idempotency.idem_tombstone_hash('t', 'POST /h7', 'h7-a'), regress.fp('a'),
+       now() - interval '1 day', expires_at
+FROM h7;
+ALTER TABLE h7 ADD part regclass;
+UPDATE h7 SET part = (SELECT tableoid FROM idempotency.tombstones
+                      WHERE scope_hash = idempotency.idem_tombstone_hash('t', 'POST /h7', 'h7-a'));
+-- its partition, a dated one, holds this tombstone only
+SELECT part <> 'idempotency.tombstones_default'::regclass AS dated,
+       (SELECT count(*) FROM idempotency.tombstones t WHERE t.tableoid = part) AS rows
+FROM h7;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h7', 'h7-a', regress.fp('b'));
+-- Then 2,100 tombstones more in that partition: its filter's first
+-- generation (2,048 hashes) fills, and a second one is added; a claim of a
+-- key of the second generation is refused.
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+SELECT idempotency.idem_tombstone_hash('t', 'POST /h8', 'h8-' || i), regress.fp('a'),
+       now() - interval '1 day', expires_at
+FROM h7, generate_series(1, 2100) i;
+SELECT count(*) AS rows FROM idempotency.tombstones t, h7 WHERE t.tableoid = part;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h8', 'h8-2100', regress.fp('b'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /h8', 'h8-2080', regress.fp('b'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /h8', 'h8-2060', regress.fp('b'));
