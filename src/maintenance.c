@@ -146,6 +146,25 @@ IdemMaintLearnHorizons(IdemMaintPass *p)
 }
 
 /*
+ * Compact the tombstone filters that grew by several generations
+ * (tombfilter.c), in a step of its own at the end of a pass, once this
+ * pass's tombstones are written.  Not in a preview, not in the Citus mode.
+ */
+static void
+IdemMaintCompactFilters(IdemMaintPass *p)
+{
+	int			n;
+
+	if (p->preview || IdemKeystoreDistributed() || !IdemTombstonesActive())
+		return;
+	IdemMaintStepBegin(p);
+	n = IdemTombFilterCompact(IdemTombstoneRelid());
+	if (n > 0)
+		elog(DEBUG1, "idempotency: %d tombstone filters compacted", n);
+	IdemMaintStepEnd(p);
+}
+
+/*
  * The steps.  In the Citus mode (doc/scaling.md, "Citus: maintenance, stats and health") stale leases and the
  * default partition's purge (with its tombstones) run on every node, on its
  * own shards; only the coordinator makes and drops partitions (of keys and
@@ -184,6 +203,7 @@ IdemRunSteps(IdemMaintPass *p)
 	IdemMaintRetention(p, IDEM_PARTITIONED_KEYS);
 	IdemMaintRetention(p, IDEM_PARTITIONED_TOMBSTONES);
 	IdemMaintPurgeTombstonesDefault(p);
+	IdemMaintCompactFilters(p);
 }
 
 /*

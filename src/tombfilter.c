@@ -15,7 +15,9 @@
  *	  shared memory.  A partition's filter grows by generations, each twice
  *	  the size of the one before, so that it needs no count in advance; a
  *	  partition whose filter cannot grow (the area is full) is marked
- *	  unfiltered and always probed.
+ *	  unfiltered and always probed.  Maintenance compacts a filter of three
+ *	  generations or more into one, made again from the partition's rows
+ *	  while no transaction writes it (IdemTombFilterCompact).
  *
  *	  Filters only gain bits, and what is written into a partition is added
  *	  first:
@@ -66,6 +68,7 @@
 #include "port/atomics.h"
 #include "storage/bufmgr.h"
 #include "storage/ipc.h"
+#include "storage/lmgr.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/dsa.h"
@@ -412,6 +415,47 @@ IdemTombFilterFreeGens(TombFilterEntry *e)
 }
 
 /*
+ * Blocks for a generation of at least nblocks (a power of two) that holds
+ * hint hashes at its capacity.
+ */
+static uint32
+IdemTombFilterBlocksFor(uint32 nblocks, int64 hint)
+{
+	while (hint > 0 && (int64) nblocks * IDEM_TOMBFILTER_PER_BLOCK < hint &&
+		   nblocks < (UINT32_MAX / 2 / IDEM_TOMBFILTER_BLOCK_WORDS / 8))
+		nblocks *= 2;
+	return nblocks;
+}
+
+/*
+ * A new, empty generation of nblocks blocks, under the exclusive lock and
+ * attached to no entry yet; InvalidDsaPointer when the area is full.
+ */
+static dsa_pointer
+IdemTombFilterNewGen(uint32 nblocks)
+{
+	dsa_pointer dp;
+	TombFilterGen *gen;
+
+	/* room to align the first block on a cache line */
+	dp = dsa_allocate_extended(tf_area,
+							   offsetof(TombFilterGen, space) +
+							   IDEM_TOMBFILTER_BLOCK_BYTES +
+							   (Size) nblocks * IDEM_TOMBFILTER_BLOCK_BYTES,
+							   DSA_ALLOC_NO_OOM | DSA_ALLOC_ZERO | DSA_ALLOC_HUGE);
+	if (!DsaPointerIsValid(dp))
+		return dp;
+	gen = dsa_get_address(tf_area, dp);
+	gen->nblocks = nblocks;
+	gen->count = 0;
+	gen->capacity = nblocks * IDEM_TOMBFILTER_PER_BLOCK;
+	/* the main shared memory is at the same address in every backend */
+	gen->words_off = (uint32) (TYPEALIGN(IDEM_TOMBFILTER_BLOCK_BYTES,
+										 (uintptr_t) gen->space) - (uintptr_t) gen);
+	return dp;
+}
+
+/*
  * A new generation of e's filter, for about hint hashes (0: twice the last
  * one); false, the partition unfiltered, when there is no room.
  */
@@ -427,16 +471,9 @@ IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
 		gen = dsa_get_address(tf_area, e->gens[e->ngens - 1]);
 		nblocks = gen->nblocks * 2;
 	}
-	while (hint > 0 && (int64) nblocks * IDEM_TOMBFILTER_PER_BLOCK < hint &&
-		   nblocks < (UINT32_MAX / 2 / IDEM_TOMBFILTER_BLOCK_WORDS / 8))
-		nblocks *= 2;
-	/* room to align the first block on a cache line */
+	nblocks = IdemTombFilterBlocksFor(nblocks, hint);
 	if (e->ngens < IDEM_TOMBFILTER_MAX_GENS)
-		dp = dsa_allocate_extended(tf_area,
-								   offsetof(TombFilterGen, space) +
-								   IDEM_TOMBFILTER_BLOCK_BYTES +
-								   (Size) nblocks * IDEM_TOMBFILTER_BLOCK_BYTES,
-								   DSA_ALLOC_NO_OOM | DSA_ALLOC_ZERO | DSA_ALLOC_HUGE);
+		dp = IdemTombFilterNewGen(nblocks);
 	IdemTombFilterLayoutChanges();
 	if (!DsaPointerIsValid(dp))
 	{
@@ -451,13 +488,6 @@ IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
 		}
 		return false;
 	}
-	gen = dsa_get_address(tf_area, dp);
-	gen->nblocks = nblocks;
-	gen->count = 0;
-	gen->capacity = nblocks * IDEM_TOMBFILTER_PER_BLOCK;
-	/* the main shared memory is at the same address in every backend */
-	gen->words_off = (uint32) (TYPEALIGN(IDEM_TOMBFILTER_BLOCK_BYTES,
-										 (uintptr_t) gen->space) - (uintptr_t) gen);
 	e->gens[e->ngens++] = dp;
 	return true;
 }
@@ -854,6 +884,147 @@ IdemTombFilterLearn(Oid parent)
 	}
 	LWLockRelease(tf_shared->lock);
 	return n;
+}
+
+/*
+ * Compaction: a filter grown by doubling answers "maybe" for nothing once
+ * per generation (each about one time in a thousand when full), and a
+ * claim reads one block per generation.  A partition whose filter has
+ * IDEM_TOMBFILTER_COMPACT_GENS generations or more gets one generation
+ * sized for all it holds, made from its rows.
+ */
+#define IDEM_TOMBFILTER_COMPACT_GENS	3
+
+typedef struct CompactState
+{
+	TombFilterGen *gen;
+	AttrNumber	a_hash;
+	AttrNumber	a_fp;
+} CompactState;
+
+static void
+IdemTombFilterCompactRow(TupleTableSlot *slot, void *arg)
+{
+	CompactState *st = arg;
+	bool		isnull;
+	bool		fp_isnull = true;
+	Datum		h = slot_getattr(slot, st->a_hash, &isnull);
+	Datum		fp = (Datum) 0;
+	const uint8 *first;
+	int			stride;
+	int			n;
+
+	if (isnull)
+		return;
+	if (st->a_fp > 0)
+		fp = slot_getattr(slot, st->a_fp, &fp_isnull);
+	n = IdemTombstoneRowHashes(DatumGetByteaPP(h),
+							   fp_isnull ? NULL : DatumGetByteaPP(fp),
+							   &first, &stride);
+	for (int i = 0; i < n; i++)
+		IdemTombFilterGenSet(st->gen, first + (Size) i * stride);
+}
+
+/*
+ * Every hash of the row versions of partoid into the generation dp, which
+ * is this backend's alone until it is put in; freed on an error.
+ */
+static void
+IdemTombFilterFill(Oid partoid, dsa_pointer dp)
+{
+	CompactState st;
+
+	st.gen = dsa_get_address(tf_area, dp);
+	st.a_hash = get_attnum(partoid, "scope_hash");
+	st.a_fp = get_attnum(partoid, "fingerprint");
+	PG_TRY();
+	{
+		if (st.a_hash == InvalidAttrNumber)
+			elog(ERROR, "partition %u of idempotency.tombstones lacks scope_hash", partoid);
+		(void) IdemScanRowVersions(partoid, IdemTombFilterCompactRow, &st);
+	}
+	PG_CATCH();
+	{
+		dsa_free(tf_area, dp);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+}
+
+int
+IdemTombFilterCompact(Oid parent)
+{
+	List	   *parts;
+	ListCell   *lc;
+	bool		known;
+	int			compacted = 0;
+
+	if (!IdemTombFilterUsable())
+		return -1;
+	LWLockAcquire(tf_shared->lock, LW_SHARED);
+	known = IdemTombFilterKnownLocked(parent) != NULL;
+	LWLockRelease(tf_shared->lock);
+	if (!known)
+		return -1;
+
+	parts = find_all_inheritors(parent, AccessShareLock, NULL);
+	foreach(lc, parts)
+	{
+		Oid			partoid = lfirst_oid(lc);
+		TombFilterKey key;
+		TombFilterEntry *e;
+		dsa_pointer dp = InvalidDsaPointer;
+
+		if (get_rel_relkind(partoid) != RELKIND_RELATION)
+			continue;
+
+		/*
+		 * No writer of the partition is left, nor can one begin, while the
+		 * rows are read: every hash added to the filter before is in a row
+		 * version of the file by then (a writer holds ROW EXCLUSIVE from
+		 * before its trigger adds the hash until its transaction ends).
+		 * Claims, which only read, go on.  A partition being written is
+		 * left for a later pass.
+		 */
+		if (!ConditionalLockRelationOid(partoid, ShareLock))
+			continue;
+
+		IdemTombFilterKeyOf(&key, parent, partoid);
+		LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+		if (e != NULL && !e->unfiltered && e->ngens >= IDEM_TOMBFILTER_COMPACT_GENS)
+		{
+			int64		count = 0;
+
+			for (int g = 0; g < e->ngens; g++)
+				count += ((TombFilterGen *) dsa_get_address(tf_area, e->gens[g]))->count;
+			/* a quarter more: room for what comes next before it grows */
+			dp = IdemTombFilterNewGen(IdemTombFilterBlocksFor(IDEM_TOMBFILTER_MIN_BLOCKS,
+															  count + count / 4));
+		}
+		LWLockRelease(tf_shared->lock);
+
+		if (DsaPointerIsValid(dp))
+		{
+			IdemTombFilterFill(partoid, dp);
+			LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+			e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+			if (e != NULL && !e->unfiltered && e->ngens > 0)
+			{
+				/* the layout changes before the old arrays are freed */
+				IdemTombFilterFreeGens(e);
+				e->gens[0] = dp;
+				e->ngens = 1;
+				compacted++;
+			}
+			else
+				dsa_free(tf_area, dp);
+			LWLockRelease(tf_shared->lock);
+		}
+		UnlockRelationOid(partoid, ShareLock);
+	}
+	list_free(parts);
+	return compacted;
 }
 
 static void

@@ -37,6 +37,14 @@ extern void IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash);
  */
 extern int64 IdemTombFilterLearn(Oid parent);
 
+/*
+ * For maintenance: each partition of parent whose filter has grown to
+ * three generations or more, and that no transaction is writing, gets one
+ * generation sized for what it holds, made again from its rows.  Returns
+ * how many were compacted, or -1 when the database's filters are not known.
+ */
+extern int	IdemTombFilterCompact(Oid parent);
+
 extern void IdemTombFilterDropped(Oid parent, Oid partoid);
 
 #endif							/* IDEM_TOMBFILTER_H */

@@ -184,6 +184,33 @@ is(runs_mismatches(), '3000', 'before learning: every key of the runs answers 42
 $runs->safe_psql('postgres', 'SELECT count(*) FROM idempotency.idem_maintenance()');
 is(tombstone_partitions_opened($runs, 'POST /r'), '0', 'after learning: a new key opens no tombstone partition');
 is(runs_mismatches(), '3000', 'after learning: every key of the runs still answers 422');
+
+# Compaction of the filters: 20,000 tombstones written by SQL grow the
+# filter of the runs' partition by doubling (four generations and more); the
+# next pass makes it one generation again from the partition's rows (runs
+# included), and every tombstone still answers.
+$runs->safe_psql('postgres', q{
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+SELECT idempotency.idem_tombstone_hash('t', 'POST /r', 's' || i), sha256('a'),
+       now() - interval '1 day', r.expires_at
+FROM generate_series(1, 20000) i,
+     (SELECT max(expires_at) AS expires_at FROM idempotency.tombstones
+      WHERE octet_length(scope_hash) < 16) r;});
+is($runs->safe_psql('postgres', q{
+SELECT count(DISTINCT tableoid) FROM idempotency.tombstones}), '1',
+	'they share the partition of the runs');
+my ($ret, $out, $err) = $runs->psql('postgres',
+	'SET client_min_messages = debug1; SELECT count(*) FROM idempotency.idem_maintenance()');
+is($ret, 0, 'the pass after the load succeeds');
+like($err, qr/tombstone filters compacted/, 'the pass compacts the filters that grew');
+is($runs->safe_psql('postgres', q{
+SET idempotency.max_claims_per_transaction = 5000;
+BEGIN;
+SELECT count(*) FILTER (WHERE (idempotency.idem_claim('t', 'POST /r', 's' || i, sha256('b'))).action = 'mismatch')
+FROM generate_series(1, 20000, 7) i;
+ROLLBACK;}), '2858', 'after compaction: the tombstones written by SQL answer 422');
+is(runs_mismatches(), '3000', 'after compaction: every key of the runs answers 422');
+is(tombstone_partitions_opened($runs, 'POST /r'), '0', 'after compaction: a new key opens no tombstone partition');
 $runs->stop;
 
 done_testing();
