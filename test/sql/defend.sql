@@ -93,8 +93,10 @@ SELECT min(c.relname) AS part FROM pg_inherits i JOIN pg_class c ON c.oid = i.in
 WHERE i.inhparent = 'idempotency.keys'::regclass AND c.relname ~ '^keys_p' \gset
 CREATE TABLE public.defend_loose (LIKE idempotency.keys);
 
--- DDL the guard refuses, on the parents and on the partitions
-SELECT stmt, regress.try(stmt) FROM (VALUES
+-- DDL the guard refuses, on the parents and on the partitions (the dated
+-- partition's name, which is today's, shown as keys_pYYYYMMDDtHHMM)
+SELECT replace(stmt, :'part', 'keys_pYYYYMMDDtHHMM') AS stmt,
+       replace(regress.try(stmt), :'part', 'keys_pYYYYMMDDtHHMM') AS try FROM (VALUES
     ('ALTER TABLE idempotency.keys ADD COLUMN note text NOT NULL DEFAULT ''x'''),
     ('ALTER TABLE idempotency.keys DROP COLUMN fail_reason'),
     ('ALTER TABLE idempotency.keys ALTER COLUMN body_ref TYPE varchar(10)'),
