@@ -84,7 +84,7 @@
 #include "idempotency.h"
 #include "schema.h"
 #include "tombfilter.h"
-#include "tombstone.h"
+#include "tombrow.h"
 
 #define IDEM_TOMBFILTER_TRANCHE		"idempotency tombstone filters"
 /* headers of the shared table: databases and their tombstone partitions */
@@ -785,14 +785,14 @@ typedef struct AddAllState
 
 /*
  * Every hash a row of tombstones stands for (one, or the entries of a run,
- * tombstone.h) into the filter of partoid.
+ * tombrow.h) into the filter of partoid.
  */
 static void
 IdemTombFilterAddHashes(Oid parent, Oid partoid, bytea *scope_hash, bytea *fingerprint)
 {
 	const uint8 *h;
 	int			stride;
-	int			n = IdemTombstoneRowHashes(scope_hash, fingerprint, &h, &stride);
+	int			n = IdemTombRowHashes(scope_hash, fingerprint, &h, &stride);
 
 	StaticAssertStmt(IDEM_TOMBFILTER_HASH_LEN <= IDEM_TOMBSTONE_HASH_LEN,
 					 "a filter reads more of a hash than a tombstone keeps");
@@ -918,7 +918,7 @@ IdemTombFilterCompactRow(TupleTableSlot *slot, void *arg)
 		return;
 	if (st->a_fp > 0)
 		fp = slot_getattr(slot, st->a_fp, &fp_isnull);
-	n = IdemTombstoneRowHashes(DatumGetByteaPP(h),
+	n = IdemTombRowHashes(DatumGetByteaPP(h),
 							   fp_isnull ? NULL : DatumGetByteaPP(fp),
 							   &first, &stride);
 	for (int i = 0; i < n; i++)

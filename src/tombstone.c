@@ -248,71 +248,14 @@ IdemTombstoneHashDatum(const text *tenant, const text *endpoint, const text *key
 }
 
 /*
- * Runs (tombstone.h).  A run's bucket is the first bits of its entries'
- * hashes, 4 to 24 of them in steps of 4, chosen per drop so that a bucket
- * holds about a row or more of entries; its scope_hash is one byte that
- * says how many bits, then those bits (the last byte's low nibble zero
- * when they end mid-byte), so that it is never as long as a hash and the
- * buckets of every width can be looked up by equality, as a hash is.
- * Entries per row: as many as keep the row under the size at which it
- * would be compressed or moved out of line, so that a row is read in place.
+ * Entries per run (tombrow.h): as many as keep the row under the size at
+ * which it would be compressed or moved out of line, so that a row is read
+ * in place.
  */
-#define RUN_MIN_BITS	4
-#define RUN_MAX_BITS	24
-#define RUN_NBUCKETKEYS	(RUN_MAX_BITS / RUN_MIN_BITS)
 #define RUN_MAX_ENTRIES ((TOAST_TUPLE_THRESHOLD - 64) / IDEM_TOMBSTONE_RUN_ENTRY)
+#define RUN_NBUCKETKEYS	(IDEM_TOMBROW_MAX_BITS / IDEM_TOMBROW_MIN_BITS)
 
 StaticAssertDecl(RUN_MAX_ENTRIES >= 8, "a run holds too few entries for this block size");
-
-/* The bucket of hash at bits bits into out (at most 4 bytes); its length. */
-static int
-IdemTombstoneBucket(const uint8 *hash, int bits, uint8 *out)
-{
-	int			nbytes = (bits + 7) / 8;
-
-	out[0] = (uint8) bits;
-	memcpy(out + 1, hash, nbytes);
-	if (bits % 8 != 0)
-		out[nbytes] &= (uint8) (0xFF << (8 - bits % 8));
-	return 1 + nbytes;
-}
-
-/* Whether a row with this scope_hash and fingerprint is a run. */
-static bool
-IdemTombstoneIsRun(const uint8 *h, int hlen, int fplen)
-{
-	int			bits;
-
-	if (hlen < 2 || hlen >= IDEM_TOMBSTONE_HASH_LEN)
-		return false;
-	bits = h[0];
-	return bits >= RUN_MIN_BITS && bits <= RUN_MAX_BITS && bits % RUN_MIN_BITS == 0 &&
-		hlen == 1 + (bits + 7) / 8 &&
-		fplen > 0 && fplen % IDEM_TOMBSTONE_RUN_ENTRY == 0;
-}
-
-int
-IdemTombstoneRowHashes(bytea *scope_hash, bytea *fingerprint,
-					   const uint8 **first, int *stride)
-{
-	int			hlen = VARSIZE_ANY_EXHDR(scope_hash);
-
-	if (hlen >= IDEM_TOMBSTONE_HASH_LEN)
-	{
-		*first = (const uint8 *) VARDATA_ANY(scope_hash);
-		*stride = 0;
-		return 1;
-	}
-	if (fingerprint != NULL &&
-		IdemTombstoneIsRun((const uint8 *) VARDATA_ANY(scope_hash), hlen,
-						   VARSIZE_ANY_EXHDR(fingerprint)))
-	{
-		*first = (const uint8 *) VARDATA_ANY(fingerprint);
-		*stride = IDEM_TOMBSTONE_RUN_ENTRY;
-		return VARSIZE_ANY_EXHDR(fingerprint) / IDEM_TOMBSTONE_RUN_ENTRY;
-	}
-	return 0;
-}
 
 PG_FUNCTION_INFO_V1(idem_tombstone_hash);
 
@@ -504,11 +447,11 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	lookups[0] = PointerGetDatum(hash);
 	if (filtered)
 	{
-		for (int bits = RUN_MIN_BITS; bits <= RUN_MAX_BITS; bits += RUN_MIN_BITS)
+		for (int bits = IDEM_TOMBROW_MIN_BITS; bits <= IDEM_TOMBROW_MAX_BITS; bits += IDEM_TOMBROW_MIN_BITS)
 		{
-			bytea	   *b = palloc(VARHDRSZ + 4);
+			bytea	   *b = palloc(VARHDRSZ + IDEM_TOMBROW_BUCKET_MAX);
 
-			SET_VARSIZE(b, VARHDRSZ + IdemTombstoneBucket((const uint8 *) VARDATA(hash),
+			SET_VARSIZE(b, VARHDRSZ + IdemTombRowBucket((const uint8 *) VARDATA(hash),
 														  bits, (uint8 *) VARDATA(b)));
 			lookups[nlookups++] = PointerGetDatum(b);
 		}
@@ -857,7 +800,7 @@ typedef struct RunWriter
 {
 	SPIPlanPtr	insert;			/* INSERT of one row of tombstones */
 	int			bits;			/* width of the buckets */
-	uint8		bucket[4];		/* the bucket of the entries held */
+	uint8		bucket[IDEM_TOMBROW_BUCKET_MAX];		/* the bucket of the entries held */
 	int			bucket_len;
 	RunEntry	entries[RUN_MAX_ENTRIES];
 	int			n;
@@ -949,11 +892,11 @@ IdemTombstoneFlushRun(RunWriter *w)
 static int
 IdemTombstoneRunBits(int64 n)
 {
-	int			bits = RUN_MIN_BITS;
+	int			bits = IDEM_TOMBROW_MIN_BITS;
 
-	while (bits + RUN_MIN_BITS <= RUN_MAX_BITS &&
-		   n / (int64) RUN_MAX_ENTRIES >= ((int64) 1 << (bits + RUN_MIN_BITS)))
-		bits += RUN_MIN_BITS;
+	while (bits + IDEM_TOMBROW_MIN_BITS <= IDEM_TOMBROW_MAX_BITS &&
+		   n / (int64) RUN_MAX_ENTRIES >= ((int64) 1 << (bits + IDEM_TOMBROW_MIN_BITS)))
+		bits += IDEM_TOMBROW_MIN_BITS;
 	return bits;
 }
 
@@ -1012,7 +955,7 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 			bytea	   *fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 2, &isnull[1]));
 			TimestampTz expired = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull[2]));
 			TimestampTz expires = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull[3]));
-			uint8		bucket[4];
+			uint8		bucket[IDEM_TOMBROW_BUCKET_MAX];
 			int			blen;
 			RunEntry   *e;
 
@@ -1028,7 +971,7 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 				written++;
 				continue;
 			}
-			blen = IdemTombstoneBucket((const uint8 *) VARDATA_ANY(h), w->bits, bucket);
+			blen = IdemTombRowBucket((const uint8 *) VARDATA_ANY(h), w->bits, bucket);
 			if (w->n > 0 &&
 				(w->n == RUN_MAX_ENTRIES || blen != w->bucket_len ||
 				 memcmp(bucket, w->bucket, blen) != 0))

@@ -16,32 +16,7 @@
 
 #include "endpoint.h"
 #include "scope.h"
-
-/* bytes of a tombstone's scope_hash: the first bytes of a SHA-256 */
-#define IDEM_TOMBSTONE_HASH_LEN		16
-
-/*
- * A run (doc/tombstones.md, "How tombstones are stored"): one row that
- * stands for many tombstones of one bucket of hashes, written when
- * maintenance drops a partition of keys that leaves at least
- * IDEM_TOMBSTONE_RUN_MIN of them.  Its scope_hash is the bucket (shorter
- * than a hash) and its fingerprint holds the entries, sorted by hash, each
- * IDEM_TOMBSTONE_RUN_ENTRY bytes: the hash, the fingerprint, and two
- * offsets in seconds (big-endian) back from the row's expired_at and
- * expires_at to the entry's.
- */
-#define IDEM_TOMBSTONE_RUN_MIN		1024
-#define IDEM_TOMBSTONE_FP_LEN		32
-#define IDEM_TOMBSTONE_RUN_ENTRY	(IDEM_TOMBSTONE_HASH_LEN + IDEM_TOMBSTONE_FP_LEN + 8)
-
-/*
- * The hashes a row of idempotency.tombstones stands for: for a run, its
- * entries (*stride bytes apart, the hash first in each); for any other
- * row, its scope_hash alone.  Returns how many (0 for a row that names no
- * hash).
- */
-extern int	IdemTombstoneRowHashes(bytea *scope_hash, bytea *fingerprint,
-								   const uint8 **first, int *stride);
+#include "tombrow.h"
 
 /*
  * Whether claims of the endpoint honour tombstones (never in a schema
