@@ -800,20 +800,38 @@ IdemTombFilterAddHashes(Oid parent, Oid partoid, bytea *scope_hash, bytea *finge
 		IdemTombFilterAdd(parent, partoid, h);
 }
 
+/*
+ * The hashes a row version of a tombstone partition stands for (tombrow.h),
+ * read from slot by the attribute numbers of scope_hash and fingerprint.
+ */
+static int
+IdemTombFilterSlotHashes(TupleTableSlot *slot, AttrNumber a_hash, AttrNumber a_fp,
+						 const uint8 **first, int *stride)
+{
+	bool		isnull;
+	bool		fp_isnull = true;
+	Datum		h = slot_getattr(slot, a_hash, &isnull);
+	Datum		fp = (Datum) 0;
+
+	if (isnull)
+		return 0;
+	if (a_fp > 0)
+		fp = slot_getattr(slot, a_fp, &fp_isnull);
+	return IdemTombRowHashes(DatumGetByteaPP(h),
+							 fp_isnull ? NULL : DatumGetByteaPP(fp),
+							 first, stride);
+}
+
 static void
 IdemTombFilterAddRow(TupleTableSlot *slot, void *arg)
 {
 	AddAllState *st = arg;
-	bool		isnull;
-	bool		fp_isnull;
-	Datum		h = slot_getattr(slot, st->a_hash, &isnull);
-	Datum		fp = st->a_fp > 0 ? slot_getattr(slot, st->a_fp, &fp_isnull) : (Datum) 0;
+	const uint8 *first;
+	int			stride;
+	int			n = IdemTombFilterSlotHashes(slot, st->a_hash, st->a_fp, &first, &stride);
 
-	if (st->a_fp <= 0)
-		fp_isnull = true;
-	if (!isnull)
-		IdemTombFilterAddHashes(st->parent, st->partoid, DatumGetByteaPP(h),
-								fp_isnull ? NULL : DatumGetByteaPP(fp));
+	for (int i = 0; i < n; i++)
+		IdemTombFilterAdd(st->parent, st->partoid, first + (Size) i * stride);
 }
 
 /* Every row version of one partition, into its filter. */
@@ -906,21 +924,10 @@ static void
 IdemTombFilterCompactRow(TupleTableSlot *slot, void *arg)
 {
 	CompactState *st = arg;
-	bool		isnull;
-	bool		fp_isnull = true;
-	Datum		h = slot_getattr(slot, st->a_hash, &isnull);
-	Datum		fp = (Datum) 0;
 	const uint8 *first;
 	int			stride;
-	int			n;
+	int			n = IdemTombFilterSlotHashes(slot, st->a_hash, st->a_fp, &first, &stride);
 
-	if (isnull)
-		return;
-	if (st->a_fp > 0)
-		fp = slot_getattr(slot, st->a_fp, &fp_isnull);
-	n = IdemTombRowHashes(DatumGetByteaPP(h),
-							   fp_isnull ? NULL : DatumGetByteaPP(fp),
-							   &first, &stride);
 	for (int i = 0; i < n; i++)
 		IdemTombFilterGenSet(st->gen, first + (Size) i * stride);
 }
