@@ -9,6 +9,7 @@
  */
 #include "postgres.h"
 
+#include "compat.h"
 #include "tombrow.h"
 
 int
