@@ -420,6 +420,26 @@ IdemTombstoneConsiderRun(const uint8 *hash, bytea *packed,
 	}
 }
 
+/*
+ * After lookups[0] (the hash), with runs its bucket at every width a run
+ * may have (tombrow.h); returns how many lookups there are.
+ */
+static int
+IdemTombstoneLookups(const uint8 *hash, bool runs, Datum *lookups)
+{
+	int			n = 1;
+
+	for (int bits = IDEM_TOMBROW_MIN_BITS; runs && bits <= IDEM_TOMBROW_MAX_BITS;
+		 bits += IDEM_TOMBROW_MIN_BITS)
+	{
+		bytea	   *b = palloc(VARHDRSZ + IDEM_TOMBROW_BUCKET_MAX);
+
+		SET_VARSIZE(b, VARHDRSZ + IdemTombRowBucket(hash, bits, (uint8 *) VARDATA(b)));
+		lookups[n++] = PointerGetDatum(b);
+	}
+	return n;
+}
+
 bool
 IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 				  bytea **fingerprint, TimestampTz *expired_at,
@@ -439,23 +459,12 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	/*
 	 * What to look up: the hash, and (outside the Citus mode, where only
 	 * maintenance's drops of whole partitions write runs) its bucket at
-	 * every width a run may have.
+	 * every width a run may have, made when a partition is first probed.
 	 */
 	Datum		lookups[1 + RUN_NBUCKETKEYS];
-	int			nlookups = 1;
+	int			nlookups = 0;
 
 	lookups[0] = PointerGetDatum(hash);
-	if (filtered)
-	{
-		for (int bits = IDEM_TOMBROW_MIN_BITS; bits <= IDEM_TOMBROW_MAX_BITS; bits += IDEM_TOMBROW_MIN_BITS)
-		{
-			bytea	   *b = palloc(VARHDRSZ + IDEM_TOMBROW_BUCKET_MAX);
-
-			SET_VARSIZE(b, VARHDRSZ + IdemTombRowBucket((const uint8 *) VARDATA(hash),
-														  bits, (uint8 *) VARDATA(b)));
-			lookups[nlookups++] = PointerGetDatum(b);
-		}
-	}
 
 	/* in the Citus mode, the tenant's shard here (itself partitioned alike) */
 	parent = table_open(IdemTombstonesCitus() ? IdemTombstoneShard(scope->tenant) :
@@ -502,6 +511,9 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 			table_close(part, NoLock);
 			continue;
 		}
+		if (nlookups == 0)
+			nlookups = IdemTombstoneLookups((const uint8 *) VARDATA(hash), filtered,
+											lookups);
 		/* copied: opening the index may process invalidations */
 		probe = *IdemTombstoneGetProbe(part);
 		idx = index_open(probe.indexoid, AccessShareLock);
@@ -548,8 +560,9 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	}
 	UnregisterSnapshot(snapshot);
 	table_close(parent, NoLock);
-	for (int k = 0; k < nlookups; k++)
+	for (int k = 1; k < nlookups; k++)
 		pfree(DatumGetPointer(lookups[k]));
+	pfree(hash);
 	pfree(skip);
 	return found;
 }
@@ -997,6 +1010,33 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 }
 
 /*
+ * How many tombstones source (see IdemTombstonesOfPartition) would make,
+ * read with snapshot (InvalidSnapshot: the statement's own).  Called within
+ * SPI.
+ */
+static int64
+IdemTombstonesCount(const char *source, int nargs, Oid *argtypes, Datum *args,
+					Snapshot snapshot)
+{
+	SPIPlanPtr	plan = SPI_prepare(psprintf("SELECT count(*)%s",
+											IdemTombstoneSourceSql(source)),
+								   nargs, argtypes);
+	bool		isnull;
+	int			rc;
+
+	if (plan == NULL)
+		elog(ERROR, "preparing the count of the tombstones of %s failed: %s",
+			 source, SPI_result_code_string(SPI_result));
+	rc = SPI_execute_snapshot(plan, args, NULL, snapshot, InvalidSnapshot,
+							  true, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "counting the tombstones of %s failed: %s",
+			 source, SPI_result_code_string(rc));
+	return DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+									   SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
  * The tombstones of the expired rows of a partition of keys (tombstone.h):
  * written, or with count_only counted.  The rows are written as snapshot
  * sees them (the count reads with the statement's own); tids, when not NIL,
@@ -1014,7 +1054,6 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 															 get_rel_name(relid)),
 								  tids != NIL ? " AND ctid = ANY ($2)" : "");
 	int			nargs = tids != NIL ? 2 : 1;
-	bool		isnull;
 	int64		n;
 
 	args[0] = TimestampTzGetDatum(as_of);
@@ -1047,18 +1086,7 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 		 */
 		if (tids == NIL && !IdemTombstonesCitus())
 		{
-			plan = SPI_prepare(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),
-							   nargs, argtypes);
-			if (plan == NULL)
-				elog(ERROR, "preparing the count of the tombstones of %s failed: %s",
-					 source, SPI_result_code_string(SPI_result));
-			rc = SPI_execute_snapshot(plan, args, NULL, snapshot, InvalidSnapshot,
-									  true, false, 1);
-			if (rc != SPI_OK_SELECT || SPI_processed != 1)
-				elog(ERROR, "counting the tombstones of %s failed: %s",
-					 source, SPI_result_code_string(rc));
-			n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-											SPI_tuptable->tupdesc, 1, &isnull));
+			n = IdemTombstonesCount(source, nargs, argtypes, args, snapshot);
 			if (n >= IDEM_TOMBSTONE_RUN_MIN)
 			{
 				n = IdemTombstonesWriteRuns(source, nargs, argtypes, args, snapshot, n);
@@ -1083,12 +1111,7 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 	}
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (SPI_execute_with_args(psprintf("SELECT count(*)%s", IdemTombstoneSourceSql(source)),
-							  nargs, argtypes, args, NULL, true, 1) != SPI_OK_SELECT ||
-		SPI_processed != 1)
-		elog(ERROR, "counting the tombstones of %s failed", source);
-	n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									SPI_tuptable->tupdesc, 1, &isnull));
+	n = IdemTombstonesCount(source, nargs, argtypes, args, InvalidSnapshot);
 	SPI_finish();
 	return n;
 }
