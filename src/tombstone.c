@@ -503,12 +503,21 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 		if (skip[p])
 			continue;
 
-		/* as for the keys: a partition without a block holds no row */
+		/*
+		 * As for the keys, a partition without a block holds no row.  Unlike
+		 * theirs, the locks of a tombstone partition and its index are given
+		 * back as soon as it has been read: nothing the claim does later
+		 * depends on them (only maintenance writes or drops the partition,
+		 * and a tombstone found is copied out), so a claim holds at most two
+		 * of them at once, whatever the filters answer, and none once it has
+		 * returned.  A lock the transaction held before is kept: each
+		 * release undoes only this open's own.
+		 */
 		part = table_open(pd->oids[p], AccessShareLock);
 		if (part->rd_rel->relkind != RELKIND_RELATION ||
 			RelationGetNumberOfBlocks(part) == 0)
 		{
-			table_close(part, NoLock);
+			table_close(part, AccessShareLock);
 			continue;
 		}
 		if (nlookups == 0)
@@ -555,8 +564,8 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 		}
 		index_endscan(scan);
 		ExecDropSingleTupleTableSlot(slot);
-		index_close(idx, NoLock);
-		table_close(part, NoLock);
+		index_close(idx, AccessShareLock);
+		table_close(part, AccessShareLock);
 	}
 	UnregisterSnapshot(snapshot);
 	table_close(parent, NoLock);
