@@ -197,7 +197,39 @@ LANGUAGE plproxy AS $$
     FROM idempotency.idem_maintenance(as_of, preview) m;
 $$;
 
+-- The shards' counters in the shape of 0.3.0 (as the shards keep it: their
+-- idem_stats); idem_counters has every counter.
 CREATE FUNCTION idempotency.idem_stats(
+    missing_ok boolean DEFAULT false,
+    OUT shard text,
+    OUT endpoint text,
+    OUT untracked boolean,
+    OUT claims bigint,
+    OUT executes bigint,
+    OUT replays bigint,
+    OUT in_progress bigint,
+    OUT mismatches bigint,
+    OUT pending bigint,
+    OUT finishes bigint,
+    OUT releases bigint,
+    OUT fails bigint,
+    OUT invalid_keys bigint,
+    OUT leases_expired bigint,
+    OUT resolved bigint,
+    OUT diagnosed bigint,
+    OUT tombstone_hits bigint,
+    OUT reset_at timestamptz)
+RETURNS SETOF record
+LANGUAGE plproxy AS $$
+    CLUSTER 'idempotency';
+    RUN ON ALL;
+    SELECT pg_catalog.current_database() || ':' || pg_catalog.current_setting('port') AS shard,
+           s.*
+    FROM idempotency.idem_stats(missing_ok) s;
+$$;
+
+-- Every counter of every shard, columns added by later versions included.
+CREATE FUNCTION idempotency.idem_counters(
     missing_ok boolean DEFAULT false,
     OUT shard text,
     OUT endpoint text,
@@ -236,23 +268,27 @@ LANGUAGE plproxy AS $$
            idempotency.idem_stats_reset() AS reset_at;
 $$;
 
+-- The shards' health in the shape of 0.3.0, column by column (the shards'
+-- view has gained columns since); the view health adds the new ones.
 CREATE FUNCTION idempotency.idem_health()
 RETURNS TABLE (shard text, endpoint text, live_keys bigint, in_progress bigint,
                oldest_in_progress_age interval, unknown bigint, failed bigint,
                stored_bytes bigint, claims bigint, replay_ratio numeric,
                conflict_ratio numeric, mismatch_ratio numeric,
-               tombstone_hits bigint, counters_since timestamptz,
-               diagnoses_withheld bigint)
+               tombstone_hits bigint, counters_since timestamptz)
 LANGUAGE plproxy AS $$
     CLUSTER 'idempotency';
     RUN ON ALL;
     SELECT pg_catalog.current_database() || ':' || pg_catalog.current_setting('port') AS shard,
-           h.*
+           h.endpoint, h.live_keys, h.in_progress, h.oldest_in_progress_age,
+           h.unknown, h.failed, h.stored_bytes, h.claims, h.replay_ratio,
+           h.conflict_ratio, h.mismatch_ratio, h.tombstone_hits, h.counters_since
     FROM idempotency.health h;
 $$;
 
 -- The counters of every shard added up, as the shards' idempotency.stats
--- shows them (reset_at: the earliest reset of any shard).
+-- shows them (reset_at: the earliest reset of any shard).  Columns added
+-- by a later version come after reset_at.
 CREATE VIEW idempotency.stats AS
 SELECT endpoint, untracked,
        sum(claims)::bigint AS claims, sum(executes)::bigint AS executes,
@@ -264,13 +300,17 @@ SELECT endpoint, untracked,
        sum(resolved)::bigint AS resolved, sum(diagnosed)::bigint AS diagnosed,
        sum(tombstone_hits)::bigint AS tombstone_hits, min(reset_at) AS reset_at,
        sum(diagnoses_withheld)::bigint AS diagnoses_withheld
-FROM idempotency.idem_stats()
+FROM idempotency.idem_counters()
 GROUP BY endpoint, untracked
 ORDER BY endpoint IS NULL, untracked DESC, endpoint;
 
--- Health per shard and endpoint.
+-- Health per shard and endpoint; diagnoses_withheld is the shard's counter
+-- of the endpoint, as the shards' view shows it.
 CREATE VIEW idempotency.health AS
-SELECT * FROM idempotency.idem_health() ORDER BY endpoint, shard;
+SELECT h.*, c.diagnoses_withheld
+FROM idempotency.idem_health() h
+LEFT JOIN idempotency.idem_counters(true) c ON c.shard = h.shard AND c.endpoint = h.endpoint
+ORDER BY h.endpoint, h.shard;
 
 -- Privileges as on the shards: PUBLIC gets nothing, idempotency_client the
 -- per-key functions of the protocol, idempotency_admin everything.  The

@@ -270,5 +270,82 @@ FROM idempotency.health}),
 is($node->safe_psql('proxy', 'SELECT count(*) FROM idempotency.idem_stats_reset()'),
 	$nshards, 'idem_stats_reset resets every shard');
 
+# the counter of 0.4.0 through the proxy: idem_counters and the views have
+# it, idem_stats and idem_health keep the columns of 0.3.0
+my $withheld = 0;
+$withheld += $node->safe_psql("shard$_",
+	'SELECT diagnoses_withheld FROM idempotency.stats WHERE endpoint IS NULL AND NOT untracked')
+  for 0 .. $nshards - 1;
+is($node->safe_psql('proxy', q{
+SELECT (SELECT diagnoses_withheld FROM idempotency.stats WHERE endpoint IS NULL AND NOT untracked)
+    || ' ' || (SELECT sum(diagnoses_withheld) FROM idempotency.idem_counters() WHERE endpoint IS NULL AND NOT untracked)}),
+	"$withheld $withheld", 'diagnoses_withheld: the proxy\'s stats and idem_counters add up the shards\'');
+# health per shard and endpoint, as each shard's own view shows it (a claim
+# on every shard since the reset, so that the endpoint is counted)
+$node->safe_psql('proxy', qq{SELECT action FROM idempotency.idem_claim('$tenant_of{$_}', 'ep', 'after-reset', $fp, lease => '1 hour')})
+  for 0 .. $nshards - 1;
+my $health_row = q{endpoint || ':' || coalesce(diagnoses_withheld::text, 'null')};
+my @want_health;
+for my $s (0 .. $nshards - 1)
+{
+	my $db = $swapped[$s];
+	push @want_health, map { "$db:$port $_" } split /\n/,
+	  $node->safe_psql($db, "SELECT $health_row FROM idempotency.health ORDER BY endpoint");
+}
+is(join("\n", sort split /\n/, $node->safe_psql('proxy', "SELECT shard || ' ' || $health_row FROM idempotency.health")),
+	join("\n", sort @want_health), 'diagnoses_withheld: the proxy\'s health has each shard\'s');
+my $columns = q{SELECT string_agg(p.proname || '(' || array_length(p.proallargtypes, 1) || ')', ' ' ORDER BY p.proname)
+FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace
+  AND p.proname IN ('idem_stats', 'idem_health', 'idem_counters')};
+is($node->safe_psql('proxy', $columns), 'idem_counters(20) idem_health(14) idem_stats(19)',
+	'idem_stats and idem_health keep the columns of 0.3.0');
+
+# ALTER EXTENSION idempotency_plproxy UPDATE from 0.3.0, with objects of a
+# user built on the proxy's functions and views: the update drops nothing,
+# the functions keep their OIDs, the user's views still answer, and the
+# updated database equals a fresh install of 0.4.0
+$node->safe_psql('postgres', 'CREATE DATABASE proxy_old');
+$node->safe_psql('proxy_old', qq{
+CREATE EXTENSION plproxy;
+CREATE EXTENSION idempotency_plproxy VERSION '0.3.0';
+CREATE SERVER idempotency FOREIGN DATA WRAPPER plproxy OPTIONS (@{[ partitions(@swapped) ]});
+CREATE USER MAPPING FOR PUBLIC SERVER idempotency;
+CREATE VIEW public.claims_total AS
+    SELECT claims FROM idempotency.stats WHERE endpoint IS NULL AND NOT untracked;
+CREATE VIEW public.live_by_shard AS
+    SELECT shard, sum(live_keys) AS live FROM idempotency.health GROUP BY shard;
+CREATE VIEW public.raw_counters AS
+    SELECT shard, claims FROM idempotency.idem_stats() WHERE endpoint IS NULL AND NOT untracked;
+CREATE VIEW public.raw_health AS SELECT shard, live_keys FROM idempotency.idem_health();
+});
+my $oids = q{SELECT string_agg(p.oid::regprocedure::text || '=' || p.oid, ' ' ORDER BY p.oid)
+FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace};
+my $oids_before = $node->safe_psql('proxy_old', $oids);
+my ($rc, $out, $err) = $node->psql('proxy_old',
+	q{ALTER EXTENSION idempotency_plproxy UPDATE TO '0.4.0'});
+is($rc, 0, 'the update from 0.3.0 passes with user views on stats, health, idem_stats and idem_health')
+  or diag($err);
+my $oids_after = $node->safe_psql('proxy_old', $oids);
+my $kept = join(' ', grep { index(" $oids_after ", " $_ ") >= 0 } split / /, $oids_before);
+is($kept, $oids_before, 'every function of 0.3.0 keeps its OID');
+is($node->safe_psql('proxy_old', q{
+SELECT (SELECT claims FROM public.claims_total) = (SELECT claims FROM idempotency.stats WHERE endpoint IS NULL AND NOT untracked),
+       (SELECT count(*) FROM public.live_by_shard), (SELECT count(*) FROM public.raw_counters),
+       (SELECT count(DISTINCT shard) FROM public.raw_health)}),
+	"t|$nshards|$nshards|$nshards", 'the user\'s views answer after the update');
+my $catalog = q{
+SELECT string_agg(d, E'\n' ORDER BY d) FROM (
+    SELECT p.oid::regprocedure::text || ' ' || pg_get_functiondef(p.oid)
+           || ' ' || coalesce(p.proacl::text, '') AS d
+    FROM pg_proc p WHERE p.pronamespace = 'idempotency'::regnamespace
+    UNION ALL
+    SELECT c.relname || ' ' || pg_get_viewdef(c.oid) || ' ' || coalesce(c.relacl::text, '')
+    FROM pg_class c WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind = 'v') s};
+is($node->safe_psql('proxy_old', $catalog), $node->safe_psql('proxy', $catalog),
+	'the updated proxy equals a fresh install: functions, views and privileges');
+is($node->safe_psql('proxy_old',
+		'SELECT diagnoses_withheld FROM idempotency.stats WHERE endpoint IS NULL AND NOT untracked'),
+	$withheld, 'after the update, stats has diagnoses_withheld');
+
 $node->stop;
 done_testing();
