@@ -100,6 +100,11 @@ TOO_LARGE_FIX = ("the response is larger than idempotency.max_response_bytes (or
 
 LOGGER = logging.getLogger("idempotency_asgi")
 
+#: seconds a cancel request, and the end of the query it cancels, are waited for
+CANCEL_TIMEOUT = 5.0
+DISCONNECTED_IN_CLAIM = ("the client disconnected before the application ran, while its claim waited (the claim's "
+                         "query was cancelled)")
+
 #: the application's deadline in seconds when the options give none: past it
 #: a hung application gives its claim and its connection back
 DEFAULT_DEADLINE = 60.0
@@ -621,6 +626,21 @@ class IdempotencyMiddleware:
             return f"{method} {entry.get('root_path', '')}{entry['path']}"
         return None
 
+    async def _cancel_query(self, conn: AsyncConn) -> None:
+        """Cancels the query conn runs (PostgreSQL's cancel request, on a
+        connection of its own), without blocking the event loop: psycopg's
+        cancel_safe() (3.2 and later), or its cancel() in a thread."""
+        try:
+            cancel_safe = getattr(conn, "cancel_safe", None)
+            if cancel_safe is not None:
+                await cancel_safe(timeout=CANCEL_TIMEOUT)
+            else:
+                cancel = conn.pgconn.get_cancel()
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, cancel.cancel),
+                                       CANCEL_TIMEOUT)
+        except Exception as err:  # its connection is closed after: its backend ends when the query does
+            self.log("could not cancel the claim of a client that disconnected; its connection is closed", err)
+
     @staticmethod
     async def _give_up(conn: AsyncConn) -> None:
         """The connection of a run given up: the query the application may
@@ -778,6 +798,48 @@ class IdempotencyMiddleware:
                 claimed["failed"] = True
                 raise
 
+        # The claim's query, watched for the client's disconnect: the claim
+        # may wait up to `wait` for a duplicate that runs, and the server
+        # would go on waiting for a client that is gone.  The body was read
+        # whole by then (the fingerprint), so the server's receive() has
+        # nothing but a disconnect to give: on one, the query is cancelled
+        # (PostgreSQL's cancel request) and the application does not run;
+        # the connection is then closed (_give_up), not given back as it is
+        async def claim_watched(c_conn: AsyncConn, req: Dict[str, Any]) -> Dict[str, Any]:
+            query = asyncio.ensure_future(self._claim(c_conn, req))
+            gone_wait = asyncio.ensure_future(body.watch())
+            try:
+                await asyncio.wait({query, gone_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if gone_wait.done() and not gone_wait.cancelled() and gone_wait.exception() is None \
+                        and gone_wait.result():
+                    claimed["gone"] = True
+                    if not query.done():
+                        await self._cancel_query(c_conn)
+                        await asyncio.wait({query}, timeout=CANCEL_TIMEOUT)
+                    if not query.done():  # the cancel did not end it: its connection is closed
+                        query.cancel()
+                await asyncio.wait({query})  # its end (a message other than a disconnect ends the watch)
+                if query.cancelled():
+                    raise _Disconnected(DISCONNECTED_IN_CLAIM)
+                try:
+                    c = query.result()
+                except psycopg.errors.QueryCanceled as err:
+                    if claimed["gone"]:
+                        raise _Disconnected(DISCONNECTED_IN_CLAIM) from err
+                    raise
+                if claimed["gone"] and c["action"] != "execute":
+                    # answered meanwhile (a replay, a conflict): nobody to answer
+                    raise _Disconnected(DISCONNECTED_IN_CLAIM)
+                # executed before the cancel reached it: claim_now gives it up
+                return c
+            finally:
+                gone_wait.cancel()
+                if not query.done():  # this run is given up (its deadline)
+                    query.cancel()
+                    await asyncio.wait({query})
+                if query.done() and not query.cancelled():
+                    query.exception()  # retrieved: asyncio does not log it as never retrieved
+
         async def claim_steps(endpoint: Optional[str]) -> Context:
             nonlocal conn, heartbeat
             req: Optional[Dict[str, Any]] = box["req"]
@@ -796,7 +858,7 @@ class IdempotencyMiddleware:
             key = req["key"]
             if key is not None and self.lease and state["lease_token"] is None:
                 await conn.set_autocommit(True)
-                c = await self._claim(conn, req)
+                c = await claim_watched(conn, req)
                 await conn.set_autocommit(False)
                 if c["action"] != "execute":
                     raise _Answered(c)
@@ -808,7 +870,7 @@ class IdempotencyMiddleware:
             # an endpoint whose policy has a lease answers even this claim with
             # a token: it is finished with it in this same transaction
             if key is not None and not self.lease:
-                c = await self._claim(conn, req)
+                c = await claim_watched(conn, req)
                 if c["action"] != "execute":
                     await conn.rollback()
                     raise _Answered(c)

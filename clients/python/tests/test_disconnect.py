@@ -2,13 +2,17 @@
 receive() says http.disconnect): the run is given up, the transaction
 rolled back (its connection closed, the pool's slot given back), the claim
 freed; in lease mode the key is marked unknown, or released after
-no_side_effect(), and the heartbeat stops.  Needs IDEM_TEST_PGPORT
+no_side_effect(), and the heartbeat stops.  One that disconnects while its
+claim waits for a duplicate that runs has the claim's query cancelled at
+once, and the application does not run.  Needs IDEM_TEST_PGPORT
 (clients/test.sh sets it)."""
 
 import asyncio
+import logging
 import os
 import unittest
 import uuid
+import warnings
 from typing import Any, Dict, List, Optional
 
 import httpx
@@ -149,8 +153,8 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
             await asyncio.wait_for(self.started[key].wait(), 10)
             second, second_gone, sent = self.drive(app, key)
             await asyncio.sleep(0.3)  # the second waits in its claim
-            second_gone.set()
-            first_gone.set()  # the first is given up: the second's claim executes, for nobody
+            second_gone.set()  # its claim's query is cancelled
+            first_gone.set()  # the first is given up
             await asyncio.wait_for(asyncio.gather(first, second), 10)
             self.assertEqual(sent, [])
             self.assertEqual(self.runs[key], 1)
@@ -172,3 +176,82 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
                                        "WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'")
         row = await cur.fetchone()
         self.assertEqual(row[0] if row else None, 0, "the handler's query still runs")
+
+    async def claims_running(self) -> List[int]:
+        """The backends of this database that run a claim now."""
+        cur = await self.admin.execute("SELECT pid FROM pg_stat_activity WHERE state = 'active' "
+                                       "AND datname = current_database() AND query LIKE '%idem_claim(%' "
+                                       "AND pid <> pg_backend_pid()")
+        return [row[0] for row in await cur.fetchall()]
+
+    async def gone_while_the_claim_waits(self, **options: Any) -> None:
+        """A first request holds the key (its handler hangs); a duplicate's
+        claim waits for it (wait: 60 seconds) and its client goes away: the
+        claim's query is cancelled at once, the application does not run
+        again, the duplicate's connection is given up (the pool of two, one
+        held by the first request, serves another request), and once the
+        first is given up too the key runs again."""
+        pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=2, open=False)
+        await pool.open()
+        app, key = self.app(pool, wait="60 seconds", **options), f"py-{uuid.uuid4().hex}"
+        self.started[key] = asyncio.Event()
+        first, first_gone, _ = self.drive(app, key, x_hang="1", x_no_side_effect="1")
+        second: Optional["asyncio.Future[Any]"] = None
+        try:
+            await asyncio.wait_for(self.started[key].wait(), 10)
+            second, second_gone, sent = self.drive(app, key)
+            waiting: List[int] = []
+            for _ in range(250):
+                waiting = await self.claims_running()
+                if waiting:
+                    break
+                await asyncio.sleep(0.02)
+            self.assertEqual(len(waiting), 1, "the duplicate's claim does not wait")
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            second_gone.set()
+            await asyncio.wait({second}, timeout=5)
+            self.assertTrue(second.done(), "the duplicate's claim waits on for a client that is gone")
+            second.result()
+            self.assertLess(loop.time() - t0, 3, "the disconnect was noticed late")
+            self.assertEqual(sent, [])
+            self.assertTrue(any(m.startswith("client_disconnected: the client disconnected before the application "
+                                             "ran, while its claim waited (the claim's query was cancelled)")
+                                for m in self.logged), self.logged)
+            # the claim's backend runs it no more (its connection was closed)
+            for _ in range(100):
+                if waiting[0] not in await self.claims_running():
+                    break
+                await asyncio.sleep(0.02)
+            self.assertEqual(await self.claims_running(), [])
+            self.assertEqual(self.runs[key], 1, "the duplicate ran the application")
+            other = f"py-{uuid.uuid4().hex}"
+            async with httpx.AsyncClient(app=app, base_url="http://test") as c:
+                r = await asyncio.wait_for(c.post("/pay", json={}, headers={"Idempotency-Key": other}), 10)
+                self.assertEqual((r.status_code, r.json()), (200, {"run": 1}))
+                first_gone.set()
+                await asyncio.wait_for(first, 10)
+                self.assertIsNone(await self.state(key))
+                r = await asyncio.wait_for(c.post("/pay", json={}, headers={"Idempotency-Key": key}), 10)
+                self.assertEqual((r.status_code, r.json()), (200, {"run": 2}))
+            self.assertEqual(await self.count(key), 1)
+        finally:
+            first_gone.set()
+            await asyncio.wait({first} | ({second} if second is not None else set()), timeout=20)
+            await pool.close()
+
+    async def test_gone_while_the_claim_waits_cancels_it(self) -> None:
+        await self.gone_while_the_claim_waits()
+
+    async def test_lease_gone_while_the_claim_waits_cancels_it(self) -> None:
+        await self.gone_while_the_claim_waits(lease="30 seconds")
+
+    async def test_claim_at_once_gone_while_it_waits_cancels_it(self) -> None:
+        quiet = logging.NullHandler()  # opt_in=False warns and logs
+        logging.getLogger("idempotency_asgi").addHandler(quiet)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                await self.gone_while_the_claim_waits(opt_in=False)
+        finally:
+            logging.getLogger("idempotency_asgi").removeHandler(quiet)
