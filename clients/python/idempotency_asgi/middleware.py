@@ -626,29 +626,36 @@ class IdempotencyMiddleware:
             return f"{method} {entry.get('root_path', '')}{entry['path']}"
         return None
 
-    async def _cancel_query(self, conn: AsyncConn) -> None:
+    @staticmethod
+    async def _cancel(conn: AsyncConn) -> None:
         """Cancels the query conn runs (PostgreSQL's cancel request, on a
         connection of its own), without blocking the event loop: psycopg's
-        cancel_safe() (3.2 and later), or its cancel() in a thread."""
+        cancel_safe() (3.2 and later), or its cancel() in a thread.  Raises
+        what the request met (the server gone, CANCEL_TIMEOUT passed)."""
+        cancel_safe = getattr(conn, "cancel_safe", None)
+        if cancel_safe is not None:
+            await cancel_safe(timeout=CANCEL_TIMEOUT)
+        else:
+            cancel = conn.pgconn.get_cancel()
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, cancel.cancel),
+                                   CANCEL_TIMEOUT)
+
+    async def _cancel_query(self, conn: AsyncConn) -> None:
+        """The claim query of a client that disconnected, cancelled."""
         try:
-            cancel_safe = getattr(conn, "cancel_safe", None)
-            if cancel_safe is not None:
-                await cancel_safe(timeout=CANCEL_TIMEOUT)
-            else:
-                cancel = conn.pgconn.get_cancel()
-                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, cancel.cancel),
-                                       CANCEL_TIMEOUT)
+            await self._cancel(conn)
         except Exception as err:  # its connection is closed after: its backend ends when the query does
             self.log("could not cancel the claim of a client that disconnected; its connection is closed", err)
 
-    @staticmethod
-    async def _give_up(conn: AsyncConn) -> None:
+    @classmethod
+    async def _give_up(cls, conn: AsyncConn) -> None:
         """The connection of a run given up: the query the application may
         still be running in it cancelled (the server would finish it before
         noticing a closed socket, holding the claim), then closed, which
-        rolls the transaction back."""
+        rolls the transaction back.  The cancel request does not block the
+        event loop (other requests go on while it is sent)."""
         try:
-            conn.cancel()
+            await cls._cancel(conn)
         except Exception:  # nothing to cancel, or the server is gone
             pass
         await conn.close()
