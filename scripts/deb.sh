@@ -5,7 +5,9 @@
 # installed, here Debian's 15), the package is installed, and
 # debian/tests/installcheck (what autopkgtest runs) runs pg_regress and the
 # isolation specs against the installed files on a pg_virtualenv cluster
-# with the library preloaded.  The package is removed again at the end.
+# with the library preloaded.  The package is removed again at the end, and
+# the files it replaced that belonged to no package (a "make install") are
+# put back.
 # Prints the tests as pg_regress reports them and a closing line "N passed,
 # N failed, N skipped" (a test that skipped itself counts as skipped; a build
 # or an installation that fails counts as one failure).  Needs root (it
@@ -47,7 +49,27 @@ done
 
 packages=()
 for d in "${debs[@]}"; do packages+=("$(dpkg-deb -f "$d" Package)"); done
-trap 'DEBIAN_FRONTEND=noninteractive dpkg -r "${packages[@]}" >/dev/null 2>&1 || true' EXIT
+# The files of the package that are on the system already and belong to no
+# package (a "make install" put them there) are kept aside and put back
+# once the package is removed again: the system is left as it was found.
+KEPT=$DEB/kept
+rm -rf "$KEPT"
+mkdir -p "$KEPT"
+for d in "${debs[@]}"; do
+    dpkg-deb --fsys-tarfile "$d" | tar -t | sed -n 's|^\./|/|p' | while IFS= read -r f; do
+        if [ -f "$f" ] && ! dpkg -S "$f" >/dev/null 2>&1; then
+            cp -a --parents "$f" "$KEPT"
+        fi
+    done
+done
+put_back() {
+    DEBIAN_FRONTEND=noninteractive dpkg -r "${packages[@]}" >/dev/null 2>&1 || true
+    if [ -n "$(ls -A "$KEPT")" ]; then
+        cp -a "$KEPT/." /
+        say "put back the files the package had replaced: $(cd "$KEPT" && find . -type f | sed 's|^\.||' | tr '\n' ' ')"
+    fi
+}
+trap put_back EXIT
 say "installing ${packages[*]}"
 if ! dpkg -i "${debs[@]}" >"$DEB/install.log" 2>&1; then
     cat "$DEB/install.log"
