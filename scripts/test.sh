@@ -143,6 +143,8 @@ count_regress() {
             continue
         fi
         if [ "$result" = ok ] && grep -q '^skipped: ' "$results/$name.out" 2>/dev/null; then
+            # pg_regress says "ok" for it: the reason is printed here
+            echo "    $suite/$name: $(grep -m 1 '^skipped: ' "$results/$name.out")"
             count_skip "$suite/$name" "$strict"
         elif [ "$result" = ok ]; then
             PASSED=$((PASSED + 1))
