@@ -30,7 +30,7 @@ run_server() {
     local label=$1 pgc=$2 log rc line passed=0 failed=1 skipped=0
     shift 2
     local cmd=("$@")
-    [ ${#cmd[@]} -gt 0 ] || cmd=(env -u PG_CONFIG make --no-print-directory -C "$PROJECT_DIR" test ${pgc:+PG_CONFIG="$pgc"})
+    [ ${#cmd[@]} -gt 0 ] || cmd=(env -u PG_CONFIG IDEM_MATRIX=1 make --no-print-directory -C "$PROJECT_DIR" test ${pgc:+PG_CONFIG="$pgc"})
     log=$LOGS/$(printf '%s' "$label" | tr -c 'A-Za-z0-9.' '_').log
     say "$label"
     set +e
