@@ -58,13 +58,12 @@
 #include "utils/syscache.h"
 
 #include "compat.h"
+#include "guc.h"
 #include "horizon.h"
 #include "idempotency.h"
 #include "schema.h"
 
 #define IDEM_HORIZON_TRANCHE	"idempotency horizons"
-/* entries of the shared table: databases and their endpoints */
-#define IDEM_HORIZON_ENTRIES	4096
 
 typedef struct HorizonKey
 {
@@ -100,7 +99,7 @@ IdemHorizonShmemRequest(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(HorizonShared)),
-									hash_estimate_size(IDEM_HORIZON_ENTRIES,
+									hash_estimate_size(idem_horizon_entries,
 													   sizeof(HorizonEntry))));
 	RequestNamedLWLockTranche(IDEM_HORIZON_TRANCHE, 1);
 }
@@ -122,7 +121,7 @@ IdemHorizonShmemStartup(void)
 	info.keysize = sizeof(HorizonKey);
 	info.entrysize = sizeof(HorizonEntry);
 	horizon_hash = ShmemInitHash("idempotency horizons by endpoint",
-								 IDEM_HORIZON_ENTRIES, IDEM_HORIZON_ENTRIES,
+								 idem_horizon_entries, idem_horizon_entries,
 								 &info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }

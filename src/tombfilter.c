@@ -87,8 +87,6 @@
 #include "tombrow.h"
 
 #define IDEM_TOMBFILTER_TRANCHE		"idempotency tombstone filters"
-/* headers of the shared table: databases and their tombstone partitions */
-#define IDEM_TOMBFILTER_ENTRIES		8192
 /* generations of one partition's filter: the last is 2^15 times the first */
 #define IDEM_TOMBFILTER_MAX_GENS	16
 /*
@@ -230,7 +228,7 @@ IdemTombFilterShmemRequest(void)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(add_size(add_size(MAXALIGN(sizeof(TombFilterShared)),
 											 IdemTombFilterAreaSize()),
-									hash_estimate_size(IDEM_TOMBFILTER_ENTRIES,
+									hash_estimate_size(idem_tombstone_filter_entries,
 													   sizeof(TombFilterEntry))));
 	RequestNamedLWLockTranche(IDEM_TOMBFILTER_TRANCHE, 1);
 }
@@ -271,7 +269,7 @@ IdemTombFilterShmemStartup(void)
 	info.keysize = sizeof(TombFilterKey);
 	info.entrysize = sizeof(TombFilterEntry);
 	tf_hash = ShmemInitHash("idempotency tombstone filters by partition",
-							IDEM_TOMBFILTER_ENTRIES, IDEM_TOMBFILTER_ENTRIES,
+							idem_tombstone_filter_entries, idem_tombstone_filter_entries,
 							&info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
