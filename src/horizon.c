@@ -80,11 +80,23 @@ typedef struct HorizonEntry
 	bool		known;			/* learned since the server started */
 	bool		full;			/* an endpoint found no entry: all without
 								 * one use this entry's horizon */
+	TimestampTz floor;			/* no horizon of the database is below it:
+								 * the orphan horizon when the entry was
+								 * made */
 } HorizonEntry;
 
 typedef struct HorizonShared
 {
 	LWLock	   *lock;
+
+	/*
+	 * Above every bound raised for a database that found no entry of its
+	 * own (the table full): such a raise is lost, and the row it was for
+	 * may be written after a learning has read the table, so every
+	 * database's entry made later starts from it.
+	 */
+	TimestampTz orphan;
+	bool		full_logged;
 } HorizonShared;
 
 static HorizonShared *horizon_shared = NULL;
@@ -117,7 +129,11 @@ IdemHorizonShmemStartup(void)
 	horizon_shared = ShmemInitStruct("idempotency horizons",
 									 sizeof(HorizonShared), &found);
 	if (!found)
+	{
 		horizon_shared->lock = &(GetNamedLWLockTranche(IDEM_HORIZON_TRANCHE))->lock;
+		horizon_shared->orphan = DT_NOBEGIN;
+		horizon_shared->full_logged = false;
+	}
 	info.keysize = sizeof(HorizonKey);
 	info.entrysize = sizeof(HorizonEntry);
 	horizon_hash = ShmemInitHash("idempotency horizons by endpoint",
@@ -179,9 +195,46 @@ IdemHorizonOf(Oid relid, const text *endpoint)
 			result = db->horizon;
 		else
 			result = DT_NOBEGIN;	/* no row of the endpoint at all */
+		result = Max(result, db->floor);
 	}
 	LWLockRelease(horizon_shared->lock);
 	return result;
+}
+
+static void
+IdemHorizonFull(void)
+{
+	if (horizon_shared->full_logged)
+		return;
+	horizon_shared->full_logged = true;
+	ereport(LOG,
+			(errmsg("idempotency: the table of key horizons is full: endpoints without an entry share their database's horizon"),
+			 errdetail("It has %d entries, one per database and one per endpoint with keys, for the whole server.",
+					   idem_horizon_entries),
+			 errhint("Raise idempotency.horizon_entries (a restart is needed).")));
+}
+
+/*
+ * The database's own entry of the table of keys relid, made (unknown) when
+ * missing, under the exclusive lock; NULL when the table is full.
+ */
+static HorizonEntry *
+IdemHorizonDbEntry(Oid relid)
+{
+	HorizonKey	key;
+	HorizonEntry *db;
+	bool		found;
+
+	IdemHorizonKey(&key, relid, 0);
+	db = hash_search(horizon_hash, &key, HASH_ENTER_NULL, &found);
+	if (db != NULL && !found)
+	{
+		db->horizon = DT_NOBEGIN;
+		db->known = false;
+		db->full = false;
+		db->floor = horizon_shared->orphan;
+	}
+	return db;
 }
 
 /*
@@ -196,16 +249,15 @@ IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound)
 	HorizonEntry *ep = NULL;
 	bool		found;
 
-	IdemHorizonKey(&key, relid, 0);
-	db = hash_search(horizon_hash, &key, HASH_ENTER_NULL, &found);
+	db = IdemHorizonDbEntry(relid);
 	if (db == NULL)
-		return;					/* the database's horizons stay unknown */
-	if (!found)
 	{
-		db->horizon = DT_NOBEGIN;
-		db->known = false;
-		db->full = false;
+		/* the database's horizons stay unknown; an entry made later covers this */
+		horizon_shared->orphan = Max(horizon_shared->orphan, bound);
+		IdemHorizonFull();
+		return;
 	}
+	IdemHorizonKey(&key, relid, 0);
 	key.ephash = ephash;
 	/* once full, an endpoint without an entry never gets one */
 	ep = hash_search(horizon_hash, &key, db->full ? HASH_FIND : HASH_ENTER_NULL,
@@ -214,6 +266,7 @@ IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound)
 	{
 		db->full = true;
 		db->horizon = Max(db->horizon, bound);
+		IdemHorizonFull();
 		return;
 	}
 	if (!found)
@@ -309,7 +362,6 @@ IdemHorizonLearn(Oid relid)
 {
 	HorizonKey	key;
 	HorizonEntry *db;
-	bool		found;
 	bool		known;
 	HTAB	   *learned;
 	HASHCTL		ctl;
@@ -327,14 +379,7 @@ IdemHorizonLearn(Oid relid)
 	/* the database's entry, made now so that writers raise into it */
 	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
 	IdemHorizonForgetStale(relid);
-	IdemHorizonKey(&key, relid, 0);
-	db = hash_search(horizon_hash, &key, HASH_ENTER_NULL, &found);
-	if (db != NULL && !found)
-	{
-		db->horizon = DT_NOBEGIN;
-		db->known = false;
-		db->full = false;
-	}
+	db = IdemHorizonDbEntry(relid);
 	known = db == NULL || db->known;
 	LWLockRelease(horizon_shared->lock);
 	if (known)
