@@ -18,6 +18,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IdemTest;
+use IPC::Run;
 
 my $node = idem_node('capacity', conf => qq{
 idempotency.enable_worker = off
@@ -140,6 +141,59 @@ pass('a');
 is(opened('a'), '0', 'the entries of the dropped databases were freed: a learns again and a new key opens no tombstone partition');
 is(claim('a', 'POST /x', 'K1', 'b') . claim('a', 'POST /y', 'K3', 'b') . claim('a', 'POST /z', 'Z1', 'b'),
 	'mismatch' x 3, 'K1, K3 and Z1 answer 422');
+
+# --- learning while a writer is between the filter's trigger and its row ---
+# e's tombstones pass a trigger of its own after tombstones_filter, which
+# waits for an advisory lock: the row is written after learning has read
+# the partition.  After an immediate stop, f's tombstones fill the table,
+# then e's writer passes tombstones_filter without room, f's pass frees
+# entries, and e learns while the writer waits.
+$node->safe_psql('postgres', 'CREATE DATABASE e');
+$node->safe_psql('postgres', 'CREATE DATABASE f');
+$node->safe_psql($_, 'CREATE EXTENSION idempotency CASCADE') for qw(e f);
+pass('e');
+$node->safe_psql('e', q{
+SET idempotency.ddl_guard = off;
+CREATE FUNCTION public.zz_pause() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_lock(42);
+    PERFORM pg_advisory_unlock(42);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER zz_pause BEFORE INSERT ON idempotency.tombstones
+    FOR EACH ROW EXECUTE FUNCTION public.zz_pause();});
+$node->stop('immediate');
+$node->start;
+pass('f');
+tombstone('f', 'POST /f', "f$_", 31 + 2 * $_) for 0 .. 3;
+my ($hold_in, $hold_out, $w_out, $w_err) = ('', '', '', '');
+my $hold = IPC::Run::start([ 'psql', '-X', '-A', '-t', '-d', $node->connstr('e') ],
+	'<', \$hold_in, '>', \$hold_out, '2>', \$hold_out);
+$hold_in .= "SELECT pg_advisory_lock(42);\n";
+$hold->pump while length $hold_in;
+ok($node->poll_query_until('e',
+		q{SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted}),
+	'the advisory lock is held');
+my $writer = IPC::Run::start(
+	[ 'psql', '-X', '-A', '-t', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('e'), '-c', q{
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+VALUES (idempotency.idem_tombstone_hash('t', 'POST /e', 'K5'), sha256('a'),
+        now() - interval '1 hour', now() + interval '30 days')} ],
+	'>', \$w_out, '2>', \$w_err);
+ok($node->poll_query_until('e',
+		q{SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted}),
+	'the writer waits after tombstones_filter');
+pass('f', '41 days');
+pass('e');
+$hold_in .= "SELECT pg_advisory_unlock(42);\n\\q\n";
+$hold->finish;
+$writer->finish;
+is($w_err, '', 'the writer wrote its tombstone');
+is(claim('e', 'POST /e', 'K5', 'b'), 'mismatch',
+	'learned while the writer waited: K5 with another payload answers 422');
+pass('e');
+is(claim('e', 'POST /e', 'K5', 'b'), 'mismatch', 'after the next pass: K5 answers 422');
+is(opened('e'), '0', 'learned again: a new key opens no tombstone partition of e');
 
 # --- horizons: three entries for three databases and their endpoints ---
 # keys of 20 days on endpoints without an entry, in a and b
