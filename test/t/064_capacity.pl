@@ -237,5 +237,55 @@ is(claim('a', 'POST /h5', 'long', 'a'), 'replay', 'after b is dropped: a new end
 is(join(',', map { claim('a', "POST /h$_", 'long', 'a') } 1 .. 4), 'replay,replay,replay,replay',
 	'and every other key of a');
 
+# --- horizons: a raise that finds no entry for its database ---
+# g's rows of keys written by SQL pass a CHECK constraint of its own, checked
+# after the trigger keys_horizon, whose function waits for an advisory lock
+# for key K6.  After an immediate stop, h's endpoints fill the table; g's
+# writer raises its horizon without room, h is dropped, g learns while the
+# writer waits; the key is then found.
+$node->safe_psql('postgres', 'CREATE DATABASE g');
+$node->safe_psql('postgres', 'CREATE DATABASE h');
+$node->safe_psql($_, 'CREATE EXTENSION idempotency CASCADE') for qw(g h);
+pass('g');
+$node->safe_psql('g', q{
+SET idempotency.ddl_guard = off;
+CREATE FUNCTION public.zz_pause(k text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF k = 'K6' THEN
+        PERFORM pg_advisory_lock(43);
+        PERFORM pg_advisory_unlock(43);
+    END IF;
+    RETURN true;
+END $$;
+ALTER TABLE idempotency.keys ADD CONSTRAINT zz_pause CHECK (public.zz_pause(key));});
+$node->stop('immediate');
+$node->start;
+pass('h');
+key20('h', "POST /h$_", 'long') for 1 .. 3;
+($hold_in, $hold_out, $w_out, $w_err) = ('', '', '', '');
+$hold = IPC::Run::start([ 'psql', '-X', '-A', '-t', '-d', $node->connstr('g') ],
+	'<', \$hold_in, '>', \$hold_out, '2>', \$hold_out);
+$hold_in .= "SELECT pg_advisory_lock(43);\n";
+$hold->pump while length $hold_in;
+ok($node->poll_query_until('g',
+		q{SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND granted}),
+	'the advisory lock is held');
+$writer = IPC::Run::start(
+	[ 'psql', '-X', '-A', '-t', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('g'), '-c', q{
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+VALUES ('t', 'POST /g', 'K6', sha256('a'), 'completed', now(), now() + interval '20 days')} ],
+	'>', \$w_out, '2>', \$w_err);
+ok($node->poll_query_until('g',
+		q{SELECT count(*) = 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted}),
+	'the writer waits after keys_horizon, before its row');
+$node->safe_psql('postgres', 'DROP DATABASE h');
+pass('g');
+$hold_in .= "SELECT pg_advisory_unlock(43);\n\\q\n";
+$hold->finish;
+$writer->finish;
+is($w_err, '', 'the writer wrote its key');
+is(claim('g', 'POST /g', 'K6', 'a'), 'replay', 'learned while the writer waited: K6 replays');
+is(claim('g', 'POST /g', 'K6', 'b'), 'mismatch', 'and answers 422 to another payload');
+
 $node->stop;
 done_testing();
