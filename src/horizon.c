@@ -28,12 +28,30 @@
  *	  rolls back leaves its endpoint's horizon raised: later probes open a
  *	  partition more than needed until the horizon passes.
  *
- *	  When the table of entries is full, a database's endpoints without an
- *	  entry share one horizon (the database's own entry); where even that
- *	  entry cannot be made, its horizons stay unknown.  Without
- *	  shared_preload_libraries, on a standby, before the update to 0.4.0
- *	  (which adds the trigger) and in the Citus mode (whose shards also
- *	  receive rows by shard moves) no horizon is known.
+ *	  Capacity, and what fails closed (a horizon may be too late, costing
+ *	  probes, never too early):
+ *	  - The table of entries (idempotency.horizon_entries, 4096, for the
+ *	    whole server) holds one entry per database and table of keys and
+ *	    one per endpoint with keys.  When it is full, a database's
+ *	    endpoints without an entry share one horizon (the database's own
+ *	    entry, which is raised by every row of theirs), and none of them
+ *	    gets an entry later.  A database that finds no entry of its own
+ *	    has its horizons unknown (every partition is probed); the bound of
+ *	    a row it writes then raises a server-wide floor, and every
+ *	    database entry made later starts from that floor, so that a
+ *	    learning made once room appears cannot miss the row, written after
+ *	    it has read the table.  Logged once.
+ *	  - After a restart (or a crash) every horizon is unknown until
+ *	    maintenance learned its database.
+ *	  - While a database is being learned, its entry exists: every row
+ *	    written raises it as usual, and what learning read is raised too
+ *	    before the database is known.
+ *	  - The entries of a dropped database, or of an earlier table of keys
+ *	    of the same database, are freed at the next pass of any database
+ *	    (IdemHorizonForgetStale).
+ *	  Without shared_preload_libraries, on a standby, before the update to
+ *	  0.4.0 (which adds the trigger) and in the Citus mode (whose shards
+ *	  also receive rows by shard moves) no horizon is known.
  *
  *-------------------------------------------------------------------------
  */

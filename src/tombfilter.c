@@ -13,34 +13,71 @@
  *	  64-byte block) in a dynamic shared memory area of
  *	  idempotency.tombstone_filter_memory (32 MB), made at server start in the main
  *	  shared memory.  A partition's filter grows by generations, each twice
- *	  the size of the one before, so that it needs no count in advance; a
- *	  partition whose filter cannot grow (the area is full) is marked
- *	  unfiltered and always probed.  Maintenance compacts a filter of three
- *	  generations or more into one, made again from the partition's rows
- *	  while no transaction writes it (IdemTombFilterCompact).
+ *	  the size of the one before, so that it needs no count in advance.
+ *	  Maintenance compacts a filter of three generations or more into one,
+ *	  made again from the partition's rows while no transaction writes it
+ *	  (IdemTombFilterCompact).
  *
- *	  Filters only gain bits, and what is written into a partition is added
- *	  first:
+ *	  The rule: a filter may answer "maybe" for anything, and "no" only for
+ *	  what it saw completely.  Filters only gain bits, and what is written
+ *	  into a partition is added first:
  *	  - every row written into the tombstones table, by maintenance (an
  *	    INSERT ... SELECT), a restore or a logical replication apply, passes
  *	    the trigger tombstones_filter (enabled ALWAYS), which adds its hash
  *	    before the row is written;
  *	  - rows older than the server are learned by maintenance
- *	    (IdemTombFilterLearn), which reads every row version once per server
- *	    start; until then a database's filters are unknown and every
- *	    partition is probed, as without filters.
+ *	    (IdemTombFilterLearn), which reads every row version; until then a
+ *	    database's filters are unknown and every partition is probed, as
+ *	    without filters.
  *	  A claim takes its snapshot before it reads the filters, so a
- *	  tombstone committed before the snapshot had its bits set before.  The
- *	  filter of a partition that maintenance drops is freed when the drop
- *	  commits.  A row written and rolled back leaves its bits: a false
- *	  "maybe", never a false "no".
+ *	  tombstone committed before the snapshot had its bits set before.  A
+ *	  row written and rolled back leaves its bits: a false "maybe", never a
+ *	  false "no".
+ *
+ *	  Capacity, and what fails closed:
+ *	  - The table of entries (idempotency.tombstone_filter_entries, 8192,
+ *	    for the whole server) holds one entry per database that maintenance
+ *	    learned and one per tombstone partition holding tombstones (an
+ *	    empty partition gets none: it answers "no" as long as its database
+ *	    missed nothing).  A tombstone written into a partition that finds
+ *	    no entry counts a miss of its database: from then on every
+ *	    partition of the database without an entry answers "maybe", and a
+ *	    partition without one gets one only from learning (an entry made by
+ *	    the next writer would hold its hash alone).  Maintenance learns the
+ *	    database again at each pass until every partition was read with
+ *	    room for it and nothing was missed meanwhile; then the misses are
+ *	    forgotten.  A database that finds no entry of its own stays
+ *	    unknown.  Logged once.
+ *	  - The area: a partition whose filter cannot grow is marked
+ *	    unfiltered (its bits freed) and answers "maybe"; learning gives it
+ *	    bits again, and reads its rows, once the area has room.  Logged
+ *	    once.
+ *	  - A partition entry answers "no" only when it is complete: made by a
+ *	    writer while its database was known and had missed nothing, or
+ *	    learned, or compacted.  Learning makes the entry first, so that
+ *	    every tombstone written from then on goes into it, and reads the
+ *	    partition's row versions only once no transaction that may have
+ *	    written it before is left (no lock conflicting with SHARE: a writer
+ *	    holds ROW EXCLUSIVE from before its trigger until it ends); a
+ *	    partition being written, or vacuumed, is left to a later pass.  A
+ *	    partition made or attached by a transaction still running may be
+ *	    missing from the list learning reads: while the tombstones table
+ *	    has a lock conflicting with SHARE UPDATE EXCLUSIVE, a database is
+ *	    not learned (nor its misses forgotten).  Until then, "maybe".
+ *	  - After a restart (or a crash) every filter is unknown until
+ *	    maintenance learned its database: "maybe" for all.
+ *	  - The entries (and bit arrays) of a partition that maintenance drops
+ *	    are freed when the drop commits; those of a dropped database, or
+ *	    of an earlier tombstones table of the same database, at the next
+ *	    pass of any database (IdemTombFilterForgetStale).
  *
  *	  A claim reads the filters without the lock.  Each backend keeps a
  *	  copy of the layout of its database's filters (which partitions have
  *	  an entry, where the bit arrays of their generations live and how many
  *	  blocks each has), valid while a shared counter has not moved: every
- *	  change of the layout (an entry made or removed, a generation added or
- *	  freed, a database learned or overflowed, a partition unfiltered)
+ *	  change of the layout (an entry made, completed or removed, a
+ *	  generation added or freed, a database learned or missing a
+ *	  tombstone, a partition unfiltered)
  *	  increments it, under the exclusive lock and before any array is
  *	  freed.  The probe reads the counter, tests the bits of its copy, and
  *	  reads the counter again: the arrays of live generations only gain
