@@ -51,6 +51,8 @@ int			idem_diagnostics_tracked_keys = 10000;
 int			idem_tombstone_ttl = 30 * 24 * 60 * 60;
 int			idem_tombstone_partition_interval = 7 * 24 * 60 * 60;
 int			idem_tombstone_filter_memory = 32 * 1024;
+int			idem_tombstone_filter_entries = 8192;
+int			idem_horizon_entries = 4096;
 
 /* the value the GUC machinery holds for idempotency.encryption_key: "" */
 static char *idem_encryption_key_setting = NULL;
@@ -244,6 +246,22 @@ IdemGucInit(void)
 								&idem_tombstone_filter_memory,
 								32 * 1024, 0, 1024 * 1024,
 								PGC_POSTMASTER, GUC_UNIT_KB,
+								NULL, NULL, NULL);
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("idempotency.tombstone_filter_entries",
+								"Entries of the shared table of tombstone filters: one per tombstone partition that holds tombstones, and one per database.",
+								"A partition that finds no entry is probed by every claim until maintenance has room to learn it again from its rows.",
+								&idem_tombstone_filter_entries,
+								8192, 1, 1000000,
+								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("idempotency.horizon_entries",
+								"Entries of the shared table of key horizons: one per endpoint that has keys, and one per database.",
+								"The endpoints of a database that find no entry share its own horizon; a database that finds none has its horizons unknown, and every partition of keys is probed.",
+								&idem_horizon_entries,
+								4096, 1, 1000000,
+								PGC_POSTMASTER, 0,
 								NULL, NULL, NULL);
 	if (process_shared_preload_libraries_in_progress)
 		DefineCustomIntVariable("idempotency.stats_max_endpoints",

@@ -19,9 +19,13 @@ extern int	idem_max_claims_per_transaction;
 extern int	idem_tombstone_ttl;
 extern int	idem_tombstone_partition_interval;
 extern int	idem_tombstone_filter_memory;
+extern int	idem_tombstone_filter_entries;
 
 /* the longest idempotency.tombstone_ttl and endpoints.tombstone_ttl: 10 years */
 #define IDEM_TOMBSTONE_TTL_MAX	(10 * 365 * 24 * 60 * 60)
+
+/* entries of the shared table of key horizons (src/horizon.c) */
+extern int	idem_horizon_entries;
 
 /* maintenance */
 extern bool idem_enable_worker;

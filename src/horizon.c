@@ -28,12 +28,30 @@
  *	  rolls back leaves its endpoint's horizon raised: later probes open a
  *	  partition more than needed until the horizon passes.
  *
- *	  When the table of entries is full, a database's endpoints without an
- *	  entry share one horizon (the database's own entry); where even that
- *	  entry cannot be made, its horizons stay unknown.  Without
- *	  shared_preload_libraries, on a standby, before the update to 0.4.0
- *	  (which adds the trigger) and in the Citus mode (whose shards also
- *	  receive rows by shard moves) no horizon is known.
+ *	  Capacity, and what fails closed (a horizon may be too late, costing
+ *	  probes, never too early):
+ *	  - The table of entries (idempotency.horizon_entries, 4096, for the
+ *	    whole server) holds one entry per database and table of keys and
+ *	    one per endpoint with keys.  When it is full, a database's
+ *	    endpoints without an entry share one horizon (the database's own
+ *	    entry, which is raised by every row of theirs), and none of them
+ *	    gets an entry later.  A database that finds no entry of its own
+ *	    has its horizons unknown (every partition is probed); the bound of
+ *	    a row it writes then raises a server-wide floor, and every
+ *	    database entry made later starts from that floor, so that a
+ *	    learning made once room appears cannot miss the row, written after
+ *	    it has read the table.  Logged once.
+ *	  - After a restart (or a crash) every horizon is unknown until
+ *	    maintenance learned its database.
+ *	  - While a database is being learned, its entry exists: every row
+ *	    written raises it as usual, and what learning read is raised too
+ *	    before the database is known.
+ *	  - The entries of a dropped database, or of an earlier table of keys
+ *	    of the same database, are freed at the next pass of any database
+ *	    (IdemHorizonForgetStale).
+ *	  Without shared_preload_libraries, on a standby, before the update to
+ *	  0.4.0 (which adds the trigger) and in the Citus mode (whose shards
+ *	  also receive rows by shard moves) no horizon is known.
  *
  *-------------------------------------------------------------------------
  */
@@ -58,13 +76,12 @@
 #include "utils/syscache.h"
 
 #include "compat.h"
+#include "guc.h"
 #include "horizon.h"
 #include "idempotency.h"
 #include "schema.h"
 
 #define IDEM_HORIZON_TRANCHE	"idempotency horizons"
-/* entries of the shared table: databases and their endpoints */
-#define IDEM_HORIZON_ENTRIES	4096
 
 typedef struct HorizonKey
 {
@@ -81,11 +98,23 @@ typedef struct HorizonEntry
 	bool		known;			/* learned since the server started */
 	bool		full;			/* an endpoint found no entry: all without
 								 * one use this entry's horizon */
+	TimestampTz floor;			/* no horizon of the database is below it:
+								 * the orphan horizon when the entry was
+								 * made */
 } HorizonEntry;
 
 typedef struct HorizonShared
 {
 	LWLock	   *lock;
+
+	/*
+	 * Above every bound raised for a database that found no entry of its
+	 * own (the table full): such a raise is lost, and the row it was for
+	 * may be written after a learning has read the table, so every
+	 * database's entry made later starts from it.
+	 */
+	TimestampTz orphan;
+	bool		full_logged;
 } HorizonShared;
 
 static HorizonShared *horizon_shared = NULL;
@@ -100,7 +129,7 @@ IdemHorizonShmemRequest(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(HorizonShared)),
-									hash_estimate_size(IDEM_HORIZON_ENTRIES,
+									hash_estimate_size(idem_horizon_entries,
 													   sizeof(HorizonEntry))));
 	RequestNamedLWLockTranche(IDEM_HORIZON_TRANCHE, 1);
 }
@@ -118,11 +147,15 @@ IdemHorizonShmemStartup(void)
 	horizon_shared = ShmemInitStruct("idempotency horizons",
 									 sizeof(HorizonShared), &found);
 	if (!found)
+	{
 		horizon_shared->lock = &(GetNamedLWLockTranche(IDEM_HORIZON_TRANCHE))->lock;
+		horizon_shared->orphan = DT_NOBEGIN;
+		horizon_shared->full_logged = false;
+	}
 	info.keysize = sizeof(HorizonKey);
 	info.entrysize = sizeof(HorizonEntry);
 	horizon_hash = ShmemInitHash("idempotency horizons by endpoint",
-								 IDEM_HORIZON_ENTRIES, IDEM_HORIZON_ENTRIES,
+								 idem_horizon_entries, idem_horizon_entries,
 								 &info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -180,9 +213,46 @@ IdemHorizonOf(Oid relid, const text *endpoint)
 			result = db->horizon;
 		else
 			result = DT_NOBEGIN;	/* no row of the endpoint at all */
+		result = Max(result, db->floor);
 	}
 	LWLockRelease(horizon_shared->lock);
 	return result;
+}
+
+static void
+IdemHorizonFull(void)
+{
+	if (horizon_shared->full_logged)
+		return;
+	horizon_shared->full_logged = true;
+	ereport(LOG,
+			(errmsg("idempotency: the table of key horizons is full: endpoints without an entry share their database's horizon"),
+			 errdetail("It has %d entries, one per database and one per endpoint with keys, for the whole server.",
+					   idem_horizon_entries),
+			 errhint("Raise idempotency.horizon_entries (a restart is needed).")));
+}
+
+/*
+ * The database's own entry of the table of keys relid, made (unknown) when
+ * missing, under the exclusive lock; NULL when the table is full.
+ */
+static HorizonEntry *
+IdemHorizonDbEntry(Oid relid)
+{
+	HorizonKey	key;
+	HorizonEntry *db;
+	bool		found;
+
+	IdemHorizonKey(&key, relid, 0);
+	db = hash_search(horizon_hash, &key, HASH_ENTER_NULL, &found);
+	if (db != NULL && !found)
+	{
+		db->horizon = DT_NOBEGIN;
+		db->known = false;
+		db->full = false;
+		db->floor = horizon_shared->orphan;
+	}
+	return db;
 }
 
 /*
@@ -197,16 +267,15 @@ IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound)
 	HorizonEntry *ep = NULL;
 	bool		found;
 
-	IdemHorizonKey(&key, relid, 0);
-	db = hash_search(horizon_hash, &key, HASH_ENTER_NULL, &found);
+	db = IdemHorizonDbEntry(relid);
 	if (db == NULL)
-		return;					/* the database's horizons stay unknown */
-	if (!found)
 	{
-		db->horizon = DT_NOBEGIN;
-		db->known = false;
-		db->full = false;
+		/* the database's horizons stay unknown; an entry made later covers this */
+		horizon_shared->orphan = Max(horizon_shared->orphan, bound);
+		IdemHorizonFull();
+		return;
 	}
+	IdemHorizonKey(&key, relid, 0);
 	key.ephash = ephash;
 	/* once full, an endpoint without an entry never gets one */
 	ep = hash_search(horizon_hash, &key, db->full ? HASH_FIND : HASH_ENTER_NULL,
@@ -215,6 +284,7 @@ IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound)
 	{
 		db->full = true;
 		db->horizon = Max(db->horizon, bound);
+		IdemHorizonFull();
 		return;
 	}
 	if (!found)
@@ -310,7 +380,6 @@ IdemHorizonLearn(Oid relid)
 {
 	HorizonKey	key;
 	HorizonEntry *db;
-	bool		found;
 	bool		known;
 	HTAB	   *learned;
 	HASHCTL		ctl;
@@ -328,14 +397,7 @@ IdemHorizonLearn(Oid relid)
 	/* the database's entry, made now so that writers raise into it */
 	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
 	IdemHorizonForgetStale(relid);
-	IdemHorizonKey(&key, relid, 0);
-	db = hash_search(horizon_hash, &key, HASH_ENTER_NULL, &found);
-	if (db != NULL && !found)
-	{
-		db->horizon = DT_NOBEGIN;
-		db->known = false;
-		db->full = false;
-	}
+	db = IdemHorizonDbEntry(relid);
 	known = db == NULL || db->known;
 	LWLockRelease(horizon_shared->lock);
 	if (known)

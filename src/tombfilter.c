@@ -13,34 +13,71 @@
  *	  64-byte block) in a dynamic shared memory area of
  *	  idempotency.tombstone_filter_memory (32 MB), made at server start in the main
  *	  shared memory.  A partition's filter grows by generations, each twice
- *	  the size of the one before, so that it needs no count in advance; a
- *	  partition whose filter cannot grow (the area is full) is marked
- *	  unfiltered and always probed.  Maintenance compacts a filter of three
- *	  generations or more into one, made again from the partition's rows
- *	  while no transaction writes it (IdemTombFilterCompact).
+ *	  the size of the one before, so that it needs no count in advance.
+ *	  Maintenance compacts a filter of three generations or more into one,
+ *	  made again from the partition's rows while no transaction writes it
+ *	  (IdemTombFilterCompact).
  *
- *	  Filters only gain bits, and what is written into a partition is added
- *	  first:
+ *	  The rule: a filter may answer "maybe" for anything, and "no" only for
+ *	  what it saw completely.  Filters only gain bits, and what is written
+ *	  into a partition is added first:
  *	  - every row written into the tombstones table, by maintenance (an
  *	    INSERT ... SELECT), a restore or a logical replication apply, passes
  *	    the trigger tombstones_filter (enabled ALWAYS), which adds its hash
  *	    before the row is written;
  *	  - rows older than the server are learned by maintenance
- *	    (IdemTombFilterLearn), which reads every row version once per server
- *	    start; until then a database's filters are unknown and every
- *	    partition is probed, as without filters.
+ *	    (IdemTombFilterLearn), which reads every row version; until then a
+ *	    database's filters are unknown and every partition is probed, as
+ *	    without filters.
  *	  A claim takes its snapshot before it reads the filters, so a
- *	  tombstone committed before the snapshot had its bits set before.  The
- *	  filter of a partition that maintenance drops is freed when the drop
- *	  commits.  A row written and rolled back leaves its bits: a false
- *	  "maybe", never a false "no".
+ *	  tombstone committed before the snapshot had its bits set before.  A
+ *	  row written and rolled back leaves its bits: a false "maybe", never a
+ *	  false "no".
+ *
+ *	  Capacity, and what fails closed:
+ *	  - The table of entries (idempotency.tombstone_filter_entries, 8192,
+ *	    for the whole server) holds one entry per database that maintenance
+ *	    learned and one per tombstone partition holding tombstones (an
+ *	    empty partition gets none: it answers "no" as long as its database
+ *	    missed nothing).  A tombstone written into a partition that finds
+ *	    no entry counts a miss of its database: from then on every
+ *	    partition of the database without an entry answers "maybe", and a
+ *	    partition without one gets one only from learning (an entry made by
+ *	    the next writer would hold its hash alone).  Maintenance learns the
+ *	    database again at each pass until every partition was read with
+ *	    room for it and nothing was missed meanwhile; then the misses are
+ *	    forgotten.  A database that finds no entry of its own stays
+ *	    unknown.  Logged once.
+ *	  - The area: a partition whose filter cannot grow is marked
+ *	    unfiltered (its bits freed) and answers "maybe"; learning gives it
+ *	    bits again, and reads its rows, once the area has room.  Logged
+ *	    once.
+ *	  - A partition entry answers "no" only when it is complete: made by a
+ *	    writer while its database was known and had missed nothing, or
+ *	    learned, or compacted.  Learning makes the entry first, so that
+ *	    every tombstone written from then on goes into it, and reads the
+ *	    partition's row versions only once no transaction that may have
+ *	    written it before is left (no lock conflicting with SHARE: a writer
+ *	    holds ROW EXCLUSIVE from before its trigger until it ends); a
+ *	    partition being written, or vacuumed, is left to a later pass.  A
+ *	    partition made or attached by a transaction still running may be
+ *	    missing from the list learning reads: while the tombstones table
+ *	    has a lock conflicting with SHARE UPDATE EXCLUSIVE, a database is
+ *	    not learned (nor its misses forgotten).  Until then, "maybe".
+ *	  - After a restart (or a crash) every filter is unknown until
+ *	    maintenance learned its database: "maybe" for all.
+ *	  - The entries (and bit arrays) of a partition that maintenance drops
+ *	    are freed when the drop commits; those of a dropped database, or
+ *	    of an earlier tombstones table of the same database, at the next
+ *	    pass of any database (IdemTombFilterForgetStale).
  *
  *	  A claim reads the filters without the lock.  Each backend keeps a
  *	  copy of the layout of its database's filters (which partitions have
  *	  an entry, where the bit arrays of their generations live and how many
  *	  blocks each has), valid while a shared counter has not moved: every
- *	  change of the layout (an entry made or removed, a generation added or
- *	  freed, a database learned or overflowed, a partition unfiltered)
+ *	  change of the layout (an entry made, completed or removed, a
+ *	  generation added or freed, a database learned or missing a
+ *	  tombstone, a partition unfiltered)
  *	  increments it, under the exclusive lock and before any array is
  *	  freed.  The probe reads the counter, tests the bits of its copy, and
  *	  reads the counter again: the arrays of live generations only gain
@@ -87,8 +124,6 @@
 #include "tombrow.h"
 
 #define IDEM_TOMBFILTER_TRANCHE		"idempotency tombstone filters"
-/* headers of the shared table: databases and their tombstone partitions */
-#define IDEM_TOMBFILTER_ENTRIES		8192
 /* generations of one partition's filter: the last is 2^15 times the first */
 #define IDEM_TOMBFILTER_MAX_GENS	16
 /*
@@ -128,10 +163,14 @@ typedef struct TombFilterEntry
 	TombFilterKey key;
 	/* the database's own entry: */
 	bool		known;			/* learned since the server started */
-	bool		overflow;		/* a partition found no header: those
-								 * without one are probed */
+	uint64		misses;			/* tombstones written, since the entry was
+								 * made, into a partition that found no
+								 * entry: while not 0, a partition without
+								 * one is probed */
 	/* a partition's entry: */
-	bool		unfiltered;		/* no room to grow: always probed */
+	bool		complete;		/* holds every hash written into the
+								 * partition: may answer "no" */
+	bool		unfiltered;		/* no room for its bits: always probed */
 	int			ngens;
 	dsa_pointer gens[IDEM_TOMBFILTER_MAX_GENS];
 } TombFilterEntry;
@@ -151,7 +190,8 @@ typedef struct TombFilterShared
 	LWLock	   *lock;
 	int			dsa_tranche;
 	Size		area_size;
-	bool		full_logged;
+	bool		full_logged;	/* the area was found full */
+	bool		entries_logged; /* the table of entries was found full */
 	/* incremented by every change of the layout (see the banner) */
 	pg_atomic_uint64 layout;
 } TombFilterShared;
@@ -159,8 +199,8 @@ typedef struct TombFilterShared
 /*
  * The layout of one partition's filter, as this backend last read it: its
  * answer when it has no bits (TF_NO: no entry, nothing was written there;
- * TF_MAYBE: unfiltered, or no entry in a database that overflowed), or its
- * generations.
+ * TF_MAYBE: an entry not complete or unfiltered, or no entry in a database
+ * that missed a tombstone), or its generations.
  */
 typedef enum TombFilterLocalKind
 {
@@ -230,7 +270,7 @@ IdemTombFilterShmemRequest(void)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(add_size(add_size(MAXALIGN(sizeof(TombFilterShared)),
 											 IdemTombFilterAreaSize()),
-									hash_estimate_size(IDEM_TOMBFILTER_ENTRIES,
+									hash_estimate_size(idem_tombstone_filter_entries,
 													   sizeof(TombFilterEntry))));
 	RequestNamedLWLockTranche(IDEM_TOMBFILTER_TRANCHE, 1);
 }
@@ -254,6 +294,7 @@ IdemTombFilterShmemStartup(void)
 		tf_shared->lock = &(GetNamedLWLockTranche(IDEM_TOMBFILTER_TRANCHE))->lock;
 		tf_shared->area_size = area_size;
 		tf_shared->full_logged = false;
+		tf_shared->entries_logged = false;
 		pg_atomic_init_u64(&tf_shared->layout, 0);
 		tf_shared->dsa_tranche = LWLockNewTrancheId();
 		if (area_size > 0)
@@ -271,7 +312,7 @@ IdemTombFilterShmemStartup(void)
 	info.keysize = sizeof(TombFilterKey);
 	info.entrysize = sizeof(TombFilterEntry);
 	tf_hash = ShmemInitHash("idempotency tombstone filters by partition",
-							IDEM_TOMBFILTER_ENTRIES, IDEM_TOMBFILTER_ENTRIES,
+							idem_tombstone_filter_entries, idem_tombstone_filter_entries,
 							&info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -479,6 +520,7 @@ IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
 	{
 		IdemTombFilterFreeGens(e);
 		e->unfiltered = true;
+		e->complete = false;
 		if (!tf_shared->full_logged)
 		{
 			tf_shared->full_logged = true;
@@ -492,12 +534,47 @@ IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
 	return true;
 }
 
+/* The database's own entry of the tombstones table parent, under the lock. */
+static TombFilterEntry *
+IdemTombFilterDbEntry(Oid parent)
+{
+	TombFilterKey key;
+
+	IdemTombFilterKeyOf(&key, parent, InvalidOid);
+	return hash_search(tf_hash, &key, HASH_FIND, NULL);
+}
+
 /*
- * The entry of a partition, made when missing, under the exclusive lock;
- * NULL (and the database's entry marked) when the table is full.
+ * A tombstone of the database db (whose entry exists) was written into a
+ * partition that found no entry, under the exclusive lock: from now on the
+ * database's partitions without an entry are probed, until learning has
+ * read them again (IdemTombFilterLearn).
+ */
+static void
+IdemTombFilterMissed(TombFilterEntry *db)
+{
+	IdemTombFilterLayoutChanges();
+	db->misses++;
+	if (!tf_shared->entries_logged)
+	{
+		tf_shared->entries_logged = true;
+		ereport(LOG,
+				(errmsg("idempotency: the table of tombstone filters is full: tombstone partitions without a filter will be probed by every claim"),
+				 errdetail("It has %d entries, one per database and one per tombstone partition holding tombstones, for the whole server.",
+						   idem_tombstone_filter_entries),
+				 errhint("Raise idempotency.tombstone_filter_entries (a restart is needed); maintenance learns the partitions again once there is room.")));
+	}
+}
+
+/*
+ * A new entry of partition partoid, under the exclusive lock, with a first
+ * generation for about hint hashes (unfiltered when the area has no room);
+ * NULL when the table is full.  complete says whether it may answer "no"
+ * as it is: whether every tombstone written into the partition before
+ * passed through a filter of the database.
  */
 static TombFilterEntry *
-IdemTombFilterEntryOf(Oid parent, Oid partoid, int64 hint)
+IdemTombFilterNewEntry(Oid parent, Oid partoid, int64 hint, bool complete)
 {
 	TombFilterKey key;
 	TombFilterEntry *e;
@@ -506,25 +583,17 @@ IdemTombFilterEntryOf(Oid parent, Oid partoid, int64 hint)
 	IdemTombFilterKeyOf(&key, parent, partoid);
 	e = hash_search(tf_hash, &key, HASH_ENTER_NULL, &found);
 	if (e == NULL)
-	{
-		IdemTombFilterKeyOf(&key, parent, InvalidOid);
-		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-		if (e != NULL && !e->overflow)
-		{
-			IdemTombFilterLayoutChanges();
-			e->overflow = true;
-		}
 		return NULL;
-	}
 	if (!found)
 	{
 		IdemTombFilterLayoutChanges();
 		e->known = false;
-		e->overflow = false;
+		e->misses = 0;
+		e->complete = false;
 		e->unfiltered = false;
 		e->ngens = 0;
-		if (OidIsValid(partoid))
-			(void) IdemTombFilterGrow(e, hint);
+		if (IdemTombFilterGrow(e, hint))
+			e->complete = complete;
 	}
 	return e;
 }
@@ -532,10 +601,34 @@ IdemTombFilterEntryOf(Oid parent, Oid partoid, int64 hint)
 static void
 IdemTombFilterAddLocked(Oid parent, Oid partoid, const uint8 *hash)
 {
-	TombFilterEntry *e = IdemTombFilterEntryOf(parent, partoid, 0);
+	TombFilterKey key;
+	TombFilterEntry *e;
 	TombFilterGen *gen;
 
-	if (e == NULL || e->unfiltered)
+	IdemTombFilterKeyOf(&key, parent, partoid);
+	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+	if (e == NULL)
+	{
+		TombFilterEntry *db = IdemTombFilterDbEntry(parent);
+
+		/*
+		 * Without the database's entry its filters are unknown: learning
+		 * reads every row.  Once a tombstone of the database went
+		 * unrecorded, a partition without an entry gets one only from
+		 * learning, which reads its rows: an entry made now would hold
+		 * the new hash alone.
+		 */
+		if (db == NULL)
+			return;
+		if (db->misses == 0)
+			e = IdemTombFilterNewEntry(parent, partoid, 0, db->known);
+		if (e == NULL)
+		{
+			IdemTombFilterMissed(db);
+			return;
+		}
+	}
+	if (e->unfiltered)
 		return;
 	gen = e->ngens > 0 ? dsa_get_address(tf_area, e->gens[e->ngens - 1]) : NULL;
 	if (gen == NULL || gen->count >= gen->capacity)
@@ -561,11 +654,8 @@ IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash)
 static TombFilterEntry *
 IdemTombFilterKnownLocked(Oid parent)
 {
-	TombFilterKey key;
-	TombFilterEntry *db;
+	TombFilterEntry *db = IdemTombFilterDbEntry(parent);
 
-	IdemTombFilterKeyOf(&key, parent, InvalidOid);
-	db = hash_search(tf_hash, &key, HASH_FIND, NULL);
 	return db != NULL && db->known ? db : NULL;
 }
 
@@ -636,8 +726,8 @@ IdemTombFilterLocalLoad(Oid parent, const Oid *partoids, int n)
 		lp->first = tf_local.ngens;
 		lp->ngens = 0;
 		if (e == NULL)
-			lp->kind = db->overflow ? TF_MAYBE : TF_NO;
-		else if (e->unfiltered)
+			lp->kind = db->misses > 0 ? TF_MAYBE : TF_NO;
+		else if (!e->complete || e->unfiltered || e->ngens == 0)
 			lp->kind = TF_MAYBE;
 		else
 		{
@@ -756,23 +846,93 @@ IdemTombFilterSkip(Oid parent, const Oid *partoids, int n, const uint8 *hash,
 		skip[i] |= tf_local.no[i];
 }
 
-/* Forget the entries of an earlier tombstones table of this database. */
+/*
+ * Forget the entries of an earlier tombstones table of this database and
+ * of databases that were dropped, their bit arrays with them.  The
+ * databases are looked up without the lock; a database's own entry goes
+ * with its partitions' (its filters become unknown, never wrong).
+ */
 static void
-IdemTombFilterForgetOthers(Oid parent)
+IdemTombFilterForgetStale(Oid parent)
 {
 	HASH_SEQ_STATUS status;
 	TombFilterEntry *e;
+	Oid		   *dbids;
+	bool	   *gone;
+	int			ndb = 0;
+	int			cap = 16;
 
+	dbids = palloc(sizeof(Oid) * cap);
+	LWLockAcquire(tf_shared->lock, LW_SHARED);
 	hash_seq_init(&status, tf_hash);
 	while ((e = hash_seq_search(&status)) != NULL)
 	{
-		if (e->key.dbid == MyDatabaseId && e->key.parent != parent)
+		int			i;
+
+		if (e->key.dbid == MyDatabaseId)
+			continue;
+		for (i = 0; i < ndb && dbids[i] != e->key.dbid; i++)
+			;
+		if (i < ndb)
+			continue;
+		if (ndb == cap)
+		{
+			cap *= 2;
+			dbids = repalloc(dbids, sizeof(Oid) * cap);
+		}
+		dbids[ndb++] = e->key.dbid;
+	}
+	LWLockRelease(tf_shared->lock);
+
+	gone = palloc0(sizeof(bool) * Max(ndb, 1));
+	for (int i = 0; i < ndb; i++)
+		gone[i] = !SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dbids[i]));
+
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+	hash_seq_init(&status, tf_hash);
+	while ((e = hash_seq_search(&status)) != NULL)
+	{
+		bool		forget = false;
+
+		if (e->key.dbid == MyDatabaseId)
+			forget = e->key.parent != parent;
+		else
+		{
+			for (int i = 0; i < ndb; i++)
+				if (dbids[i] == e->key.dbid)
+					forget = gone[i];
+		}
+		if (forget)
 		{
 			IdemTombFilterLayoutChanges();
 			IdemTombFilterFreeGens(e);
 			(void) hash_search(tf_hash, &e->key, HASH_REMOVE, NULL);
 		}
 	}
+	LWLockRelease(tf_shared->lock);
+	pfree(dbids);
+	pfree(gone);
+}
+
+/*
+ * Whether a transaction other than this one holds a lock of relid that
+ * conflicts with mode: for mode SHARE, one that may be writing it (a
+ * writer holds ROW EXCLUSIVE from before its trigger adds a hash until it
+ * ends, by when its row versions are in the file).
+ */
+static bool
+IdemTombFilterLockers(Oid relid, LOCKMODE mode)
+{
+	LOCKTAG		tag;
+	VirtualTransactionId *vxids;
+	bool		any;
+
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	vxids = GetLockConflicts(&tag, mode, NULL);
+	any = VirtualTransactionIdIsValid(vxids[0]);
+	/* in hot standby the array is static; never here (not usable there) */
+	pfree(vxids);
+	return any;
 }
 
 typedef struct AddAllState
@@ -834,11 +994,26 @@ IdemTombFilterAddRow(TupleTableSlot *slot, void *arg)
 		IdemTombFilterAdd(st->parent, st->partoid, first + (Size) i * stride);
 }
 
-/* Every row version of one partition, into its filter. */
-static int64
-IdemTombFilterAddAll(Oid parent, Oid partoid)
+/*
+ * Learn the filter of one partition from its rows, unless its entry is
+ * complete already: its entry is made first (or given bits again, when it
+ * was unfiltered), so that every tombstone written from then on passes
+ * through it; then, once no transaction that may have written the
+ * partition before is left, every row version is read into it, and it is
+ * complete.  A partition that holds nothing gets no entry.  Adds the rows
+ * read to *n.  Returns false when the partition is left to a later pass:
+ * no room for its entry (the database's misses counted) or its bits, or a
+ * writer still running.
+ */
+static bool
+IdemTombFilterLearnPartition(Oid parent, Oid partoid, int64 *n)
 {
 	AddAllState st;
+	TombFilterKey key;
+	TombFilterEntry *e;
+	BlockNumber nblocks;
+	bool		done = false;
+	Relation	part;
 
 	st.parent = parent;
 	st.partoid = partoid;
@@ -846,59 +1021,168 @@ IdemTombFilterAddAll(Oid parent, Oid partoid)
 	st.a_fp = get_attnum(partoid, "fingerprint");
 	if (st.a_hash == InvalidAttrNumber)
 		elog(ERROR, "partition %u of idempotency.tombstones lacks scope_hash", partoid);
-	if (tf_hash == NULL || IdemTombFilterArea() == NULL)
-		return 0;
-	/* sized for what the file holds (about 70 tombstones a page) */
-	{
-		Relation	part = table_open(partoid, AccessShareLock);
-		int64		hint = (int64) RelationGetNumberOfBlocks(part) * 70;
+	IdemTombFilterKeyOf(&key, parent, partoid);
 
-		table_close(part, NoLock);
-		LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-		(void) IdemTombFilterEntryOf(parent, partoid, hint);
-		LWLockRelease(tf_shared->lock);
+	LWLockAcquire(tf_shared->lock, LW_SHARED);
+	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+	done = e != NULL && e->complete && !e->unfiltered;
+	LWLockRelease(tf_shared->lock);
+	if (done)
+		return true;
+
+	part = table_open(partoid, AccessShareLock);
+	nblocks = RelationGetNumberOfBlocks(part);
+	table_close(part, NoLock);
+
+	/*
+	 * Nothing in the file and nobody writing: nothing to learn.  A writer
+	 * that comes later makes the entry, or counts a miss.
+	 */
+	if (e == NULL && nblocks == 0 && !IdemTombFilterLockers(partoid, ShareLock))
+		return true;
+
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+	if (e == NULL)
+	{
+		/* sized for what the file holds (about 70 tombstones a page) */
+		e = IdemTombFilterNewEntry(parent, partoid, (int64) nblocks * 70, false);
+		if (e == NULL)
+		{
+			TombFilterEntry *db = IdemTombFilterDbEntry(parent);
+
+			if (db != NULL)
+				IdemTombFilterMissed(db);
+			LWLockRelease(tf_shared->lock);
+			return false;
+		}
 	}
-	return IdemScanRowVersions(partoid, IdemTombFilterAddRow, &st);
+	else if (e->unfiltered && IdemTombFilterGrow(e, (int64) nblocks * 70))
+	{
+		/* bits again: from now on every hash written is added */
+		e->unfiltered = false;
+	}
+	done = !e->unfiltered;
+	LWLockRelease(tf_shared->lock);
+	if (!done || IdemTombFilterLockers(partoid, ShareLock))
+		return false;
+
+	*n += IdemScanRowVersions(partoid, IdemTombFilterAddRow, &st);
+
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
+	done = e != NULL && !e->unfiltered && e->ngens > 0;
+	if (done)
+	{
+		int64		count = 0;
+
+		for (int g = 0; g < e->ngens; g++)
+			count += ((TombFilterGen *) dsa_get_address(tf_area, e->gens[g]))->count;
+		IdemTombFilterLayoutChanges();
+		if (count == 0)
+		{
+			/* no tombstone: no entry spent on it */
+			IdemTombFilterFreeGens(e);
+			(void) hash_search(tf_hash, &key, HASH_REMOVE, NULL);
+		}
+		else
+			e->complete = true;
+	}
+	LWLockRelease(tf_shared->lock);
+	return done;
 }
 
 int64
 IdemTombFilterLearn(Oid parent)
 {
+	TombFilterKey key;
 	TombFilterEntry *db;
+	HASH_SEQ_STATUS status;
+	TombFilterEntry *e;
+	bool		found;
+	bool		needed;
+	bool		listed;
+	bool		all;
+	uint64		misses;
 	List	   *parts;
 	ListCell   *lc;
 	int64		n = 0;
 
 	if (!IdemTombFilterUsable())
 		return -1;
+	IdemTombFilterForgetStale(parent);
 
-	/* the database's entry, made now: its partitions' entries follow it */
+	/*
+	 * The database's entry, made now: from then on a tombstone written into
+	 * a partition goes into its entry or counts as a miss.  Learning is
+	 * needed when the database is not known yet, when a tombstone was
+	 * missed, or when a partition's entry is not complete.
+	 */
 	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-	IdemTombFilterForgetOthers(parent);
-	db = IdemTombFilterEntryOf(parent, InvalidOid, 0);
-	if (db == NULL || db->known)
+	IdemTombFilterKeyOf(&key, parent, InvalidOid);
+	db = hash_search(tf_hash, &key, HASH_ENTER_NULL, &found);
+	if (db == NULL)
 	{
 		LWLockRelease(tf_shared->lock);
 		return -1;
 	}
+	if (!found)
+	{
+		IdemTombFilterLayoutChanges();
+		db->known = false;
+		db->misses = 0;
+		db->complete = false;
+		db->unfiltered = false;
+		db->ngens = 0;
+	}
+	needed = !db->known || db->misses > 0;
+	misses = db->misses;
+	hash_seq_init(&status, tf_hash);
+	while ((e = hash_seq_search(&status)) != NULL)
+	{
+		if (!needed && e->key.dbid == MyDatabaseId && e->key.parent == parent &&
+			OidIsValid(e->key.partoid) && !e->complete)
+			needed = true;
+	}
 	LWLockRelease(tf_shared->lock);
+	if (!needed)
+		return -1;
 
+	/*
+	 * A partition made or attached by a transaction still running is not in
+	 * the list below, and may hold tombstones written before the database's
+	 * entry was made: the database is not learned while one may be.
+	 */
+	listed = !IdemTombFilterLockers(parent, ShareUpdateExclusiveLock);
+	all = true;
 	parts = find_all_inheritors(parent, AccessShareLock, NULL);
 	foreach(lc, parts)
 	{
 		Oid			partoid = lfirst_oid(lc);
 
-		if (get_rel_relkind(partoid) == RELKIND_RELATION)
-			n += IdemTombFilterAddAll(parent, partoid);
+		if (get_rel_relkind(partoid) == RELKIND_RELATION &&
+			!IdemTombFilterLearnPartition(parent, partoid, &n))
+			all = false;
 	}
 	list_free(parts);
 
+	/*
+	 * Known, when every partition was listed: one without an entry was
+	 * found empty, or was made since (its tombstones make its entry, or
+	 * count as misses); one whose entry is not complete is probed.  While
+	 * the database counts misses every partition without an entry is
+	 * probed anyway.  The misses are forgotten only when every partition
+	 * was listed and read, and none was missed meanwhile.
+	 */
 	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-	db = IdemTombFilterEntryOf(parent, InvalidOid, 0);
+	db = IdemTombFilterDbEntry(parent);
 	if (db != NULL)
 	{
 		IdemTombFilterLayoutChanges();
-		db->known = true;
+		if (listed || db->misses > 0)
+			db->known = true;
+		if (listed && all && db->misses == misses)
+			db->misses = 0;
 	}
 	LWLockRelease(tf_shared->lock);
 	return n;
@@ -1022,6 +1306,9 @@ IdemTombFilterCompact(Oid parent)
 				IdemTombFilterFreeGens(e);
 				e->gens[0] = dp;
 				e->ngens = 1;
+				/* read whole while nobody could write: it holds every hash */
+				IdemTombFilterLayoutChanges();
+				e->complete = true;
 				compacted++;
 			}
 			else

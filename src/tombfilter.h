@@ -21,7 +21,8 @@ extern void IdemTombFilterInit(void);
  * Of the n partitions partoids of the tombstones table parent, set skip[i]
  * for each that holds no tombstone of hash: its filter says so.  Sets none
  * whenever the filters are not known (not preloaded, not learned since the
- * server started, in recovery; a partition without room for its filter).
+ * server started, in recovery), nor for a partition whose filter missed a
+ * tombstone (no room for its entry or its bits) until it is learned again.
  */
 extern void IdemTombFilterSkip(Oid parent, const Oid *partoids, int n,
 							   const uint8 *hash, bool *skip);
@@ -31,9 +32,11 @@ extern void IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash);
 
 /*
  * For maintenance: learn the filters of the tombstones table parent from
- * its rows (every row version), once per server start; returns how many
- * rows were read, or -1 when nothing was to be learned.  And the filter of
- * a partition dropped by the current transaction is freed at its commit.
+ * its rows (every row version), after a server start, and again for the
+ * partitions whose filters missed a tombstone (no room) until each was
+ * read; forgets the filters of dropped databases.  Returns how many rows
+ * were read, or -1 when nothing was to be learned.  And the filter of a
+ * partition dropped by the current transaction is freed at its commit.
  */
 extern int64 IdemTombFilterLearn(Oid parent);
 
