@@ -403,11 +403,6 @@ BEGIN
         -- keeps none); an error names the element and its column
         r := idempotency.idem_import_check(pos, r);
         PERFORM idempotency.idem_transfer_check_tenant(r.tenant);
-        IF NOT pg_catalog.isfinite(r.expires_at) THEN
-            RAISE EXCEPTION 'expires_at of element % of the keys to import is infinite', pos
-                USING ERRCODE = 'invalid_parameter_value',
-                      DETAIL = 'A key must expire within idempotency.max_ttl of its claim.';
-        END IF;
         -- the setting in seconds, read once the library is loaded (the
         -- checks above call it)
         IF max_ttl IS NULL THEN

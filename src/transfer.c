@@ -170,22 +170,37 @@ IdemImportCheckRow(IdemImportRow *row, const char **field)
 	*field = "created_at";
 	if (IdemImportIsNull(row, COL_CREATED_AT))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("created_at must not be NULL")));
+				(errcode(ERRCODE_IDEM_INVALID_KEY),
+				 errmsg("created_at is missing"),
+				 errdetail("Every key has the time of its claim and the time it expires.")));
+	created_at = DatumGetTimestampTz(IdemImportValue(row, COL_CREATED_AT));
+	if (TIMESTAMP_NOT_FINITE(created_at))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("created_at is infinite"),
+				 errdetail("A key is created at the time of its claim.")));
 	*field = "expires_at";
 	if (IdemImportIsNull(row, COL_EXPIRES_AT))
 		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("expires_at must not be NULL")));
-	created_at = DatumGetTimestampTz(IdemImportValue(row, COL_CREATED_AT));
+				(errcode(ERRCODE_IDEM_INVALID_KEY),
+				 errmsg("expires_at is missing"),
+				 errdetail("Every key has the time of its claim and the time it expires.")));
 	expires_at = DatumGetTimestampTz(IdemImportValue(row, COL_EXPIRES_AT));
+	if (TIMESTAMP_NOT_FINITE(expires_at))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("expires_at is infinite"),
+				 errdetail("A key must expire within idempotency.max_ttl of its claim.")));
 	if (created_at > expires_at)
+	{
+		char	   *created = pstrdup(timestamptz_to_str(created_at));
+
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("expires_at is before created_at"),
 				 errdetail("The key was created at %s and would expire at %s; a key expires after its claim.",
-						   timestamptz_to_str(created_at),
-						   timestamptz_to_str(expires_at))));
+						   created, timestamptz_to_str(expires_at))));
+	}
 
 	/* the finish's checks of the response */
 	*field = "response_status";

@@ -71,7 +71,10 @@ LANGUAGE C VOLATILE;
 -- outcome: inserted, unchanged, kept, expired.  An infinite expires_at, or
 -- one later than idempotency.max_ttl from now, is refused (22023); a
 -- request_digest in the JSON is dropped (digests are keyed with this
--- database's secret, and the export leaves them out).
+-- database's secret, and the export leaves them out).  Every element is
+-- checked as a claim and a finish check what they store
+-- (idem_import_check): the first one refused ends the import, with an
+-- error naming it and its column, and nothing of the import is written.
 --
 -- Claims serialise on a lock of their scope that SQL cannot take; the
 -- import locks idempotency.keys instead (ACCESS EXCLUSIVE, until the
@@ -134,11 +137,6 @@ BEGIN
         -- keeps none); an error names the element and its column
         r := idempotency.idem_import_check(pos, r);
         PERFORM idempotency.idem_transfer_check_tenant(r.tenant);
-        IF NOT pg_catalog.isfinite(r.expires_at) THEN
-            RAISE EXCEPTION 'expires_at of element % of the keys to import is infinite', pos
-                USING ERRCODE = 'invalid_parameter_value',
-                      DETAIL = 'A key must expire within idempotency.max_ttl of its claim.';
-        END IF;
         -- the setting in seconds, read once the library is loaded (the
         -- checks above call it)
         IF max_ttl IS NULL THEN
