@@ -24,11 +24,13 @@ CREATE TABLE si_base AS SELECT e AS doc FROM idempotency.idem_export_keys('si-a'
 DELETE FROM idempotency.keys WHERE tenant = 'si-a';
 GRANT SELECT ON si_base TO si_admin;
 
--- what an import answers for one changed copy of the good row
+-- what an import answers for one changed copy of the good row (a key of
+-- its own for each change, so that each case stands alone)
 CREATE FUNCTION si_try(change jsonb) RETURNS text LANGUAGE sql AS $$
     SELECT regress.try(pg_catalog.format(
         'SELECT idempotency.idem_import_keys(%L::jsonb)',
-        (SELECT doc || '{"key": "si-bad"}' || change FROM si_base)), 'detail')
+        (SELECT doc || jsonb_build_object('key', 'si-bad-' || left(md5(change::text), 12)) || change
+         FROM si_base)), 'detail')
 $$;
 GRANT EXECUTE ON FUNCTION si_try(jsonb) TO si_admin;
 
