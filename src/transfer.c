@@ -270,7 +270,7 @@ Datum
 idem_import_check(PG_FUNCTION_ARGS)
 {
 	MemoryContext cxt = CurrentMemoryContext;
-	int64		pos = PG_ARGISNULL(0) ? 0 : PG_GETARG_INT64(0);
+	volatile int64 pos = PG_ARGISNULL(0) ? 0 : PG_GETARG_INT64(0);
 	HeapTupleHeader td;
 	HeapTupleData tuple;
 	IdemImportRow row;
