@@ -18,12 +18,15 @@ EXCEPTION WHEN duplicate_object THEN NULL; END $$;
 DO $$ BEGIN CREATE ROLE sr_admin NOLOGIN IN ROLE idempotency_admin;
 EXCEPTION WHEN duplicate_object THEN NULL; END $$;
 
--- Each call, as the current role, of every function of the schema that the
--- role is not granted (NULL arguments: EXECUTE is checked before the call;
--- each a subquery, which the planner does not fold away as it folds a
--- strict function of a NULL constant), and what did not fail with 42501:
--- an empty list when every call is refused.
-CREATE FUNCTION sr_calls_not_refused() RETURNS TABLE (fn text, answer text)
+-- Each call, as the current role, of every function of the schema whose
+-- name is not one of those the role must be able to call (the regular
+-- expression allowed; NULL: none), and what did not fail with 42501: an
+-- empty list when every call is refused.  The list is the documented one
+-- (doc/security.md), not the catalog's, so that a function granted by
+-- mistake is called, and shows.  NULL arguments: EXECUTE is checked before
+-- the call; each is a subquery, which the planner does not fold away as it
+-- folds a strict function of a NULL constant.
+CREATE FUNCTION sr_calls_not_refused(allowed text) RETURNS TABLE (fn text, answer text)
 LANGUAGE plpgsql AS $$
 DECLARE
     f record;
@@ -36,7 +39,7 @@ BEGIN
                              FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY a(t, i)), '')) AS call
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace = 'idempotency'::regnamespace
-          AND NOT has_function_privilege(current_user, p.oid, 'EXECUTE')
+          AND (allowed IS NULL OR p.proname !~ allowed)
         ORDER BY 2
     LOOP
         IF f.prokind = 'p' THEN
@@ -51,15 +54,14 @@ BEGIN
         END IF;
     END LOOP;
 END $$;
-GRANT EXECUTE ON FUNCTION sr_calls_not_refused() TO sr_nobody, sr_client, sr_admin;
+GRANT EXECUTE ON FUNCTION sr_calls_not_refused(text) TO sr_nobody, sr_client, sr_admin;
 
 -- Round 0 (issue 6): PUBLIC gets nothing.  A role with no grant calls every
 -- function of the schema and reads every relation: each refused.
 SET ROLE sr_nobody;
-SELECT count(*) > 40 AS every_function_tried,
-       bool_and(NOT has_function_privilege(current_user, oid, 'EXECUTE')) AS none_granted
+SELECT count(*) > 40 AS every_function_tried
 FROM pg_proc WHERE pronamespace = 'idempotency'::regnamespace;
-SELECT * FROM sr_calls_not_refused();
+SELECT * FROM sr_calls_not_refused(NULL);
 SELECT regress.try($$SELECT idempotency.idem_claim('t', 'e', 'k', sha256('x'))$$);
 SELECT regress.try($$SELECT count(*) FROM idempotency.keys$$);
 SELECT regress.try($$SELECT count(*) FROM idempotency.endpoints$$);
@@ -74,7 +76,7 @@ RESET ROLE;
 -- (export and import of keys, lookup, resolve, maintenance with a future
 -- as_of, the counters and their reset, the hashes): each refused.
 SET ROLE sr_client;
-SELECT * FROM sr_calls_not_refused();
+SELECT * FROM sr_calls_not_refused('^(idem_claim|idem_finish|idem_finish_bytes|idem_finish_ref|idem_release|idem_fail|idem_heartbeat|idem_fingerprint|idem_key_valid|idem_uuidv7|idem_ulid|idem_token|idem_downstream_key|idem_request_digest|idem_canonical_json.*)$');
 SELECT regress.try($$SELECT count(*) FROM idempotency.idem_maintenance(now() + interval '10 years')$$);
 SELECT regress.try($$SELECT count(*) FROM idempotency.idem_export_keys('t')$$);
 SELECT regress.try($$SELECT count(*) FROM idempotency.idem_import_keys('[]')$$);
@@ -91,6 +93,9 @@ RESET ROLE;
 -- are the superuser's; neither the client nor the admin changes them, at
 -- any level, and neither reads the encryption key.
 SET ROLE sr_admin;
+-- the admin calls every function of the schema but one: the import's own
+-- check, which only the import (as the owner) calls
+SELECT * FROM sr_calls_not_refused('^(?!idem_import_check$)');
 SELECT s AS setting,
        regress.try(pg_catalog.format('SET %s = %L', s, v)) AS "SET",
        regress.try(pg_catalog.format('SELECT pg_catalog.set_config(%L, %L, true)', s, v)) AS set_config
@@ -127,7 +132,7 @@ SELECT regress.try($$SELECT idempotency.idem_claim('sr-t', 'e', 'one-more', sha2
 ROLLBACK;
 RESET ROLE;
 
-DROP FUNCTION sr_calls_not_refused();
+DROP FUNCTION sr_calls_not_refused(text);
 DROP ROLE sr_nobody;
 DROP ROLE sr_client;
 DROP ROLE sr_admin;
