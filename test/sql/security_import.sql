@@ -26,13 +26,14 @@ GRANT SELECT ON si_base TO si_admin;
 
 -- what an import answers for one changed copy of the good row (a key of
 -- its own for each change, so that each case stands alone)
-CREATE FUNCTION si_try(change jsonb) RETURNS text LANGUAGE sql AS $$
+CREATE FUNCTION si_try(change jsonb, verbosity text DEFAULT 'detail') RETURNS text
+LANGUAGE sql AS $$
     SELECT regress.try(pg_catalog.format(
         'SELECT idempotency.idem_import_keys(%L::jsonb)',
         (SELECT doc || jsonb_build_object('key', 'si-bad-' || left(md5(change::text), 12)) || change
-         FROM si_base)), 'detail')
+         FROM si_base)), verbosity)
 $$;
-GRANT EXECUTE ON FUNCTION si_try(jsonb) TO si_admin;
+GRANT EXECUTE ON FUNCTION si_try(jsonb, text) TO si_admin;
 
 SET ROLE si_admin;
 
@@ -65,8 +66,12 @@ SELECT si_try(jsonb_build_object('tenant', repeat('t', 300)));
 SELECT si_try('{"endpoint": ""}');
 SELECT si_try('{"key": "bad key!"}');
 SELECT si_try(jsonb_build_object('key', repeat('k', 256)));
--- created_at after expires_at
+-- created_at after expires_at: far off (the detail shows both), and
+-- within idempotency.max_ttl from now (without the detail, which shows
+-- the times)
 SELECT si_try('{"created_at": "2030-01-02 00:00:00+00", "expires_at": "2030-01-01 00:00:00+00"}');
+SELECT si_try(jsonb_build_object('created_at', now() + interval '2 days',
+                                 'expires_at', now() + interval '1 day'), 'terse');
 -- a json body that is not JSON (every replay would fail with 22P02)
 SELECT si_try(jsonb_build_object('response_body',
     '\x' || encode(convert_to('{"id": 1', 'UTF8'), 'hex')));
@@ -108,6 +113,6 @@ SELECT r AS role, has_function_privilege(r, 'idempotency.idem_import_check(bigin
 FROM unnest(ARRAY['public', 'idempotency_client', 'idempotency_admin']) r;
 
 DELETE FROM idempotency.keys WHERE tenant = 'si-a';
-DROP FUNCTION si_try(jsonb);
+DROP FUNCTION si_try(jsonb, text);
 DROP TABLE si_base;
 DROP ROLE si_admin;
