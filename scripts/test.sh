@@ -7,8 +7,9 @@
 # preload.conf skip themselves there), the nopreload_* tests on one without
 # it, and "make prove_installcheck" (TAP); before them, the check that the
 # modules of src/ include each other without a cycle (include_graph,
-# scripts/include_graph.py).  Prints the diffs of what failed
-# and a closing line "N passed, N failed, N skipped" (a test that skipped
+# scripts/include_graph.py).  Prints the diffs of what failed,
+# a line naming the security suite's tests and how many of their runs
+# passed, and a closing line "N passed, N failed, N skipped" (a test that skipped
 # itself is counted as skipped, not passed); exits non-zero on any failure.
 # Under CI (CI=true) a test that skips itself where it must not is a
 # failure: a pg_regress test on the cluster with test/preload.conf, a TAP
@@ -123,14 +124,36 @@ SKIPPED=0
 FAILED_NAMES=()
 SKIPPED_NAMES=()
 
+# The security suite (doc/security.md#the-security-suite): the pg_regress
+# tests and specs named security_*, the TAP tests 09*_security_*.  Each run
+# of one is counted here too (a pg_regress test runs on two clusters), for
+# the line that names them before the closing line.
+SEC_PASSED=0
+SEC_FAILED=0
+SEC_SKIPPED=0
+SEC_NAMES=()
+count_security() {
+    local outcome=$1 name=${2##*/}
+    name=${name%% *}
+    [[ $name == security_* || $name =~ ^09[0-9]_security_ ]] || return 0
+    case $outcome in
+        passed) SEC_PASSED=$((SEC_PASSED + 1)) ;;
+        failed) SEC_FAILED=$((SEC_FAILED + 1)) ;;
+        skipped) SEC_SKIPPED=$((SEC_SKIPPED + 1)) ;;
+    esac
+    [[ " ${SEC_NAMES[*]} " == *" $name "* ]] || SEC_NAMES+=("$name")
+}
+
 # A test that skipped itself: a skip where skips are allowed ($2 empty),
 # else (under CI) a failure.
 count_skip() {
     local name=$1 strict=${2:-}
     if [ -n "$strict" ] && [ "${CI:-}" = true ]; then
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("$name (skipped itself: $strict)")
+        count_security failed "$name"
     else
         SKIPPED=$((SKIPPED + 1)); SKIPPED_NAMES+=("$name")
+        count_security skipped "$name"
     fi
 }
 
@@ -158,8 +181,10 @@ count_regress() {
             count_skip "$suite/$name" "$strict"
         elif [ "$result" = ok ]; then
             PASSED=$((PASSED + 1))
+            count_security passed "$name"
         else
             FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite/$name")
+            count_security failed "$name"
         fi
     done <"$log"
     return $((PASSED + FAILED + SKIPPED - before == 0))
@@ -243,14 +268,17 @@ run_tap() {
         name=$(basename "$t" .pl)
         if [[ " ${failed_tap[*]} " == *" $t "* ]]; then
             FAILED=$((FAILED + 1)); FAILED_NAMES+=("tap/$name")
+            count_security failed "$name"
         elif grep -qE "^$t \.+ ?skipped" "$dir/run.log"; then
             count_skip "tap/$name" "$tap_strict"
             grep -E "^$t \.+" "$dir/run.log" | sed 's/^/    /'
         elif grep -qE "^$t \.+ ?ok" "$dir/run.log"; then
             PASSED=$((PASSED + 1))
+            count_security passed "$name"
             grep -E "^$t \.+" "$dir/run.log" | sed 's/^/    /'
         else
             FAILED=$((FAILED + 1)); FAILED_NAMES+=("tap/$name")
+            count_security failed "$name"
         fi
     done
     if [ $((FAILED - failed_before)) -gt 0 ]; then
@@ -370,6 +398,9 @@ elif [ -n "$CLIENT_SUITES" ]; then
 fi
 
 echo
+if [ ${#SEC_NAMES[@]} -gt 0 ]; then
+    echo "security suite (${SEC_NAMES[*]}): $SEC_PASSED of $((SEC_PASSED + SEC_FAILED + SEC_SKIPPED)) runs passed, $SEC_FAILED failed, $SEC_SKIPPED skipped"
+fi
 if [ $SKIPPED -gt 0 ]; then
     echo "skipped: ${SKIPPED_NAMES[*]}"
 fi

@@ -334,8 +334,19 @@ FULL JOIN counters c ON c.endpoint = l.endpoint
 ORDER BY 1;
 GRANT SELECT ON idempotency.stats, idempotency.health TO idempotency_admin;
 
+-- The checks of each row idem_import_keys writes (src/transfer.c): those
+-- of a claim and a finish, by the same C functions; the row as a finish
+-- would have stored it.  For the import alone: EXECUTE is granted to
+-- nobody (sql/parts/99_privileges.sql), the import runs as the owner.
+CREATE FUNCTION idempotency.idem_import_check(pos bigint, item idempotency.keys)
+RETURNS idempotency.keys
+AS 'MODULE_PATHNAME', 'idem_import_check'
+LANGUAGE C VOLATILE;
+REVOKE EXECUTE ON FUNCTION idempotency.idem_import_check(bigint, idempotency.keys) FROM PUBLIC;
+
 -- idem_import_keys: an infinite expires_at, or one beyond
--- idempotency.max_ttl from now, refused; a request_digest dropped
+-- idempotency.max_ttl from now, refused; a request_digest dropped; each row checked
+-- as a claim and a finish check what they store (idem_import_check)
 CREATE OR REPLACE FUNCTION idempotency.idem_import_keys(keys jsonb, on_conflict text DEFAULT 'error')
 RETURNS TABLE (outcome text, rows bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -385,22 +396,13 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         r := pg_catalog.jsonb_populate_record(NULL::idempotency.keys, item);
+        -- what a claim and a finish check, by the same C functions: the
+        -- scope, the fingerprint, the state, created_at <= expires_at, the
+        -- status, the headers (sensitive ones dropped), the body (JSON,
+        -- decryptable, within the size cap, omitted where the endpoint
+        -- keeps none); an error names the element and its column
+        r := idempotency.idem_import_check(pos, r);
         PERFORM idempotency.idem_transfer_check_tenant(r.tenant);
-        IF r.endpoint IS NULL OR r.endpoint = ''
-           OR NOT coalesce(idempotency.idem_key_valid(r.key), false) THEN
-            RAISE EXCEPTION 'element % of the keys to import has no valid endpoint and key', pos
-                USING ERRCODE = 'IK400',
-                      DETAIL = 'Every key is scoped by tenant and endpoint; neither may be empty, and the key must be well-formed.';
-        END IF;
-        IF r.expires_at IS NULL OR r.created_at IS NULL THEN
-            RAISE EXCEPTION 'element % of the keys to import has no created_at or expires_at', pos
-                USING ERRCODE = 'IK400';
-        END IF;
-        IF NOT pg_catalog.isfinite(r.expires_at) THEN
-            RAISE EXCEPTION 'expires_at of element % of the keys to import is infinite', pos
-                USING ERRCODE = 'invalid_parameter_value',
-                      DETAIL = 'A key must expire within idempotency.max_ttl of its claim.';
-        END IF;
         -- the setting in seconds, read once the library is loaded (the
         -- checks above call it)
         IF max_ttl IS NULL THEN

@@ -121,11 +121,7 @@ IdemGetResponse(FunctionCallInfo fcinfo, int statusarg, int headersarg,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("response status must not be NULL")));
 	resp->status = PG_GETARG_INT32(statusarg);
-	if (resp->status < 100 || resp->status > 599)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("response status %d is not an HTTP status", resp->status),
-				 errdetail("A status is a number from 100 to 599.")));
+	IdemCheckResponseStatus(resp->status);
 	if (!PG_ARGISNULL(headersarg))
 	{
 		resp->headers = PG_GETARG_JSONB_P(headersarg);

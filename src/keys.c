@@ -75,8 +75,7 @@ IdemCheckKey(const text *key)
 					 errhint("Use a UUID, a ULID or another base32 or base64url string.")));
 }
 
-/* Check the tenant (is_tenant) or the endpoint of a scope. */
-static void
+void
 IdemCheckScopePart(const text *value, bool is_tenant)
 {
 	int			len;

@@ -22,6 +22,8 @@ extern bool IdemKeyIsValid(const char *key, int len);
  */
 extern void IdemCheckKey(const text *key);
 extern void IdemCheckScope(const text *tenant, const text *endpoint);
+/* the tenant (is_tenant) or the endpoint alone, as IdemCheckScope does */
+extern void IdemCheckScopePart(const text *value, bool is_tenant);
 extern void IdemCheckFingerprint(const bytea *fingerprint);
 
 #endif							/* IDEM_KEYS_H */

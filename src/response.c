@@ -32,6 +32,7 @@
 #include "utils/memutils.h"
 #include "utils/syscache.h"
 
+#include "canonical_json.h"
 #include "guc.h"
 #include "idempotency.h"
 #include "response.h"
@@ -374,10 +375,6 @@ IdemDecrypt(bytea *cipher)
 }
 
 /*
- * Prepare a response for storage.  Everything that can fail is checked
- * before anything is written (the caller writes after this returns).
- */
-/*
  * The cap on what is stored of a response: the body (JSON text or bytes)
  * and the headers (their JSON text) together.
  */
@@ -401,17 +398,37 @@ IdemCheckResponseSize(const IdemEndpointPolicy *policy, Size body_bytes,
 }
 
 void
-IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
+IdemCheckResponseStatus(int32 status)
+{
+	if (status < 100 || status > 599)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response status %d is not an HTTP status", status),
+				 errdetail("A status is a number from 100 to 599.")));
+}
+
+/*
+ * What every stored response gets but encryption: sensitive headers
+ * dropped and the others checked, the body omitted where the endpoint
+ * keeps none, the size cap checked on plain (the body as a replay gives
+ * it back).  Returns false when no body is kept (resp->body is then NULL).
+ * *field names the column being checked, for the caller's errors.
+ */
+static bool
+IdemResponseKeep(const IdemEndpointPolicy *policy, IdemResponse *resp,
+				 const bytea *plain, const char **field)
 {
 	Size		header_bytes = 0;
 
 	if (resp->headers != NULL)
 	{
+		*field = "response_headers";
 		resp->headers = IdemFilterHeaders(resp->headers);
 		header_bytes = strlen(JsonbToCString(NULL, &resp->headers->root,
 											 VARSIZE(resp->headers)));
 	}
 
+	*field = "response_body";
 	/* an endpoint that keeps no bodies keeps no references either */
 	if (policy != NULL && policy->found && !policy->store_response &&
 		resp->body_kind != IDEM_BODY_NONE)
@@ -421,7 +438,7 @@ IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
 		resp->body = NULL;
 		resp->body_ref = NULL;
 		resp->encrypted = false;
-		return;
+		return false;
 	}
 
 	if (resp->body_kind != IDEM_BODY_JSON && resp->body_kind != IDEM_BODY_BYTES)
@@ -429,13 +446,27 @@ IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
 		IdemCheckResponseSize(policy, 0, header_bytes);
 		resp->body = NULL;
 		resp->encrypted = false;
-		return;
+		return false;
 	}
-	if (resp->body == NULL)
+	if (plain == NULL)
 		elog(ERROR, "response of kind \"%s\" without a body",
 			 IdemBodyKindName(resp->body_kind));
 
-	IdemCheckResponseSize(policy, VARSIZE_ANY_EXHDR(resp->body), header_bytes);
+	IdemCheckResponseSize(policy, VARSIZE_ANY_EXHDR(plain), header_bytes);
+	return true;
+}
+
+/*
+ * Prepare a response for storage.  Everything that can fail is checked
+ * before anything is written (the caller writes after this returns).
+ */
+void
+IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
+{
+	const char *field;
+
+	if (!IdemResponseKeep(policy, resp, resp->body, &field))
+		return;
 
 	resp->encrypted = false;
 	if (idem_encryption_key != NULL && idem_encryption_key[0] != '\0')
@@ -443,6 +474,71 @@ IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
 		resp->body = IdemEncrypt(resp->body);
 		resp->encrypted = true;
 	}
+}
+
+/* The columns of a stored response must agree with its body_kind. */
+static void
+IdemCheckBodyColumns(const IdemResponse *resp)
+{
+	bool		body = resp->body != NULL;
+	bool		ref = resp->body_ref != NULL;
+	bool		ok;
+
+	switch (resp->body_kind)
+	{
+		case IDEM_BODY_JSON:
+		case IDEM_BODY_BYTES:
+			ok = body && !ref;
+			break;
+		case IDEM_BODY_REF:
+			ok = !body && ref && VARSIZE_ANY_EXHDR(resp->body_ref) > 0 &&
+				!resp->encrypted;
+			break;
+		default:
+			ok = !body && !ref && !resp->encrypted;
+			break;
+	}
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response body does not match its body_kind \"%s\"",
+						resp->body_kind == IDEM_BODY_NONE ? "NULL" :
+						IdemBodyKindName(resp->body_kind)),
+				 errdetail("A body_kind of json or bytes has a response_body and no body_ref, ref has a non-empty body_ref alone, unencrypted; NULL and omitted have neither.")));
+}
+
+/*
+ * A JSON body must be text that a replay can read back as jsonb, with the
+ * parser the replay uses (claim_result.c).
+ */
+static void
+IdemCheckJsonBody(const bytea *body)
+{
+	if (IdemTryJsonTextToJsonb(VARDATA_ANY(body), VARSIZE_ANY_EXHDR(body)) == NULL)
+		(void) DirectFunctionCall1(jsonb_in,
+								   CStringGetDatum(text_to_cstring((const text *) body)));
+}
+
+void
+IdemResponseCheckStored(const IdemEndpointPolicy *policy, IdemResponse *resp,
+						const char **field)
+{
+	const bytea *plain = resp->body;
+
+	*field = "body_kind";
+	IdemCheckBodyColumns(resp);
+	if (resp->body != NULL && resp->encrypted)
+	{
+		/* the key a replay here would decrypt it with */
+		*field = "response_body";
+		plain = IdemDecrypt(resp->body);
+	}
+	if (resp->body_kind == IDEM_BODY_JSON && plain != NULL)
+	{
+		*field = "response_body";
+		IdemCheckJsonBody(plain);
+	}
+	(void) IdemResponseKeep(policy, resp, plain, field);
 }
 
 /*

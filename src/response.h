@@ -43,6 +43,20 @@ typedef struct IdemResponse
 extern void IdemResponseForStorage(const IdemEndpointPolicy *policy,
 								   IdemResponse *resp);
 
+/*
+ * Check a response written as a stored row (idem_import_keys) as a finish
+ * would check it: its columns agree with its body_kind, an encrypted body
+ * decrypts with this database's key, a JSON body is JSON, the size cap,
+ * the header rules.  Sensitive headers are dropped and the body omitted
+ * where the endpoint keeps none, as a finish does; nothing is encrypted.
+ * *field is left naming the column whose check raised an error.
+ */
+extern void IdemResponseCheckStored(const IdemEndpointPolicy *policy,
+									IdemResponse *resp, const char **field);
+
+/* A status is an HTTP status, 100 to 599 (22023 otherwise). */
+extern void IdemCheckResponseStatus(int32 status);
+
 /* Turn a stored response back into what a replay returns (decrypt). */
 extern void IdemResponseForReplay(IdemResponse *resp);
 

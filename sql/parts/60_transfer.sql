@@ -54,6 +54,15 @@ $$;
 COMMENT ON FUNCTION idempotency.idem_export_keys(text) IS
     'Every live key of a tenant, one jsonb object per key, for idem_import_keys in another database';
 
+-- The checks of each row idem_import_keys writes (src/transfer.c): those
+-- of a claim and a finish, by the same C functions; the row as a finish
+-- would have stored it.  For the import alone: EXECUTE is granted to
+-- nobody (sql/parts/99_privileges.sql), the import runs as the owner.
+CREATE FUNCTION idempotency.idem_import_check(pos bigint, item idempotency.keys)
+RETURNS idempotency.keys
+AS 'MODULE_PATHNAME', 'idem_import_check'
+LANGUAGE C VOLATILE;
+
 -- Write keys exported by idem_export_keys (a jsonb array of them, or one
 -- object).  A key whose live row here has the same content is left alone
 -- (so that an import can run twice), one already expired is skipped, and a
@@ -62,7 +71,10 @@ COMMENT ON FUNCTION idempotency.idem_export_keys(text) IS
 -- outcome: inserted, unchanged, kept, expired.  An infinite expires_at, or
 -- one later than idempotency.max_ttl from now, is refused (22023); a
 -- request_digest in the JSON is dropped (digests are keyed with this
--- database's secret, and the export leaves them out).
+-- database's secret, and the export leaves them out).  Every element is
+-- checked as a claim and a finish check what they store
+-- (idem_import_check): the first one refused ends the import, with an
+-- error naming it and its column, and nothing of the import is written.
 --
 -- Claims serialise on a lock of their scope that SQL cannot take; the
 -- import locks idempotency.keys instead (ACCESS EXCLUSIVE, until the
@@ -118,22 +130,13 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         r := pg_catalog.jsonb_populate_record(NULL::idempotency.keys, item);
+        -- what a claim and a finish check, by the same C functions: the
+        -- scope, the fingerprint, the state, created_at <= expires_at, the
+        -- status, the headers (sensitive ones dropped), the body (JSON,
+        -- decryptable, within the size cap, omitted where the endpoint
+        -- keeps none); an error names the element and its column
+        r := idempotency.idem_import_check(pos, r);
         PERFORM idempotency.idem_transfer_check_tenant(r.tenant);
-        IF r.endpoint IS NULL OR r.endpoint = ''
-           OR NOT coalesce(idempotency.idem_key_valid(r.key), false) THEN
-            RAISE EXCEPTION 'element % of the keys to import has no valid endpoint and key', pos
-                USING ERRCODE = 'IK400',
-                      DETAIL = 'Every key is scoped by tenant and endpoint; neither may be empty, and the key must be well-formed.';
-        END IF;
-        IF r.expires_at IS NULL OR r.created_at IS NULL THEN
-            RAISE EXCEPTION 'element % of the keys to import has no created_at or expires_at', pos
-                USING ERRCODE = 'IK400';
-        END IF;
-        IF NOT pg_catalog.isfinite(r.expires_at) THEN
-            RAISE EXCEPTION 'expires_at of element % of the keys to import is infinite', pos
-                USING ERRCODE = 'invalid_parameter_value',
-                      DETAIL = 'A key must expire within idempotency.max_ttl of its claim.';
-        END IF;
         -- the setting in seconds, read once the library is loaded (the
         -- checks above call it)
         IF max_ttl IS NULL THEN

@@ -30,3 +30,7 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA idempotency TO idempotency_admin;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.endpoints TO idempotency_admin;
 GRANT SELECT ON idempotency.events, idempotency.stats, idempotency.health
     TO idempotency_admin;
+
+-- called by idem_import_keys (SECURITY DEFINER) alone
+REVOKE EXECUTE ON FUNCTION idempotency.idem_import_check(bigint, idempotency.keys)
+    FROM idempotency_admin;

@@ -23,7 +23,8 @@ WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind IN ('r', 'p', '
   AND (has_table_privilege('public', c.oid, 'SELECT')
        OR has_table_privilege('public', c.oid, 'INSERT, UPDATE, DELETE'));
 
--- what the client may execute (the admin may execute every function)
+-- what the client may execute (the admin may execute every function but
+-- idem_import_check, which only the import, as the owner, calls)
 SELECT p.proname
 FROM pg_proc p
 WHERE p.pronamespace = 'idempotency'::regnamespace

@@ -81,8 +81,8 @@ SELECT * FROM idempotency.idem_import_keys(
 SELECT state, response_status FROM idempotency.keys WHERE tenant = 'xf-a' AND key = 'k-lease';
 
 -- an expired key is skipped; one whose expired row is still stored replaces it
-SELECT * FROM idempotency.idem_import_keys((SELECT jsonb_set(doc, '{expires_at}', '"2001-01-01 00:00:00+00"')
-                                           || '{"key": "k-old"}' FROM xf_export WHERE n = 1));
+SELECT * FROM idempotency.idem_import_keys((SELECT doc || '{"key": "k-old", "created_at": "2000-12-31 00:00:00+00", "completed_at": "2000-12-31 00:00:01+00", "expires_at": "2001-01-01 00:00:00+00"}'
+                                           FROM xf_export WHERE n = 1));
 UPDATE idempotency.keys SET expires_at = now() - interval '1 second'
 WHERE tenant = 'xf-a' AND key = 'k-done';
 SELECT * FROM idempotency.idem_import_keys((SELECT doc FROM xf_export WHERE n = 1));
