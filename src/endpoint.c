@@ -300,7 +300,7 @@ idem_endpoints_changed(PG_FUNCTION_ARGS)
 	Oid			relid;
 	Oid			named;
 
-	IdemRequireTriggerCall(fcinfo, "idem_endpoints_changed");
+	IdemRequireTriggerCall(fcinfo, "idem_endpoints_changed", NULL);
 	relid = RelationGetRelid(trigdata->tg_relation);
 	CacheInvalidateRelcacheByRelid(relid);
 
@@ -321,10 +321,12 @@ idem_endpoints_changed(PG_FUNCTION_ARGS)
 
 /* Refuse column name of the new row unless it is NULL or in (0, 100 years]. */
 static void
-IdemEndpointCheckInterval(HeapTuple tup, TupleDesc desc, const char *name,
+IdemEndpointCheckInterval(HeapTuple tup, Relation rel, const char *name,
 						  const char *endpoint)
 {
-	int			attnum = SPI_fnumber(desc, name);
+	int			attnum = IdemTriggerColumn(rel, name, INTERVALOID, false,
+										   "idem_endpoints_check");
+	TupleDesc	desc = RelationGetDescr(rel);
 	Interval	zero;
 	Interval	max;
 	Datum		d;
@@ -358,31 +360,28 @@ PG_FUNCTION_INFO_V1(idem_endpoints_check);
 Datum
 idem_endpoints_check(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	HeapTuple	tup;
-	TupleDesc	desc;
+	Relation	rel;
+	HeapTuple	tup = IdemBeforeRowTriggerTuple(fcinfo, "idem_endpoints_check",
+												"endpoints", &rel);
+	TupleDesc	desc = RelationGetDescr(rel);
 	int			attnum;
 	char	   *endpoint;
 	Datum		d;
 	bool		isnull;
 
-	IdemRequireTriggerCall(fcinfo, "idem_endpoints_check");
-	tup = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
-		trigdata->tg_newtuple : trigdata->tg_trigtuple;
-	desc = RelationGetDescr(trigdata->tg_relation);
-	endpoint = SPI_getvalue(tup, desc, SPI_fnumber(desc, "endpoint"));
+	endpoint = SPI_getvalue(tup, desc,
+							IdemTriggerColumn(rel, "endpoint", TEXTOID, true,
+											  "idem_endpoints_check"));
 	if (endpoint == NULL)
 		endpoint = pstrdup("");
 
-	IdemEndpointCheckInterval(tup, desc, "ttl", endpoint);
-	IdemEndpointCheckInterval(tup, desc, "lease", endpoint);
+	IdemEndpointCheckInterval(tup, rel, "ttl", endpoint);
+	IdemEndpointCheckInterval(tup, rel, "lease", endpoint);
 
 	if (!IdemSchemaHas(IDEM_SCHEMA_REDACTION))
 		return PointerGetDatum(tup);
-	attnum = SPI_fnumber(desc, "diagnostics_redact");
-	if (attnum <= 0)
-		elog(ERROR, "idem_endpoints_check: table %s lacks column diagnostics_redact",
-			 RelationGetRelationName(trigdata->tg_relation));
+	attnum = IdemTriggerColumn(rel, "diagnostics_redact", TEXTARRAYOID, true,
+							   "idem_endpoints_check");
 	d = heap_getattr(tup, attnum, desc, &isnull);
 	if (!isnull)
 	{

@@ -116,8 +116,9 @@ IdemResolverRole(const char *endpoint, const char *resolver_name, Oid *resolver)
 	Datum		d = (Datum) 0;
 	int			rc;
 
-	rc = SPI_execute_with_args("SELECT resolver_role::oid FROM idempotency.endpoints"
-							   " WHERE endpoint = $1 AND resolver::text = $2",
+	rc = SPI_execute_with_args("SELECT resolver_role::pg_catalog.oid FROM idempotency.endpoints"
+							   " WHERE endpoint OPERATOR(pg_catalog.=) $1"
+							   " AND resolver::pg_catalog.text OPERATOR(pg_catalog.=) $2",
 							   2, argtypes, args, NULL, true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "reading idempotency.endpoints failed: %s", SPI_result_code_string(rc));
@@ -231,14 +232,17 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	Oid			role;
 	Oid			old_role = InvalidOid;
 	char	   *endpoint;
+	Datum		d;
 	Oid			me = GetUserId();
 	int			cols[2];
 	Datum		values[2];
 	bool		nulls[2];
 
-	IdemRequireTriggerCall(fcinfo, "idem_endpoints_resolver");
+	IdemRequireTriggerCall(fcinfo, "idem_endpoints_resolver", "endpoints");
 	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!(TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
+		  TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event)))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("function %s must be fired BEFORE INSERT OR UPDATE FOR EACH ROW",
@@ -253,18 +257,14 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	else
 		newtup = trigdata->tg_trigtuple;
 
-	resolver_att = SPI_fnumber(desc, "resolver");
-	role_att = SPI_fnumber(desc, "resolver_role");
-	endpoint_att = SPI_fnumber(desc, "endpoint");
-	if (resolver_att <= 0 || role_att <= 0 || endpoint_att <= 0)
-		elog(ERROR, "idem_endpoints_resolver: table %s lacks a column it needs",
-			 RelationGetRelationName(trigdata->tg_relation));
 	as_text = IdemSchemaHas(IDEM_SCHEMA_RESOLVER_TEXT);
-	if (TupleDescAttr(desc, resolver_att - 1)->atttypid !=
-		(as_text ? TEXTOID : REGPROCEDUREOID))
-		elog(ERROR, "idem_endpoints_resolver: column resolver of table %s is not of type %s",
-			 RelationGetRelationName(trigdata->tg_relation),
-			 as_text ? "text" : "regprocedure");
+	resolver_att = IdemTriggerColumn(trigdata->tg_relation, "resolver",
+									 as_text ? TEXTOID : REGPROCEDUREOID, true,
+									 "idem_endpoints_resolver");
+	role_att = IdemTriggerColumn(trigdata->tg_relation, "resolver_role",
+								 REGROLEOID, true, "idem_endpoints_resolver");
+	endpoint_att = IdemTriggerColumn(trigdata->tg_relation, "endpoint",
+									 TEXTOID, true, "idem_endpoints_resolver");
 
 	name = IdemResolverAttr(newtup, desc, resolver_att, as_text);
 	role = IdemOidAttr(newtup, desc, role_att);
@@ -295,7 +295,14 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	if (!OidIsValid(role) || (oldtup != NULL && role == old_role))
 		role = me;
 
-	endpoint = TextDatumGetCString(heap_getattr(newtup, endpoint_att, desc, &isnull));
+	d = heap_getattr(newtup, endpoint_att, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NOT_NULL_VIOLATION),
+				 errmsg("an endpoint with a resolver must have a name"),
+				 errdetail("Column \"endpoint\" of table %s is NULL.",
+						   RelationGetRelationName(trigdata->tg_relation))));
+	endpoint = TextDatumGetCString(d);
 
 	/* a name with its argument types, as regprocedure reads it; no OID */
 	if (name[0] >= '0' && name[0] <= '9')

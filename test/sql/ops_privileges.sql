@@ -23,7 +23,8 @@ WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind IN ('r', 'p', '
   AND (has_table_privilege('public', c.oid, 'SELECT')
        OR has_table_privilege('public', c.oid, 'INSERT, UPDATE, DELETE'));
 
--- what the client may execute (the admin may execute every function)
+-- what the client may execute (the admin may execute every function but
+-- the trigger functions, which no role but their owner may execute)
 SELECT p.proname
 FROM pg_proc p
 WHERE p.pronamespace = 'idempotency'::regnamespace
@@ -32,7 +33,8 @@ ORDER BY 1;
 SELECT p.oid::regprocedure AS not_executable_by_admin
 FROM pg_proc p
 WHERE p.pronamespace = 'idempotency'::regnamespace
-  AND NOT has_function_privilege('idempotency_admin', p.oid, 'EXECUTE');
+  AND NOT has_function_privilege('idempotency_admin', p.oid, 'EXECUTE')
+ORDER BY p.proname;
 
 -- relations: the client reads and writes nothing directly
 SELECT c.relname,
