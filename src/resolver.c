@@ -11,6 +11,10 @@
  *	  that the function has a resolver's signature and that the role may
  *	  execute it); the maintenance pass checks the role and its EXECUTE
  *	  right again before each call, since both may have changed since.
+ *	  A function that runs as its caller must belong to a superuser or to
+ *	  a role with the privileges of resolver_role, when it is set and at
+ *	  each call: whoever may change or re-create it could otherwise run
+ *	  code as resolver_role.
  *
  *-------------------------------------------------------------------------
  */
@@ -36,6 +40,8 @@
 #include "idempotency.h"
 #include "resolver.h"
 #include "schema.h"
+
+static void IdemResolverCheckOwner(Oid resolver, Oid role, const char *endpoint);
 
 void
 IdemResolverCheckSignature(Oid resolver, const char *endpoint)
@@ -83,6 +89,41 @@ IdemResolverCheckRole(Oid resolver, Oid role, const char *endpoint)
 						endpoint),
 				 errdetail("A resolver runs as the endpoint's resolver_role, which needs EXECUTE on it."),
 				 errhint("Grant EXECUTE on the function to the role, or name a resolver the role may execute.")));
+	IdemResolverCheckOwner(resolver, role, endpoint);
+}
+
+/*
+ * A resolver is found by its name at each call, and its owner may change
+ * what it does at any time (CREATE OR REPLACE), as may whoever re-creates a
+ * function of that name once it is dropped: a function that runs as its
+ * caller is run as resolver_role only when its owner could act as that
+ * role anyway (has its privileges) or is a superuser.  A SECURITY DEFINER
+ * function runs as its owner, who gains nothing.
+ */
+static void
+IdemResolverCheckOwner(Oid resolver, Oid role, const char *endpoint)
+{
+	HeapTuple	proctup = SearchSysCache1(PROCOID, ObjectIdGetDatum(resolver));
+	Form_pg_proc proc;
+	Oid			owner;
+	bool		secdef;
+
+	if (!HeapTupleIsValid(proctup))
+		elog(ERROR, "cache lookup failed for function %u", resolver);
+	proc = (Form_pg_proc) GETSTRUCT(proctup);
+	owner = proc->proowner;
+	secdef = proc->prosecdef;
+	ReleaseSysCache(proctup);
+	if (secdef || superuser_arg(owner) || has_privs_of_role(owner, role))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("resolver %s of endpoint \"%s\" may not run as role \"%s\"",
+					format_procedure(resolver), endpoint,
+					GetUserNameFromId(role, false)),
+			 errdetail("Its owner, role \"%s\", may change what it does but has neither the privileges of role \"%s\" nor superuser rights.",
+					   GetUserNameFromId(owner, false), GetUserNameFromId(role, false)),
+			 errhint("Have the function owned by a role with the privileges of the resolver_role, or make it SECURITY DEFINER.")));
 }
 
 /*

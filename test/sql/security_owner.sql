@@ -124,6 +124,7 @@ $$;
 -- operators the pass then uses on the answer.  Each records who ran it.
 SET ROLE regress_sec_admin;
 CREATE TABLE adm.seen (what text, who name, super boolean);
+GRANT USAGE ON SCHEMA adm TO PUBLIC;
 GRANT INSERT ON adm.seen TO PUBLIC;
 CREATE FUNCTION adm.note(what text) RETURNS void
 LANGUAGE sql AS $$
@@ -203,5 +204,57 @@ DELETE FROM idempotency.endpoints WHERE endpoint = 'ship';
 DROP DOMAIN pg_temp.text;
 DROP FUNCTION pg_temp.spy(pg_catalog.text),
     pg_temp.resolver(pg_catalog.text, pg_catalog.text, pg_catalog.text);
+TRUNCATE adm.seen;
+
+-- 3. A resolver is found by its name at each call: a role with CREATE on
+-- its schema that re-creates it once dropped (or owns it, and may replace
+-- it) would have its code run as the resolver's role.  A function that
+-- runs as its caller must belong to a superuser or to a role with the
+-- privileges of resolver_role, when it is set and at each call.
+CREATE ROLE regress_sec_app;
+CREATE SCHEMA app;
+GRANT USAGE ON SCHEMA app TO PUBLIC;
+GRANT CREATE ON SCHEMA app TO regress_sec_app;
+CREATE FUNCTION app.find(tenant text, endpoint text, key text) RETURNS jsonb
+LANGUAGE sql AS $$ SELECT '{"status": 200}'::jsonb $$;
+GRANT EXECUTE ON FUNCTION app.find(text, text, text) TO regress_sec_admin;
+SET ROLE regress_sec_admin;
+INSERT INTO idempotency.endpoints (endpoint, on_lease_expiry, resolver)
+VALUES ('find', 'resolve', 'app.find(text,text,text)');
+RESET ROLE;
+DROP FUNCTION app.find(text, text, text);
+SET ROLE regress_sec_app;
+CREATE FUNCTION app.find(tenant text, endpoint text, key text) RETURNS jsonb
+LANGUAGE sql AS $$ SELECT adm.note('re-created'); SELECT '{"status": 200}'::jsonb $$;
+GRANT EXECUTE ON FUNCTION app.find(text, text, text) TO PUBLIC;
+RESET ROLE;
+SELECT pg_temp.put('find', 'k1');
+SET ROLE regress_sec_admin;
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-02 00:00+00', preview => false)
+WHERE kind LIKE 'lease%' OR kind = 'resolver_error' ORDER BY kind, object;
+RESET ROLE;
+SELECT what, who, super, count(*) FROM adm.seen GROUP BY 1, 2, 3 ORDER BY 1, 2;
+SELECT key, state FROM idempotency.keys WHERE endpoint = 'find' ORDER BY key;
+-- nor may the admin name a function of such a role; a SECURITY DEFINER
+-- one runs as its owner, and may be named
+\set VERBOSITY default
+SET ROLE regress_sec_admin;
+UPDATE idempotency.endpoints SET resolver = 'app.find(text,text,text)', resolver_role = NULL
+WHERE endpoint = 'find';
+\set VERBOSITY terse
+RESET ROLE;
+ALTER FUNCTION app.find(text, text, text) SECURITY DEFINER;
+SET ROLE regress_sec_admin;
+UPDATE idempotency.endpoints SET resolver = 'app.find(text,text,text)', resolver_role = NULL
+WHERE endpoint = 'find';
+SELECT kind, object, rows FROM idempotency.idem_maintenance('2030-01-02 00:00+00', preview => false)
+WHERE kind LIKE 'lease%' OR kind = 'resolver_error' ORDER BY kind, object;
+RESET ROLE;
+SELECT what, who, super, count(*) FROM adm.seen GROUP BY 1, 2, 3 ORDER BY 1, 2;
+DELETE FROM idempotency.keys WHERE endpoint = 'find';
+DELETE FROM idempotency.endpoints WHERE endpoint = 'find';
+DROP SCHEMA app CASCADE;
+DROP ROLE regress_sec_app;
+
 DROP SCHEMA adm CASCADE;
 DROP ROLE regress_sec_admin;
