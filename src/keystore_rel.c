@@ -320,7 +320,7 @@ IdemKeystoreRelation(const IdemScope *scope)
 				if (SPI_connect() != SPI_OK_CONNECT)
 					elog(ERROR, "SPI_connect failed");
 				rc = SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
-										   " WHERE logicalrelid = $1",
+										   " WHERE logicalrelid OPERATOR(pg_catalog.=) $1",
 										   1, argtypes, args, NULL, true, 1);
 				if (rc != SPI_OK_SELECT)
 					elog(ERROR, "reading pg_dist_partition failed: %s",
@@ -740,7 +740,7 @@ IdemKeystoreDistributed(void)
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
 		if (SPI_execute("SELECT 1 FROM pg_catalog.pg_dist_partition"
-						" WHERE logicalrelid = 'idempotency.keys'::pg_catalog.regclass",
+						" WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass",
 						true, 1) != SPI_OK_SELECT)
 			elog(ERROR, "reading pg_dist_partition failed");
 		keys_mode = SPI_processed > 0 ? KEYS_MODE_CITUS : KEYS_MODE_LOCAL;

@@ -173,7 +173,7 @@ IdemTombstonesDistributed(void)
 			if (SPI_connect() != SPI_OK_CONNECT)
 				elog(ERROR, "SPI_connect failed");
 			if (SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
-									  " WHERE logicalrelid = $1",
+									  " WHERE logicalrelid OPERATOR(pg_catalog.=) $1",
 									  1, (Oid[]) {OIDOID},
 									  (Datum[]) {ObjectIdGetDatum(relid)},
 									  NULL, true, 1) != SPI_OK_SELECT)
