@@ -120,17 +120,20 @@ IdemEndpointQuery(IdemSchema schema)
 {
 	bool		tombstones = schema >= IDEM_SCHEMA_TOMBSTONES;
 
-	return psprintf("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::text,"
+	return psprintf("SELECT ttl, lease, on_lease_expiry OPERATOR(pg_catalog.=) 'resolve',"
+					" resolver::pg_catalog.text,"
 					" max_response_bytes, store_response, %s, %s, %s, %s"
-					" FROM idempotency.endpoints e WHERE endpoint = $1",
+					" FROM idempotency.endpoints e WHERE endpoint OPERATOR(pg_catalog.=) $1",
 					schema >= IDEM_SCHEMA_DIAGNOSTICS ?
-					"diagnostics" : "NULL::boolean",
+					"diagnostics" : "NULL::pg_catalog.bool",
 					tombstones ?
-					"tombstone_ttl > interval '0'" : "NULL::boolean",
+					"tombstone_ttl OPERATOR(pg_catalog.>) '0'::pg_catalog.interval" :
+					"NULL::pg_catalog.bool",
 					tombstones ?
-					"on_expired_reuse = 'conflict'" : "NULL::boolean",
+					"on_expired_reuse OPERATOR(pg_catalog.=) 'conflict'" :
+					"NULL::pg_catalog.bool",
 					schema >= IDEM_SCHEMA_REDACTION ?
-					"diagnostics_redact" : "NULL::text[]");
+					"diagnostics_redact" : "NULL::pg_catalog.text[]");
 }
 
 /*
