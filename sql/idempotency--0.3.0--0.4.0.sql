@@ -163,7 +163,6 @@ RETURNS event_trigger
 AS 'MODULE_PATHNAME', 'idem_ddl_guard'
 LANGUAGE C;
 REVOKE EXECUTE ON FUNCTION idempotency.idem_ddl_guard() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.idem_ddl_guard() TO idempotency_admin;
 
 CREATE EVENT TRIGGER idempotency_ddl_guard ON ddl_command_start
     WHEN TAG IN ('ALTER TABLE', 'ALTER INDEX', 'ALTER TRIGGER', 'ALTER RULE',
@@ -243,7 +242,6 @@ CREATE TRIGGER endpoints_check%2$s
 SELECT idempotency.idem_update_ddl('idempotency.endpoints', 'ALTER TABLE %1$s ENABLE ALWAYS TRIGGER endpoints_check%2$s');
 
 REVOKE EXECUTE ON FUNCTION idempotency.idem_endpoints_check() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.idem_endpoints_check() TO idempotency_admin;
 
 -- idem_key_hash checks its scope as the claim does: NULL is IK400 too
 ALTER FUNCTION idempotency.idem_key_hash(text, text, text) CALLED ON NULL INPUT;
@@ -679,7 +677,6 @@ LANGUAGE C;
 COMMENT ON FUNCTION idempotency.idem_keys_horizon_trigger() IS
     'Raises the key horizon of a row of idempotency.keys written by SQL (trigger keys_horizon)';
 REVOKE EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.idem_keys_horizon_trigger() TO idempotency_admin;
 SELECT idempotency.idem_update_ddl('idempotency.keys', $ddl$
 CREATE TRIGGER keys_horizon%2$s BEFORE INSERT OR UPDATE ON %1$s
     FOR EACH ROW EXECUTE FUNCTION idempotency.idem_keys_horizon_trigger()$ddl$);
@@ -699,7 +696,6 @@ LANGUAGE C;
 COMMENT ON FUNCTION idempotency.idem_tombstones_filter_trigger() IS
     'Adds a tombstone written into idempotency.tombstones to its partition''s filter (trigger tombstones_filter)';
 REVOKE EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.idem_tombstones_filter_trigger() TO idempotency_admin;
 SELECT idempotency.idem_update_ddl('idempotency.tombstones', $ddl$
 CREATE TRIGGER tombstones_filter%2$s BEFORE INSERT OR UPDATE ON %1$s
     FOR EACH ROW EXECUTE FUNCTION idempotency.idem_tombstones_filter_trigger()$ddl$);
@@ -708,3 +704,33 @@ SELECT idempotency.idem_update_ddl('idempotency.tombstones', 'ALTER TABLE %1$s E
 -- the helpers of the Citus mode, at the top of this script
 DROP FUNCTION idempotency.idem_update_ddl(regclass, text, boolean);
 DROP FUNCTION idempotency.idem_update_targets(regclass);
+
+-- Trigger and event trigger functions: no role but their owner may execute
+-- them.  CREATE TRIGGER checks EXECUTE and firing a trigger does not: a role
+-- that may execute one could attach it to a table of its own, whose columns
+-- it would read as what they are not (each also refuses any table but the
+-- extension's, src/util.c).  Revoked from every role that holds the right.
+DO $$
+DECLARE
+    f regprocedure;
+    r text;
+BEGIN
+    FOR f, r IN
+        SELECT p.oid::pg_catalog.regprocedure,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END
+        FROM pg_catalog.pg_proc p
+        CROSS JOIN LATERAL pg_catalog.aclexplode(coalesce(p.proacl,
+            pg_catalog.acldefault('f', p.proowner))) a
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
+          AND p.prorettype OPERATOR(pg_catalog.=) ANY
+              (ARRAY['pg_catalog.trigger'::pg_catalog.regtype,
+                     'pg_catalog.event_trigger'::pg_catalog.regtype]::pg_catalog.oid[])
+          AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+          AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+        ORDER BY 1, 2
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', f, r);
+    END LOOP;
+END
+$$;

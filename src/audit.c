@@ -246,7 +246,7 @@ idem_events_guard(PG_FUNCTION_ARGS)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 
-	IdemRequireTriggerCall(fcinfo, "idem_events_guard");
+	IdemRequireTriggerCall(fcinfo, "idem_events_guard", "events");
 
 	if (!IdemRelationOwnerCheck(RelationGetRelid(trigdata->tg_relation), GetUserId()))
 		ereport(ERROR,

@@ -120,17 +120,20 @@ IdemEndpointQuery(IdemSchema schema)
 {
 	bool		tombstones = schema >= IDEM_SCHEMA_TOMBSTONES;
 
-	return psprintf("SELECT ttl, lease, on_lease_expiry = 'resolve', resolver::text,"
+	return psprintf("SELECT ttl, lease, on_lease_expiry OPERATOR(pg_catalog.=) 'resolve',"
+					" resolver::pg_catalog.text,"
 					" max_response_bytes, store_response, %s, %s, %s, %s"
-					" FROM idempotency.endpoints e WHERE endpoint = $1",
+					" FROM idempotency.endpoints e WHERE endpoint OPERATOR(pg_catalog.=) $1",
 					schema >= IDEM_SCHEMA_DIAGNOSTICS ?
-					"diagnostics" : "NULL::boolean",
+					"diagnostics" : "NULL::pg_catalog.bool",
 					tombstones ?
-					"tombstone_ttl > interval '0'" : "NULL::boolean",
+					"tombstone_ttl OPERATOR(pg_catalog.>) '0'::pg_catalog.interval" :
+					"NULL::pg_catalog.bool",
 					tombstones ?
-					"on_expired_reuse = 'conflict'" : "NULL::boolean",
+					"on_expired_reuse OPERATOR(pg_catalog.=) 'conflict'" :
+					"NULL::pg_catalog.bool",
 					schema >= IDEM_SCHEMA_REDACTION ?
-					"diagnostics_redact" : "NULL::text[]");
+					"diagnostics_redact" : "NULL::pg_catalog.text[]");
 }
 
 /*
@@ -300,7 +303,7 @@ idem_endpoints_changed(PG_FUNCTION_ARGS)
 	Oid			relid;
 	Oid			named;
 
-	IdemRequireTriggerCall(fcinfo, "idem_endpoints_changed");
+	IdemRequireTriggerCall(fcinfo, "idem_endpoints_changed", NULL);
 	relid = RelationGetRelid(trigdata->tg_relation);
 	CacheInvalidateRelcacheByRelid(relid);
 
@@ -321,10 +324,12 @@ idem_endpoints_changed(PG_FUNCTION_ARGS)
 
 /* Refuse column name of the new row unless it is NULL or in (0, 100 years]. */
 static void
-IdemEndpointCheckInterval(HeapTuple tup, TupleDesc desc, const char *name,
+IdemEndpointCheckInterval(HeapTuple tup, Relation rel, const char *name,
 						  const char *endpoint)
 {
-	int			attnum = SPI_fnumber(desc, name);
+	int			attnum = IdemTriggerColumn(rel, name, INTERVALOID, false,
+										   "idem_endpoints_check");
+	TupleDesc	desc = RelationGetDescr(rel);
 	Interval	zero;
 	Interval	max;
 	Datum		d;
@@ -358,31 +363,28 @@ PG_FUNCTION_INFO_V1(idem_endpoints_check);
 Datum
 idem_endpoints_check(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	HeapTuple	tup;
-	TupleDesc	desc;
+	Relation	rel;
+	HeapTuple	tup = IdemBeforeRowTriggerTuple(fcinfo, "idem_endpoints_check",
+												"endpoints", &rel);
+	TupleDesc	desc = RelationGetDescr(rel);
 	int			attnum;
 	char	   *endpoint;
 	Datum		d;
 	bool		isnull;
 
-	IdemRequireTriggerCall(fcinfo, "idem_endpoints_check");
-	tup = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
-		trigdata->tg_newtuple : trigdata->tg_trigtuple;
-	desc = RelationGetDescr(trigdata->tg_relation);
-	endpoint = SPI_getvalue(tup, desc, SPI_fnumber(desc, "endpoint"));
+	endpoint = SPI_getvalue(tup, desc,
+							IdemTriggerColumn(rel, "endpoint", TEXTOID, true,
+											  "idem_endpoints_check"));
 	if (endpoint == NULL)
 		endpoint = pstrdup("");
 
-	IdemEndpointCheckInterval(tup, desc, "ttl", endpoint);
-	IdemEndpointCheckInterval(tup, desc, "lease", endpoint);
+	IdemEndpointCheckInterval(tup, rel, "ttl", endpoint);
+	IdemEndpointCheckInterval(tup, rel, "lease", endpoint);
 
 	if (!IdemSchemaHas(IDEM_SCHEMA_REDACTION))
 		return PointerGetDatum(tup);
-	attnum = SPI_fnumber(desc, "diagnostics_redact");
-	if (attnum <= 0)
-		elog(ERROR, "idem_endpoints_check: table %s lacks column diagnostics_redact",
-			 RelationGetRelationName(trigdata->tg_relation));
+	attnum = IdemTriggerColumn(rel, "diagnostics_redact", TEXTARRAYOID, true,
+							   "idem_endpoints_check");
 	d = heap_getattr(tup, attnum, desc, &isnull);
 	if (!isnull)
 	{

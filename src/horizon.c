@@ -60,6 +60,7 @@
 #include "access/table.h"
 #include "access/xlog.h"
 #include "catalog/pg_inherits.h"
+#include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "common/hashfn.h"
 #include "executor/tuptable.h"
@@ -453,7 +454,7 @@ idem_keys_horizon_trigger(PG_FUNCTION_ARGS)
 {
 	Relation	rel;
 	HeapTuple	tuple = IdemBeforeRowTriggerTuple(fcinfo, "idem_keys_horizon_trigger",
-												  &rel);
+												  "keys", &rel);
 	TupleDesc	desc = RelationGetDescr(rel);
 	Oid			relid;
 	int			a_endpoint;
@@ -464,8 +465,10 @@ idem_keys_horizon_trigger(PG_FUNCTION_ARGS)
 
 	if (horizon_hash == NULL)
 		return PointerGetDatum(tuple);	/* no horizon is kept */
-	a_endpoint = get_attnum(RelationGetRelid(rel), "endpoint");
-	a_expires = get_attnum(RelationGetRelid(rel), "expires_at");
+	a_endpoint = IdemTriggerColumn(rel, "endpoint", TEXTOID, false,
+								   "idem_keys_horizon_trigger");
+	a_expires = IdemTriggerColumn(rel, "expires_at", TIMESTAMPTZOID, false,
+								  "idem_keys_horizon_trigger");
 	/* horizons are kept for the top of the tree, as writers name it */
 	relid = IdemPartitionRoot(rel);
 	if (a_endpoint > 0 && a_expires > 0)

@@ -73,17 +73,32 @@ extern void IdemRequireReadWrite(FunctionCallInfo fcinfo);
 
 /*
  * Raise unless the function was called by the trigger manager (a trigger
- * function called in SQL).
+ * function called in SQL), for a table of the extension: idempotency.table,
+ * a partition of it, or in the Citus mode a shard of either (table_N); any
+ * table of the schema idempotency when table is NULL.  Firing a trigger
+ * checks no privilege: a trigger function attached to another table, whose
+ * columns have the names it reads and other types, would read them as what
+ * they are not.
  */
-extern void IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname);
+extern void IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname,
+								   const char *table);
 
 /*
- * The new row of a BEFORE INSERT OR UPDATE ... FOR EACH ROW trigger, and in
- * *rel the relation it is written into; raise when funcname was called
- * otherwise.
+ * The number of column name of rel, the table a trigger of funcname fired
+ * on, which must be of type typid (raises otherwise); 0 when rel has no such
+ * column, unless required, which raises.
+ */
+extern AttrNumber IdemTriggerColumn(Relation rel, const char *name, Oid typid,
+									bool required, const char *funcname);
+
+/*
+ * The new row of a BEFORE INSERT OR UPDATE ... FOR EACH ROW trigger on
+ * idempotency.table (as IdemRequireTriggerCall), and in *rel the relation
+ * it is written into; raise when funcname was called otherwise.
  */
 extern HeapTuple IdemBeforeRowTriggerTuple(FunctionCallInfo fcinfo,
 										   const char *funcname,
+										   const char *table,
 										   Relation *rel);
 
 /*

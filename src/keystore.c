@@ -53,8 +53,9 @@ typedef enum IdemStmt
 } IdemStmt;
 
 #define SCOPE_WHERE \
-	" WHERE tenant = $1 AND endpoint = $2 AND key = $3"
-#define LIVE_WHERE	SCOPE_WHERE " AND expires_at > $4"
+	" WHERE tenant OPERATOR(pg_catalog.=) $1 AND endpoint OPERATOR(pg_catalog.=) $2" \
+	" AND key OPERATOR(pg_catalog.=) $3"
+#define LIVE_WHERE	SCOPE_WHERE " AND expires_at OPERATOR(pg_catalog.>) $4"
 
 typedef struct IdemStmtDef
 {
@@ -79,32 +80,32 @@ typedef struct IdemStmtDef
 static const IdemStmtDef stmt_defs[NUM_STMTS] = {
 	[STMT_LOOKUP_FOR_UPDATE] = {
 		"SELECT " IDEM_ROW_COLUMNS " FROM %s" LIVE_WHERE " FOR UPDATE",
-		"SELECT 1 FROM ONLY %s WHERE ctid = $5 FOR UPDATE",
+		"SELECT 1 FROM ONLY %s WHERE ctid OPERATOR(pg_catalog.=) $5 FOR UPDATE",
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_DELETE_EXPIRED] = {
-		"DELETE FROM %s" SCOPE_WHERE " AND expires_at <= $4",
+		"DELETE FROM %s" SCOPE_WHERE " AND expires_at OPERATOR(pg_catalog.<=) $4",
 		NULL,
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_DELETE_LIVE] = {
 		"DELETE FROM %s" LIVE_WHERE,
-		"DELETE FROM ONLY %s WHERE ctid = $5",
+		"DELETE FROM ONLY %s WHERE ctid OPERATOR(pg_catalog.=) $5",
 		4, {SCOPE_TYPES, TIMESTAMPTZOID}
 	},
 	[STMT_COMPLETE] = {
 		"UPDATE %s" COMPLETE_SET LIVE_WHERE,
-		"UPDATE ONLY %s" COMPLETE_SET " WHERE ctid = $11",
+		"UPDATE ONLY %s" COMPLETE_SET " WHERE ctid OPERATOR(pg_catalog.=) $11",
 		10, {SCOPE_TYPES, TIMESTAMPTZOID, RESPONSE_TYPES}
 	},
 	[STMT_FAIL] = {
 		"UPDATE %s" FAIL_SET LIVE_WHERE,
-		"UPDATE ONLY %s" FAIL_SET " WHERE ctid = $7",
+		"UPDATE ONLY %s" FAIL_SET " WHERE ctid OPERATOR(pg_catalog.=) $7",
 		6, {SCOPE_TYPES, TIMESTAMPTZOID, TEXTOID, TEXTOID}
 	},
 	[STMT_HEARTBEAT] = {
 		"UPDATE %s" HEARTBEAT_SET LIVE_WHERE,
-		"UPDATE ONLY %s" HEARTBEAT_SET " WHERE ctid = $6",
+		"UPDATE ONLY %s" HEARTBEAT_SET " WHERE ctid OPERATOR(pg_catalog.=) $6",
 		5, {SCOPE_TYPES, TIMESTAMPTZOID, TIMESTAMPTZOID}
 	},
 };
@@ -385,11 +386,13 @@ IdemKeystoreExtendLease(const IdemScope *scope, const IdemKeyRow *row,
 
 /* The WHERE clause of the stale leases as of $1. */
 #define STALE_LEASES_QUAL \
-	" WHERE state = 'in_progress' AND locked_until < $1 AND expires_at > $1"
+	" WHERE state OPERATOR(pg_catalog.=) 'in_progress' AND locked_until OPERATOR(pg_catalog.<) $1" \
+	" AND expires_at OPERATOR(pg_catalog.>) $1"
 
 /* The WHERE clause that identifies a still-stale lease ($1..$4). */
 #define STALE_ROW_QUAL \
-	STALE_LEASES_QUAL " AND tenant = $2 AND endpoint = $3 AND key = $4"
+	STALE_LEASES_QUAL " AND tenant OPERATOR(pg_catalog.=) $2" \
+	" AND endpoint OPERATOR(pg_catalog.=) $3 AND key OPERATOR(pg_catalog.=) $4"
 
 /*
  * The tables maintenance reads and changes rows of, by qualified name: the
@@ -411,7 +414,7 @@ IdemMaintRelations(bool dflt)
 							 " FROM pg_catalog.pg_dist_placement p"
 							 " JOIN pg_catalog.pg_dist_local_group USING (groupid)"
 							 " JOIN pg_catalog.pg_dist_shard s USING (shardid)"
-							 " WHERE s.logicalrelid = '%s'::pg_catalog.regclass"
+							 " WHERE s.logicalrelid OPERATOR(pg_catalog.=) '%s'::pg_catalog.regclass"
 							 " ORDER BY p.shardid", table, table),
 					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "listing the local shards of %s failed", table);
@@ -503,7 +506,7 @@ IdemKeystoreCountStaleLeases(TimestampTz as_of, char ***endpoints,
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	/* in the Citus mode, through the distributed table: no lock is taken */
-	rc = SPI_execute_with_args("SELECT endpoint, count(*) FROM idempotency.keys"
+	rc = SPI_execute_with_args("SELECT endpoint, pg_catalog.count(*) FROM idempotency.keys"
 							   STALE_LEASES_QUAL
 							   " GROUP BY endpoint ORDER BY endpoint",
 							   1, argtypes, args, NULL, true, 0);
@@ -587,7 +590,7 @@ IdemKeystorePurgeDefault(TimestampTz as_of)
 
 	/* in the Citus mode, each local shard of the default partition */
 	foreach(lc, IdemMaintRelations(true))
-		n += (int64) IdemSpiExec(psprintf("DELETE FROM ONLY %s WHERE expires_at <= $1",
+		n += (int64) IdemSpiExec(psprintf("DELETE FROM ONLY %s WHERE expires_at OPERATOR(pg_catalog.<=) $1",
 										  (char *) lfirst(lc)),
 								 1, argtypes, args, NULL, false, SPI_OK_DELETE);
 	return n;

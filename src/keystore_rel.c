@@ -320,7 +320,7 @@ IdemKeystoreRelation(const IdemScope *scope)
 				if (SPI_connect() != SPI_OK_CONNECT)
 					elog(ERROR, "SPI_connect failed");
 				rc = SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
-										   " WHERE logicalrelid = $1",
+										   " WHERE logicalrelid OPERATOR(pg_catalog.=) $1",
 										   1, argtypes, args, NULL, true, 1);
 				if (rc != SPI_OK_SELECT)
 					elog(ERROR, "reading pg_dist_partition failed: %s",
@@ -381,14 +381,14 @@ IdemCitusResolve(const text *tenant)
 	 * distributed while the tombstones are not yet.
 	 */
 	rc = SPI_execute_with_args("SELECT s.id,"
-							   " pg_catalog.to_regclass(pg_catalog.shard_name($1, s.id))::oid,"
+							   " pg_catalog.to_regclass(pg_catalog.shard_name($1, s.id))::pg_catalog.oid,"
 							   " EXISTS (SELECT FROM pg_catalog.pg_dist_placement p"
 							   "   JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
-							   "   WHERE p.shardid = s.id),"
+							   "   WHERE p.shardid OPERATOR(pg_catalog.=) s.id),"
 							   " (SELECT pg_catalog.to_regclass(pg_catalog.shard_name(d.logicalrelid,"
-							   "     pg_catalog.get_shard_id_for_distribution_column(d.logicalrelid, $2)))::oid"
+							   "     pg_catalog.get_shard_id_for_distribution_column(d.logicalrelid, $2)))::pg_catalog.oid"
 							   "   FROM pg_catalog.pg_dist_partition d"
-							   "   WHERE d.logicalrelid = pg_catalog.to_regclass('idempotency.tombstones'))"
+							   "   WHERE d.logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('idempotency.tombstones'))"
 							   " FROM (SELECT pg_catalog.get_shard_id_for_distribution_column($1, $2) AS id) s",
 							   2, argtypes, args, NULL, true, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
@@ -740,7 +740,7 @@ IdemKeystoreDistributed(void)
 		if (SPI_connect() != SPI_OK_CONNECT)
 			elog(ERROR, "SPI_connect failed");
 		if (SPI_execute("SELECT 1 FROM pg_catalog.pg_dist_partition"
-						" WHERE logicalrelid = 'idempotency.keys'::pg_catalog.regclass",
+						" WHERE logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass",
 						true, 1) != SPI_OK_SELECT)
 			elog(ERROR, "reading pg_dist_partition failed");
 		keys_mode = SPI_processed > 0 ? KEYS_MODE_CITUS : KEYS_MODE_LOCAL;

@@ -22,6 +22,7 @@
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/jsonb.h"
 #include "utils/regproc.h"
 #include "utils/timeout.h"
@@ -106,6 +107,7 @@ IdemCallResolver(const IdemStaleLease *l, const IdemEndpointPolicy *policy,
 	Datum		answer;
 	Oid			role;
 	IdemUserSwitch user;
+	int			guc_nest;
 
 	/*
 	 * The function is found again by its name at each call; it, and the
@@ -131,10 +133,18 @@ IdemCallResolver(const IdemStaleLease *l, const IdemEndpointPolicy *policy,
 	 * resolver, but not run code with rights they do not have.  A SECURITY
 	 * DEFINER resolver runs as its owner, who lent those rights by granting
 	 * EXECUTE.  An error restores the user with the subtransaction.
+	 *
+	 * Every setting the resolver changes, with SET as with SET LOCAL, is
+	 * undone when it returns (as a rollback would, not as a function's SET
+	 * clause does, which keeps a plain SET): the pass goes on as the
+	 * extension's owner, and a search_path of the resolver's choosing would
+	 * have the owner run whatever functions, operators and types it names.
 	 */
+	guc_nest = NewGUCNestLevel();
 	IdemSwitchUser(&user, role, SECURITY_RESTRICTED_OPERATION);
 	answer = FunctionCallInvoke(fcinfo);
 	IdemRestoreUser(&user);
+	AtEOXact_GUC(false, guc_nest);
 
 	*isnull = fcinfo->isnull;
 	return answer;
@@ -164,10 +174,12 @@ IdemResolverResponse(Datum answer, Oid resolver, const IdemStaleLease *l,
 	/* pick the answer apart */
 	values[0] = answer;
 	values[1] = CStringGetTextDatum("UTF8");
-	rc = SPI_execute_with_args("SELECT jsonb_typeof($1),"
-							   " jsonb_typeof($1 -> 'status'), $1 ->> 'status',"
-							   " jsonb_typeof($1 -> 'headers'), $1 -> 'headers',"
-							   " convert_to(($1 -> 'body')::text, $2)",
+	rc = SPI_execute_with_args("SELECT pg_catalog.jsonb_typeof($1),"
+							   " pg_catalog.jsonb_typeof($1 OPERATOR(pg_catalog.->) 'status'),"
+							   " $1 OPERATOR(pg_catalog.->>) 'status',"
+							   " pg_catalog.jsonb_typeof($1 OPERATOR(pg_catalog.->) 'headers'),"
+							   " $1 OPERATOR(pg_catalog.->) 'headers',"
+							   " pg_catalog.convert_to(($1 OPERATOR(pg_catalog.->) 'body')::pg_catalog.text, $2)",
 							   2, types, values, NULL, true, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "reading a resolver's answer failed: %s", SPI_result_code_string(rc));

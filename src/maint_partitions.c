@@ -473,10 +473,11 @@ IdemDefaultCount(const MaintTable *t, const TimestampTz *lo, TimestampTz hi)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	rc = SPI_execute_with_args(psprintf(lo ?
-										"SELECT count(*) FROM ONLY %s"
-										" WHERE expires_at >= $2 AND expires_at < $1" :
-										"SELECT count(*) FROM ONLY %s"
-										" WHERE expires_at <= $1", qname),
+										"SELECT pg_catalog.count(*) FROM ONLY %s"
+										" WHERE expires_at OPERATOR(pg_catalog.>=) $2"
+										" AND expires_at OPERATOR(pg_catalog.<) $1" :
+										"SELECT pg_catalog.count(*) FROM ONLY %s"
+										" WHERE expires_at OPERATOR(pg_catalog.<=) $1", qname),
 							   lo ? 2 : 1, argtypes, args, NULL, true, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "counting rows of %s failed: %s",
@@ -495,7 +496,8 @@ IdemDefaultHasRows(const MaintTable *t, TimestampTz lo, TimestampTz hi)
 	Datum		args[2] = {TimestampTzGetDatum(lo), TimestampTzGetDatum(hi)};
 
 	return IdemSpiExec(psprintf("SELECT 1 FROM ONLY %s"
-								" WHERE expires_at >= $1 AND expires_at < $2 LIMIT 1",
+								" WHERE expires_at OPERATOR(pg_catalog.>=) $1"
+								" AND expires_at OPERATOR(pg_catalog.<) $2 LIMIT 1",
 								IdemDefaultName(t)),
 					   2, argtypes, args, NULL, false, SPI_OK_SELECT) > 0;
 }
@@ -514,7 +516,8 @@ IdemDefaultMoveOut(const MaintTable *t, TimestampTz lo, TimestampTz hi)
 	IdemExecDDL(psprintf("CREATE TEMPORARY TABLE idem_moving (LIKE idempotency.%s)",
 						 t->name));
 	return (int64) IdemSpiExec(psprintf("WITH moved AS (DELETE FROM ONLY %s"
-										" WHERE expires_at >= $1 AND expires_at < $2 RETURNING *)"
+										" WHERE expires_at OPERATOR(pg_catalog.>=) $1"
+										" AND expires_at OPERATOR(pg_catalog.<) $2 RETURNING *)"
 										" INSERT INTO pg_temp.idem_moving SELECT * FROM moved",
 										IdemDefaultName(t)),
 							   2, argtypes, args, NULL, false, SPI_OK_INSERT);

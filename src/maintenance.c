@@ -101,14 +101,15 @@ IdemSubscription(IdemMaintPass *p)
 {
 	char	   *result = NULL;
 
-	if (SPI_execute("SELECT s.subname::text"
+	if (SPI_execute("SELECT s.subname::pg_catalog.text"
 					" FROM pg_catalog.pg_subscription_rel r"
-					" JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid"
-					" JOIN pg_catalog.pg_class c ON c.oid = r.srrelid"
-					" JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass"
-					"  AND d.objid = c.oid AND d.deptype = 'e'"
-					" JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid"
-					"  AND e.extname = 'idempotency'"
+					" JOIN pg_catalog.pg_subscription s ON s.oid OPERATOR(pg_catalog.=) r.srsubid"
+					" JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) r.srrelid"
+					" JOIN pg_catalog.pg_depend d"
+					"  ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass"
+					"  AND d.objid OPERATOR(pg_catalog.=) c.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'"
+					" JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid"
+					"  AND e.extname OPERATOR(pg_catalog.=) 'idempotency'"
 					" ORDER BY 1 LIMIT 1", true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "reading pg_subscription_rel failed");
 	if (SPI_processed == 1)

@@ -11,6 +11,10 @@
  *	  that the function has a resolver's signature and that the role may
  *	  execute it); the maintenance pass checks the role and its EXECUTE
  *	  right again before each call, since both may have changed since.
+ *	  A function that runs as its caller must belong to a superuser or to
+ *	  a role with the privileges of resolver_role, when it is set and at
+ *	  each call: whoever may change or re-create it could otherwise run
+ *	  code as resolver_role.
  *
  *-------------------------------------------------------------------------
  */
@@ -36,6 +40,8 @@
 #include "idempotency.h"
 #include "resolver.h"
 #include "schema.h"
+
+static void IdemResolverCheckOwner(Oid resolver, Oid role, const char *endpoint);
 
 void
 IdemResolverCheckSignature(Oid resolver, const char *endpoint)
@@ -83,6 +89,41 @@ IdemResolverCheckRole(Oid resolver, Oid role, const char *endpoint)
 						endpoint),
 				 errdetail("A resolver runs as the endpoint's resolver_role, which needs EXECUTE on it."),
 				 errhint("Grant EXECUTE on the function to the role, or name a resolver the role may execute.")));
+	IdemResolverCheckOwner(resolver, role, endpoint);
+}
+
+/*
+ * A resolver is found by its name at each call, and its owner may change
+ * what it does at any time (CREATE OR REPLACE), as may whoever re-creates a
+ * function of that name once it is dropped: a function that runs as its
+ * caller is run as resolver_role only when its owner could act as that
+ * role anyway (has its privileges) or is a superuser.  A SECURITY DEFINER
+ * function runs as its owner, who gains nothing.
+ */
+static void
+IdemResolverCheckOwner(Oid resolver, Oid role, const char *endpoint)
+{
+	HeapTuple	proctup = SearchSysCache1(PROCOID, ObjectIdGetDatum(resolver));
+	Form_pg_proc proc;
+	Oid			owner;
+	bool		secdef;
+
+	if (!HeapTupleIsValid(proctup))
+		elog(ERROR, "cache lookup failed for function %u", resolver);
+	proc = (Form_pg_proc) GETSTRUCT(proctup);
+	owner = proc->proowner;
+	secdef = proc->prosecdef;
+	ReleaseSysCache(proctup);
+	if (secdef || superuser_arg(owner) || has_privs_of_role(owner, role))
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("resolver %s of endpoint \"%s\" may not run as role \"%s\"",
+					format_procedure(resolver), endpoint,
+					GetUserNameFromId(role, false)),
+			 errdetail("Its owner, role \"%s\", may change what it does but has neither the privileges of role \"%s\" nor superuser rights.",
+					   GetUserNameFromId(owner, false), GetUserNameFromId(role, false)),
+			 errhint("Have the function owned by a role with the privileges of the resolver_role, or make it SECURITY DEFINER.")));
 }
 
 /*
@@ -116,8 +157,9 @@ IdemResolverRole(const char *endpoint, const char *resolver_name, Oid *resolver)
 	Datum		d = (Datum) 0;
 	int			rc;
 
-	rc = SPI_execute_with_args("SELECT resolver_role::oid FROM idempotency.endpoints"
-							   " WHERE endpoint = $1 AND resolver::text = $2",
+	rc = SPI_execute_with_args("SELECT resolver_role::pg_catalog.oid FROM idempotency.endpoints"
+							   " WHERE endpoint OPERATOR(pg_catalog.=) $1"
+							   " AND resolver::pg_catalog.text OPERATOR(pg_catalog.=) $2",
 							   2, argtypes, args, NULL, true, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "reading idempotency.endpoints failed: %s", SPI_result_code_string(rc));
@@ -231,14 +273,17 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	Oid			role;
 	Oid			old_role = InvalidOid;
 	char	   *endpoint;
+	Datum		d;
 	Oid			me = GetUserId();
 	int			cols[2];
 	Datum		values[2];
 	bool		nulls[2];
 
-	IdemRequireTriggerCall(fcinfo, "idem_endpoints_resolver");
+	IdemRequireTriggerCall(fcinfo, "idem_endpoints_resolver", "endpoints");
 	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!(TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
+		  TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event)))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("function %s must be fired BEFORE INSERT OR UPDATE FOR EACH ROW",
@@ -253,18 +298,14 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	else
 		newtup = trigdata->tg_trigtuple;
 
-	resolver_att = SPI_fnumber(desc, "resolver");
-	role_att = SPI_fnumber(desc, "resolver_role");
-	endpoint_att = SPI_fnumber(desc, "endpoint");
-	if (resolver_att <= 0 || role_att <= 0 || endpoint_att <= 0)
-		elog(ERROR, "idem_endpoints_resolver: table %s lacks a column it needs",
-			 RelationGetRelationName(trigdata->tg_relation));
 	as_text = IdemSchemaHas(IDEM_SCHEMA_RESOLVER_TEXT);
-	if (TupleDescAttr(desc, resolver_att - 1)->atttypid !=
-		(as_text ? TEXTOID : REGPROCEDUREOID))
-		elog(ERROR, "idem_endpoints_resolver: column resolver of table %s is not of type %s",
-			 RelationGetRelationName(trigdata->tg_relation),
-			 as_text ? "text" : "regprocedure");
+	resolver_att = IdemTriggerColumn(trigdata->tg_relation, "resolver",
+									 as_text ? TEXTOID : REGPROCEDUREOID, true,
+									 "idem_endpoints_resolver");
+	role_att = IdemTriggerColumn(trigdata->tg_relation, "resolver_role",
+								 REGROLEOID, true, "idem_endpoints_resolver");
+	endpoint_att = IdemTriggerColumn(trigdata->tg_relation, "endpoint",
+									 TEXTOID, true, "idem_endpoints_resolver");
 
 	name = IdemResolverAttr(newtup, desc, resolver_att, as_text);
 	role = IdemOidAttr(newtup, desc, role_att);
@@ -295,7 +336,14 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 	if (!OidIsValid(role) || (oldtup != NULL && role == old_role))
 		role = me;
 
-	endpoint = TextDatumGetCString(heap_getattr(newtup, endpoint_att, desc, &isnull));
+	d = heap_getattr(newtup, endpoint_att, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NOT_NULL_VIOLATION),
+				 errmsg("an endpoint with a resolver must have a name"),
+				 errdetail("Column \"endpoint\" of table %s is NULL.",
+						   RelationGetRelationName(trigdata->tg_relation))));
+	endpoint = TextDatumGetCString(d);
 
 	/* a name with its argument types, as regprocedure reads it; no OID */
 	if (name[0] >= '0' && name[0] <= '9')

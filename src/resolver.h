@@ -12,7 +12,11 @@
 /* Raise unless resolver is a function (text, text, text) RETURNS jsonb. */
 extern void IdemResolverCheckSignature(Oid resolver, const char *endpoint);
 
-/* Raise unless role exists and may execute resolver. */
+/*
+ * Raise unless role exists and may execute resolver, and the function runs
+ * as its owner (SECURITY DEFINER) or its owner is a superuser or has the
+ * privileges of role (who may change the function may act as role anyway).
+ */
 extern void IdemResolverCheckRole(Oid resolver, Oid role, const char *endpoint);
 
 /*

@@ -98,6 +98,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/pg_inherits.h"
+#include "catalog/pg_type.h"
 #include "commands/trigger.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
@@ -1409,7 +1410,7 @@ idem_tombstones_filter_trigger(PG_FUNCTION_ARGS)
 {
 	Relation	rel;
 	HeapTuple	tuple = IdemBeforeRowTriggerTuple(fcinfo, "idem_tombstones_filter_trigger",
-												  &rel);
+												  "tombstones", &rel);
 	int			a_hash;
 	int			a_fp;
 	bool		isnull;
@@ -1419,8 +1420,10 @@ idem_tombstones_filter_trigger(PG_FUNCTION_ARGS)
 
 	if (tf_hash == NULL || !rel->rd_rel->relispartition)
 		return PointerGetDatum(tuple);
-	a_hash = get_attnum(RelationGetRelid(rel), "scope_hash");
-	a_fp = get_attnum(RelationGetRelid(rel), "fingerprint");
+	a_hash = IdemTriggerColumn(rel, "scope_hash", BYTEAOID, false,
+							   "idem_tombstones_filter_trigger");
+	a_fp = IdemTriggerColumn(rel, "fingerprint", BYTEAOID, false,
+							 "idem_tombstones_filter_trigger");
 	if (a_hash > 0)
 	{
 		d = heap_getattr(tuple, a_hash, RelationGetDescr(rel), &isnull);

@@ -173,7 +173,7 @@ IdemTombstonesDistributed(void)
 			if (SPI_connect() != SPI_OK_CONNECT)
 				elog(ERROR, "SPI_connect failed");
 			if (SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
-									  " WHERE logicalrelid = $1",
+									  " WHERE logicalrelid OPERATOR(pg_catalog.=) $1",
 									  1, (Oid[]) {OIDOID},
 									  (Datum[]) {ObjectIdGetDatum(relid)},
 									  NULL, true, 1) != SPI_OK_SELECT)
@@ -587,10 +587,12 @@ static char *
 IdemTombstoneSourceOnSql(const char *source, const char *endpoints)
 {
 	return psprintf(" FROM %s s"
-					" LEFT JOIN %s e ON e.endpoint = s.endpoint::text COLLATE \"C\""
+					" LEFT JOIN %s e ON e.endpoint OPERATOR(pg_catalog.=)"
+					" s.endpoint::pg_catalog.text COLLATE \"C\""
 					" CROSS JOIN LATERAL (SELECT coalesce(e.tombstone_ttl,"
 					" pg_catalog.make_interval(secs => %d)) AS ttl) t"
-					" WHERE t.ttl > interval '0' AND s.expires_at + t.ttl > $1",
+					" WHERE t.ttl OPERATOR(pg_catalog.>) '0'::pg_catalog.interval"
+					" AND s.expires_at OPERATOR(pg_catalog.+) t.ttl OPERATOR(pg_catalog.>) $1",
 					source, endpoints, idem_tombstone_ttl);
 }
 
@@ -603,13 +605,13 @@ IdemTombstoneSourceSql(const char *source)
 #define TOMBSTONE_INSERT_SQL \
 	"INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)" \
 	" SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key)," \
-	" s.fingerprint, s.expires_at, s.expires_at + t.ttl"
+	" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl"
 
 /* The same into target, a shard of tombstones: with the tenant (Citus) */
 #define TOMBSTONE_INSERT_SHARD_SQL \
 	"INSERT INTO %s (scope_hash, fingerprint, expired_at, expires_at, tenant)" \
 	" SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key)," \
-	" s.fingerprint, s.expires_at, s.expires_at + t.ttl, s.tenant"
+	" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl, s.tenant"
 
 /*
  * Citus mode: the shard of idempotency.endpoints (a reference table) on this
@@ -624,7 +626,7 @@ IdemCitusEndpointsSql(void)
 					" FROM pg_catalog.pg_dist_shard s"
 					" JOIN pg_catalog.pg_dist_placement p USING (shardid)"
 					" JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
-					" WHERE s.logicalrelid = 'idempotency.endpoints'::pg_catalog.regclass"
+					" WHERE s.logicalrelid OPERATOR(pg_catalog.=) 'idempotency.endpoints'::pg_catalog.regclass"
 					" LIMIT 1", true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "reading pg_dist_shard failed");
 	if (SPI_processed == 1)
@@ -648,10 +650,11 @@ IdemTombstonePurgeOne(const char *keys_default, const char *insert,
 	int			rc;
 
 	rc = SPI_execute_with_args(psprintf("WITH gone AS (DELETE FROM ONLY %s"
-										" WHERE expires_at <= $1"
+										" WHERE expires_at OPERATOR(pg_catalog.<=) $1"
 										" RETURNING tenant, endpoint, key, fingerprint, expires_at),"
 										" made AS (%s RETURNING 1)"
-										" SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM made)",
+										" SELECT (SELECT pg_catalog.count(*) FROM gone),"
+										" (SELECT pg_catalog.count(*) FROM made)",
 										keys_default, insert),
 							   1, argtypes, args, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
@@ -694,9 +697,9 @@ IdemTombstonePurgeKeysDefault(TimestampTz as_of, int64 *tombstoned)
 						" JOIN pg_catalog.pg_dist_placement p USING (shardid)"
 						" JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
 						" JOIN pg_catalog.pg_dist_shard t"
-						"   ON t.logicalrelid = 'idempotency.tombstones'::pg_catalog.regclass"
-						"  AND t.shardminvalue = k.shardminvalue"
-						" WHERE k.logicalrelid = 'idempotency.keys_default'::pg_catalog.regclass"
+						"   ON t.logicalrelid OPERATOR(pg_catalog.=) 'idempotency.tombstones'::pg_catalog.regclass"
+						"  AND t.shardminvalue OPERATOR(pg_catalog.=) k.shardminvalue"
+						" WHERE k.logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys_default'::pg_catalog.regclass"
 						" ORDER BY k.shardid", true, 0) != SPI_OK_SELECT)
 			elog(ERROR, "listing the local shards of idempotency.keys_default failed");
 		shards = SPI_tuptable;
@@ -765,12 +768,13 @@ IdemTombstonesBeforeShardDrop(Oid relid)
 							  " JOIN pg_catalog.pg_dist_placement p USING (shardid)"
 							  " JOIN pg_catalog.pg_dist_local_group g USING (groupid)"
 							  " JOIN pg_catalog.pg_dist_shard t"
-							  "   ON t.logicalrelid = pg_catalog.to_regclass('idempotency.tombstones')"
-							  "  AND t.shardminvalue = k.shardminvalue"
+							  "   ON t.logicalrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('idempotency.tombstones')"
+							  "  AND t.shardminvalue OPERATOR(pg_catalog.=) k.shardminvalue"
 							  " JOIN pg_catalog.pg_dist_placement tp"
-							  "   ON tp.shardid = t.shardid AND tp.groupid = g.groupid"
-							  " WHERE k.logicalrelid = 'idempotency.keys'::pg_catalog.regclass"
-							  "  AND k.shardid = $1::bigint"
+							  "   ON tp.shardid OPERATOR(pg_catalog.=) t.shardid"
+							  "  AND tp.groupid OPERATOR(pg_catalog.=) g.groupid"
+							  " WHERE k.logicalrelid OPERATOR(pg_catalog.=) 'idempotency.keys'::pg_catalog.regclass"
+							  "  AND k.shardid OPERATOR(pg_catalog.=) $1::pg_catalog.int8"
 							  "  AND pg_catalog.to_regclass(pg_catalog.shard_name(t.logicalrelid,"
 							  " t.shardid)) IS NOT NULL",
 							  1, (Oid[]) {TEXTOID},
@@ -946,7 +950,8 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 		elog(ERROR, "preparing the insert of tombstones failed: %s",
 			 SPI_result_code_string(SPI_result));
 	read = SPI_prepare(psprintf("SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key),"
-								" s.fingerprint, s.expires_at, s.expires_at + t.ttl%s ORDER BY 1",
+								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s"
+								" ORDER BY 1",
 								IdemTombstoneSourceSql(source)),
 					   nargs, argtypes);
 	if (read == NULL)
@@ -1027,7 +1032,7 @@ static int64
 IdemTombstonesCount(const char *source, int nargs, Oid *argtypes, Datum *args,
 					Snapshot snapshot)
 {
-	SPIPlanPtr	plan = SPI_prepare(psprintf("SELECT count(*)%s",
+	SPIPlanPtr	plan = SPI_prepare(psprintf("SELECT pg_catalog.count(*)%s",
 											IdemTombstoneSourceSql(source)),
 								   nargs, argtypes);
 	bool		isnull;
@@ -1058,10 +1063,10 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 	Oid			argtypes[2] = {TIMESTAMPTZOID, TIDARRAYOID};
 	Datum		args[2];
 	/* expired at as_of: every row of a partition whose range has ended */
-	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at <= $1%s)",
+	char	   *source = psprintf("(SELECT * FROM ONLY %s WHERE expires_at OPERATOR(pg_catalog.<=) $1%s)",
 								  quote_qualified_identifier(get_namespace_name(get_rel_namespace(relid)),
 															 get_rel_name(relid)),
-								  tids != NIL ? " AND ctid = ANY ($2)" : "");
+								  tids != NIL ? " AND ctid OPERATOR(pg_catalog.=) ANY ($2)" : "");
 	int			nargs = tids != NIL ? 2 : 1;
 	int64		n;
 
@@ -1143,10 +1148,10 @@ IdemTombstoneTtls(int64 **ttls)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	if (SPI_execute_with_args("SELECT DISTINCT t FROM (SELECT $1::bigint AS t UNION ALL"
+	if (SPI_execute_with_args("SELECT DISTINCT t FROM (SELECT $1::pg_catalog.int8 AS t UNION ALL"
 							  " SELECT pg_catalog.ceil(pg_catalog.date_part('epoch',"
-							  " tombstone_ttl))::bigint FROM idempotency.endpoints) s"
-							  " WHERE t > 0 ORDER BY t",
+							  " tombstone_ttl))::pg_catalog.int8 FROM idempotency.endpoints) s"
+							  " WHERE t OPERATOR(pg_catalog.>) 0 ORDER BY t",
 							  1, (Oid[]) {INT8OID},
 							  (Datum[]) {Int64GetDatum(idem_tombstone_ttl)},
 							  NULL, true, 0) != SPI_OK_SELECT)
@@ -1172,6 +1177,6 @@ IdemTombstonePurgeDefault(TimestampTz as_of)
 	Datum		args[1] = {TimestampTzGetDatum(as_of)};
 
 	return (int64) IdemSpiExec("DELETE FROM ONLY idempotency.tombstones_default"
-							   " WHERE expires_at <= $1",
+							   " WHERE expires_at OPERATOR(pg_catalog.<=) $1",
 							   1, argtypes, args, NULL, false, SPI_OK_DELETE);
 }

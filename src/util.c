@@ -27,6 +27,7 @@
 #include "executor/tuptable.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -77,23 +78,98 @@ IdemRequireReadWrite(FunctionCallInfo fcinfo)
 				 errhint("Read a key without writing it with idem_lookup().")));
 }
 
-void
-IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname)
+/*
+ * Whether rel is a table of the extension: idempotency.table, a partition
+ * of it, or in the Citus mode a shard of either (named table_N); any table
+ * of the schema idempotency when table is NULL.  Only the extension's owner
+ * (or a superuser) makes tables in that schema.
+ */
+static bool
+IdemIsExtensionTable(Relation rel, const char *table)
 {
+	Oid			nsp = get_namespace_oid("idempotency", true);
+	Oid			root;
+	char	   *name;
+	size_t		len;
+
+	if (!OidIsValid(nsp) || RelationGetNamespace(rel) != nsp)
+		return false;
+	if (table == NULL)
+		return true;
+	root = IdemPartitionRoot(rel);
+	if (get_rel_namespace(root) != nsp || (name = get_rel_name(root)) == NULL)
+		return false;
+	len = strlen(table);
+	return strncmp(name, table, len) == 0 &&
+		(name[len] == '\0' ||
+		 (name[len] == '_' && name[len + 1] >= '0' && name[len + 1] <= '9'));
+}
+
+void
+IdemRequireTriggerCall(FunctionCallInfo fcinfo, const char *funcname,
+					   const char *table)
+{
+	Relation	rel;
+
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("function %s can only be called as a trigger", funcname)));
+	rel = ((TriggerData *) fcinfo->context)->tg_relation;
+	if (!IdemIsExtensionTable(rel, table))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 table != NULL ?
+				 errmsg("function %s can only be a trigger of table idempotency.%s",
+						funcname, table) :
+				 errmsg("function %s can only be a trigger of a table of the extension idempotency",
+						funcname),
+				 errdetail("It was fired by trigger \"%s\" of table %s.",
+						   ((TriggerData *) fcinfo->context)->tg_trigger->tgname,
+						   quote_qualified_identifier(get_namespace_name(RelationGetNamespace(rel)),
+													  RelationGetRelationName(rel))),
+				 errhint("Drop the trigger: the extension's trigger functions read its own tables only.")));
+}
+
+AttrNumber
+IdemTriggerColumn(Relation rel, const char *name, Oid typid, bool required,
+				  const char *funcname)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	for (int i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped || strcmp(NameStr(att->attname), name) != 0)
+			continue;
+		if (att->atttypid != typid)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("column \"%s\" of table \"%s\" is of type %s, not %s",
+							name, RelationGetRelationName(rel),
+							format_type_be(att->atttypid), format_type_be(typid)),
+					 errdetail("Function %s reads the column as %s.",
+							   funcname, format_type_be(typid))));
+		return att->attnum;
+	}
+	if (required)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("table \"%s\" has no column \"%s\"",
+						RelationGetRelationName(rel), name),
+				 errdetail("Function %s reads the column.", funcname)));
+	return InvalidAttrNumber;
 }
 
 HeapTuple
 IdemBeforeRowTriggerTuple(FunctionCallInfo fcinfo, const char *funcname,
-						  Relation *rel)
+						  const char *table, Relation *rel)
 {
 	TriggerData *trigdata = (TriggerData *) fcinfo->context;
 
-	if (!CALLED_AS_TRIGGER(fcinfo) ||
-		!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+	IdemRequireTriggerCall(fcinfo, funcname, table);
+	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
 		!(TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
 		  TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event)))

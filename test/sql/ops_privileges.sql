@@ -24,6 +24,7 @@ WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind IN ('r', 'p', '
        OR has_table_privilege('public', c.oid, 'INSERT, UPDATE, DELETE'));
 
 -- what the client may execute (the admin may execute every function but
+-- the trigger functions, which no role but their owner may execute, and
 -- idem_import_check, which only the import, as the owner, calls)
 SELECT p.proname
 FROM pg_proc p
@@ -33,7 +34,8 @@ ORDER BY 1;
 SELECT p.oid::regprocedure AS not_executable_by_admin
 FROM pg_proc p
 WHERE p.pronamespace = 'idempotency'::regnamespace
-  AND NOT has_function_privilege('idempotency_admin', p.oid, 'EXECUTE');
+  AND NOT has_function_privilege('idempotency_admin', p.oid, 'EXECUTE')
+ORDER BY p.proname;
 
 -- relations: the client reads and writes nothing directly
 SELECT c.relname,
