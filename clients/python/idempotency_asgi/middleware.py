@@ -14,7 +14,7 @@ import re
 import warnings
 import zlib
 from collections import deque
-from typing import (Any, Awaitable, Callable, Deque, Dict, Iterable, List, MutableMapping, Optional, Sequence,
+from typing import (Any, AsyncIterator, Awaitable, Callable, Deque, Dict, Iterable, List, MutableMapping, Optional, Sequence,
                     Set, Tuple, Union)
 
 import psycopg
@@ -113,6 +113,11 @@ DEFAULT_DEADLINE = 60.0
 def _default_log(message: str, err: Optional[BaseException] = None) -> None:
     """The default log: the standard logging module, logger "idempotency_asgi"."""
     LOGGER.error("idempotency: %s", message, exc_info=err)
+
+
+def _default_warn(message: str, err: Optional[BaseException] = None) -> None:
+    """The default log of a warning: logger "idempotency_asgi", level WARNING."""
+    LOGGER.warning("idempotency: %s", message, exc_info=err)
 
 
 def _header_bytes(value: str) -> bytes:
@@ -240,10 +245,28 @@ async def claim(request: Any, endpoint: Optional[str] = None) -> "Context":
     return await claim_now(endpoint)  # type: ignore[no-any-return]
 
 
-async def idempotency(request: Request) -> "Context":
+def _is_validation_error(err: BaseException) -> bool:
+    """FastAPI's RequestValidationError (by name: FastAPI is optional)."""
+    return any(c.__name__ == "RequestValidationError" and c.__module__.startswith("fastapi.")
+               for c in type(err).__mro__)
+
+
+async def idempotency(request: Request) -> AsyncIterator["Context"]:
     """FastAPI dependency: ctx: Context = Depends(idempotency).  The route
-    opts in; its template names the endpoint."""
-    return await claim(request)
+    opts in; its template names the endpoint.
+
+    FastAPI resolves the dependencies (this claim among them) before it
+    reports the request's validation errors; the RequestValidationError it
+    then raises goes through this dependency, and its 422 is not stored:
+    the claim is released, so that the corrected request with the same key
+    executes (the handler never began)."""
+    ctx = await claim(request)
+    try:
+        yield ctx
+    except Exception as err:
+        if _is_validation_error(err):
+            ctx._refused_before_handler()
+        raise
 
 
 class _Refused(Exception):
@@ -423,6 +446,12 @@ class Context:
         self.endpoint = endpoint
         self.lease_token: Optional[int] = state["lease_token"]
         self._state = state
+        self._attempt: Dict[str, Any] = {}  # this run's: the middleware gives its own
+
+    def _refused_before_handler(self) -> None:
+        """The framework answered before the handler began (FastAPI's
+        validation error): the answer is sent, nothing is stored."""
+        self._attempt["before_handler"] = True
 
     def no_side_effect(self) -> None:
         """Lease mode: nothing happened outside the database yet, so a failure
@@ -505,6 +534,8 @@ class IdempotencyMiddleware:
             warnings.warn(message, DeprecationWarning, stacklevel=2)
             LOGGER.warning("idempotency: %s", message)
         self.log: Logger = log or _default_log
+        self.warn: Logger = log or _default_warn
+        self._unclaimed_warned: Set[str] = set()  # the routes logged as answering keyed requests unclaimed
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -660,6 +691,27 @@ class IdempotencyMiddleware:
             pass
         await conn.close()
 
+    def _warn_unclaimed(self, request: Dict[str, Any], status: int) -> None:
+        """opt_in: a request with an Idempotency-Key answered by a route that
+        did not claim ran unprotected (a route of 0.3.0's days, before routes
+        opted in): logged once per route.  An error answer (a route that
+        claims, refused by the framework before its claim; no route at all)
+        is not such a route."""
+        if not self.opt_in or status >= 400 or not any(k == "idempotency-key" for k, _ in request["headers"]):
+            return
+        entry = request["entry"]
+        template = _route_template(getattr(entry.get("app"), "routes", None), entry)
+        if template is None:
+            return
+        route = f"{entry['method']} {entry.get('root_path', '')}{template}"
+        if route in self._unclaimed_warned:
+            return
+        self._unclaimed_warned.add(route)
+        self.warn(f"route_without_claim: {route} answered a request with an Idempotency-Key without claiming "
+                  "it, so the request ran unprotected (routes opt in). Add Depends(idempotency) to the route "
+                  "(Starlette: await claim(request)), or ignore this if it needs no protection; logged once per "
+                  "route", None)
+
     async def _send_answer(self, send: Send, outcome: str, **kw: Any) -> None:
         status, headers, body = answer(self.profile, outcome, **kw)
         await self._send(send, status, headers, json.dumps(body).encode())
@@ -758,7 +810,8 @@ class IdempotencyMiddleware:
         conn: Optional[AsyncConn] = None
         heartbeat: Optional["asyncio.Future[None]"] = None
         released = {"conn": False}
-        claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False, "gone": False}
+        claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False, "gone": False,
+                                   "before_handler": False}
         watchers: List["asyncio.Future[Any]"] = []
 
         # the connection back to the pool, once, and the heartbeat stopped:
@@ -885,6 +938,7 @@ class IdempotencyMiddleware:
             else:
                 await conn.execute("SELECT 1")  # opens the transaction the application writes in
             ctx = Context(conn, key, req["tenant"], req["endpoint"], state)
+            ctx._attempt = claimed
             scope.setdefault("state", {})["idempotency"] = ctx
             claimed["ctx"] = ctx
             return ctx
@@ -917,7 +971,7 @@ class IdempotencyMiddleware:
                 if head:
                     length = next((v for k, v in captured["headers"] if k.lower() == b"content-length"), length)
                     body = b""
-                if not self.store_status(status):
+                if claimed["before_handler"] or not self.store_status(status):
                     await conn.rollback()
                     if state["lease_token"] is not None:
                         # a 5xx is the handler's own failure: not stored, the key
@@ -964,6 +1018,8 @@ class IdempotencyMiddleware:
                 if not claimed["started"]:
                     # opt_in: a route that did not ask for the claim passes
                     # through untouched, without a connection
+                    if message["type"] == "http.response.start":
+                        self._warn_unclaimed(box["request"], message["status"])
                     await send(message)
                     if message["type"] == "http.response.body" and not message.get("more_body", False):
                         done["sent"] = True
