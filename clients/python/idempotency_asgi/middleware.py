@@ -20,7 +20,7 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Deque, Dict, Iterab
 import psycopg
 from psycopg.rows import dict_row
 from starlette.requests import Request
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from .body import BodyError, fingerprint_body
 from .header import IdempotencyKeyError, apply_key_policy, parse_key_header
@@ -72,16 +72,45 @@ def interval_seconds(value: Interval) -> float:
     return float(m.group(1)) * factor
 
 
-def _pg_interval(value: Optional[Interval]) -> Optional[str]:
+# The words PostgreSQL's interval input knows (compared on their first 10
+# characters, as it does): units, their abbreviations and plurals, and '@',
+# 'ago', 'infinity'.
+_INTERVAL_WORDS = frozenset("""
+    microsecon us usec usecs usecond useconds millisecon ms msec msecs msecond mseconds s sec secs second
+    seconds m min mins minute minutes h hr hrs hour hours d day days w week weeks mon mons month months
+    qtr quarter y yr yrs year years dec decs decade decades c cent century centuries mil mils millennia
+    millennium ago infinity""".split())
+_ISO_INTERVAL = re.compile(r"P(?:[-+]?[\d.,]+[YMWD])*(?:T(?:[-+]?[\d.,]+[HMS])*)?|P[\d.:T-]+")
+
+
+def _interval_syntax_ok(text: str) -> bool:
+    """Whether text can be an interval PostgreSQL reads, as far as a local
+    look tells ('soon', 'thirty seconds' cannot): ISO 8601 ('P1D',
+    'PT30S'), or numbers, times (02:00:00) and the words it knows.  The
+    server has the last word at the first claim."""
+    text = text.strip()
+    if _ISO_INTERVAL.fullmatch(text):
+        return True
+    words = re.findall(r"[A-Za-z_]+", text)
+    if any(w.lower()[:10] not in _INTERVAL_WORDS for w in words):
+        return False
+    if re.search(r"[^\w\s@.:+,-]", text):
+        return False
+    return bool(re.search(r"\d", text)) or any(w.lower() == "infinity" for w in words)
+
+
+def _pg_interval(value: Optional[Interval], name: str = "interval") -> Optional[str]:
     """An option's interval as PostgreSQL reads it: a str as it is ('1 day',
-    'P1D', '24h'), a number as seconds."""
+    'P1D', '24h'), a number as seconds.  A str that cannot be an interval is
+    refused here, when the middleware is built."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise TypeError(f"{value!r} is not an interval")
+        raise TypeError(f"{name}: {value!r} is not an interval")
     if isinstance(value, str):
-        if not value.strip():
-            raise ValueError("an empty string is not an interval")
+        if not _interval_syntax_ok(value):
+            raise ValueError(f"{name}: {value!r} is not an interval PostgreSQL reads (use e.g. '30 seconds', "
+                             "'1 day', 'P1D', or a number of seconds)")
         return value
     return f"{value} seconds"
 
@@ -213,6 +242,20 @@ class _Retry(Exception):
     pass
 
 
+POOL_NOT_OPENED = ("the pool was never opened: open it when the application starts (`async with pool:` in the "
+                   "application's lifespan; FastAPI before 0.93 ignores FastAPI(lifespan=...): set "
+                   "app.router.lifespan_context = lifespan)")
+
+
+def _never_opened(pool: Any, err: BaseException) -> bool:
+    """Whether getconn() failed because the pool was never opened (a
+    set-up mistake), not closed after use or out of connections."""
+    if not isinstance(err, PoolClosed):
+        return False
+    opened = getattr(pool, "_opened", None)  # psycopg_pool's own record
+    return opened is False or (opened is None and "not open yet" in str(err))
+
+
 class _NotConfigured(Exception):
     """The extension, a privilege or an option is missing or wrong."""
 
@@ -272,10 +315,11 @@ async def idempotency(request: Request) -> AsyncIterator["Context"]:
 class _Refused(Exception):
     """The request is refused before its claim: its key or its body."""
 
-    def __init__(self, outcome: str, message: str) -> None:
+    def __init__(self, outcome: str, message: str, code: Optional[str] = None) -> None:
         super().__init__(message)
         self.outcome = outcome
         self.message = message
+        self.code = code
 
 
 def _route_template(routes: Any, scope: Scope, prefix: str = "") -> Optional[str]:
@@ -496,7 +540,7 @@ class IdempotencyMiddleware:
                  limit: int = 1024 * 1024, isolation: Optional[str] = None, heartbeat: Optional[float] = None,
                  store_status: Callable[[int], bool] = lambda status: status < 500,
                  deadline: Optional[float] = DEFAULT_DEADLINE, opt_in: bool = True,
-                 log: Optional[Logger] = None) -> None:
+                 log: Optional[Logger] = None, problem_type_base: Optional[str] = None) -> None:
         if profile not in ("stripe", "ietf"):
             raise ValueError("profile is 'stripe' or 'ietf'")
         if key_policy not in ("refuse", "hash"):
@@ -510,9 +554,10 @@ class IdempotencyMiddleware:
         self.profile = profile
         self.key_policy = key_policy
         self.exclude = list(exclude) if exclude else None
-        self.lease = _pg_interval(lease)
-        self.wait = _pg_interval(wait)
-        self.ttl = _pg_interval(ttl)
+        self.lease = _pg_interval(lease, "lease")
+        self.wait = _pg_interval(wait, "wait")
+        self.ttl = _pg_interval(ttl, "ttl")
+        self.problem_type_base = problem_type_base
         self.heartbeat = heartbeat  # lease mode; by default a third of the lease as the server reads it
         self._checked = False
         self.required = required
@@ -565,7 +610,7 @@ class IdempotencyMiddleware:
                 try:
                     box["req"] = await self._prepare(scope, request, endpoint)
                 except _Refused as r:
-                    return await self._send_answer(send, r.outcome, message=r.message)
+                    return await self._send_answer(send, r.outcome, message=r.message, code=r.code)
                 except _Disconnected:
                     return None
             await self._run(scope, send, body, box)
@@ -615,7 +660,7 @@ class IdempotencyMiddleware:
             # not read yet, kept for it), bounded by limit: its fingerprint
             raw = await request["body"].read_whole()
             if raw is None:
-                raise _Refused("body_invalid", "request body too large")
+                raise _Refused("body_invalid", "request body too large", code="request_body_too_large")
             content_type = next((v for k, v in headers if k == "content-type"), "")
             try:
                 body_json, _ = fingerprint_body(content_type, raw)
@@ -713,7 +758,7 @@ class IdempotencyMiddleware:
                   "route", None)
 
     async def _send_answer(self, send: Send, outcome: str, **kw: Any) -> None:
-        status, headers, body = answer(self.profile, outcome, **kw)
+        status, headers, body = answer(self.profile, outcome, type_base=self.problem_type_base, **kw)
         await self._send(send, status, headers, json.dumps(body).encode())
 
     @staticmethod
@@ -910,6 +955,8 @@ class IdempotencyMiddleware:
             try:
                 conn = await self.pool.getconn()
             except Exception as err:
+                if _never_opened(self.pool, err):
+                    raise _NotConfigured(POOL_NOT_OPENED) from err
                 self.log("no database connection", err)
                 state["connect_failed"] = True
                 raise _Retry() from err
@@ -1078,7 +1125,7 @@ class IdempotencyMiddleware:
         except _Answered as a:
             await self._answer_claim(send, box["req"], a.claim)
         except _Refused as r:
-            await self._send_answer(send, r.outcome, message=r.message)
+            await self._send_answer(send, r.outcome, message=r.message, code=r.code)
         except _BodyRefused as err:
             if conn is not None:
                 await conn.rollback()
