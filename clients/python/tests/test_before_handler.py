@@ -3,8 +3,9 @@ rule: results are saved only once the endpoint began executing): FastAPI's
 own RequestValidationError (it resolves the dependencies, the claim
 included, before it reports the body's validation errors) releases the
 claim, in atomic and in lease mode, so that the corrected request with the
-same key executes.  A keyed request that reaches a route that does not
-claim is logged once per route.  Needs IDEM_TEST_PGPORT (clients/test.sh
+same key executes; nor for a refusal of the middleware itself (before the
+claim).  A keyed request that reaches a route that does not claim is
+logged once per route.  Needs IDEM_TEST_PGPORT (clients/test.sh
 sets it); skipped without it."""
 
 import os
@@ -106,6 +107,25 @@ class BeforeHandler(unittest.IsolatedAsyncioTestCase):
 
     async def test_validation_error_not_stored_lease_mode(self) -> None:
         await self.validation_error_then_corrected(lease="30 seconds")
+
+    async def test_refusal_of_the_middleware_not_stored(self) -> None:
+        # refused before the claim (a body above limit; a route without a body
+        # parameter, whose malformed body the claim's fingerprint refuses)
+        runs: Dict[str, int] = {}
+        async with httpx.AsyncClient(app=build(self.pool, runs, limit=100), base_url="http://test") as c:
+            key = self.key()
+            r = await c.post("/v1/orders", json={"amount": 5, "currency": "x" * 200}, headers={"Idempotency-Key": key})
+            self.assertEqual((r.status_code, r.json()["error"].get("code")), (400, "request_body_too_large"))
+            self.assertIsNone(await self.stored(key))
+            r = await c.post("/v1/orders", json={"amount": 5, "currency": "EUR"}, headers={"Idempotency-Key": key})
+            self.assertEqual((r.status_code, r.json()), (201, {"amount": 5, "run": 1}))
+            key = self.key()
+            r = await c.post("/v1/items/7", content=b"{not json", headers={"Idempotency-Key": key,
+                                                                          "Content-Type": "application/json"})
+            self.assertEqual(r.status_code, 400)
+            self.assertIsNone(await self.stored(key))
+            r = await c.post("/v1/items/7", json={}, headers={"Idempotency-Key": key})
+            self.assertEqual((r.status_code, r.json()), (200, {"item": 7}))
 
     async def test_route_without_claim_warns_once_per_route(self) -> None:
         lines: List[str] = []
