@@ -14,8 +14,8 @@ import re
 import warnings
 import zlib
 from collections import deque
-from typing import (Any, AsyncIterator, Awaitable, Callable, Deque, Dict, Iterable, List, MutableMapping, Optional, Sequence,
-                    Set, Tuple, Union)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Deque, Dict, Iterable, List, MutableMapping, Optional,
+                    Sequence, Set, Tuple, Union)
 
 import psycopg
 from psycopg.rows import dict_row
