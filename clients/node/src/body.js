@@ -6,10 +6,12 @@
 
 const crypto = require('node:crypto');
 
+// answerCode: the code of the 400 that answers it (request_body_invalid by default)
 class BodyError extends Error {
-  constructor(message) {
+  constructor(message, answerCode) {
     super(message);
     this.name = 'BodyError';
+    this.answerCode = answerCode;
   }
 }
 
@@ -21,11 +23,14 @@ function readRaw(req, limit) {
   return new Promise((resolve, reject) => {
     const chunks = [];
     let size = 0;
+    let over = false;
     req.on('data', (c) => {
+      if (over) return; // the rest is read and dropped, so that the client gets its 400
       size += c.length;
       if (size > limit) {
-        reject(new BodyError('request body too large'));
-        req.destroy();
+        over = true;
+        chunks.length = 0;
+        reject(new BodyError('request body too large', 'request_body_too_large'));
         return;
       }
       chunks.push(c);

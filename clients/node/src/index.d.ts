@@ -28,6 +28,11 @@ export interface IdempotencyOptions {
   keyPolicy?: KeyPolicy;
   /** JSON Pointers left out of the fingerprint. */
   exclude?: string[];
+  /**
+   * Intervals as PostgreSQL reads them ('30 seconds', '1 day', 'P1D'), or
+   * seconds; a string that cannot be one ('soon') throws a TypeError in
+   * idempotent(), and the server reads them at the first claim.
+   */
   lease?: Interval;
   wait?: Interval;
   ttl?: Interval;
@@ -52,6 +57,11 @@ export interface IdempotencyOptions {
   storeStatus?: (status: number) => boolean;
   /** Where the middleware reports what went wrong (default: console.error). */
   log?: (message: string, err?: unknown) => void;
+  /**
+   * The ietf problems' type is this base followed by the answer's code
+   * (default: the anchors of the project's doc/http.md).
+   */
+  problemTypeBase?: string;
 }
 
 /** What the handlers get as req.idempotency. */
@@ -100,7 +110,7 @@ export interface Answer {
   body: unknown;
 }
 export function answer(profile: Profile, outcome: string,
-  details?: { message?: string; code?: string; retryAfter?: number; mismatch?: unknown }): Answer;
+  details?: { message?: string; code?: string; retryAfter?: number; mismatch?: unknown; typeBase?: string }): Answer;
 
 declare global {
   // eslint-disable-next-line @typescript-eslint/no-namespace

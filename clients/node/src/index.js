@@ -61,15 +61,41 @@ function intervalMs(value) {
   const f = unit.startsWith('ms') || unit.startsWith('milli') ? 1 : unit.startsWith('min') ? 60000 : 1000;
   return Number(m[1]) * f;
 }
+// The words PostgreSQL's interval input knows (compared on their first 10
+// characters, as it does): units, their abbreviations and plurals, and '@',
+// 'ago', 'infinity'.
+const INTERVAL_WORDS = new Set(`microsecon us usec usecs usecond useconds millisecon ms msec msecs msecond mseconds
+  s sec secs second seconds m min mins minute minutes h hr hrs hour hours d day days w week weeks mon mons month
+  months qtr quarter y yr yrs year years dec decs decade decades c cent century centuries mil mils millennia
+  millennium ago infinity`.split(/\s+/));
+const ISO_INTERVAL = /^(?:P(?:[-+]?[\d.,]+[YMWD])*(?:T(?:[-+]?[\d.,]+[HMS])*)?|P[\d.:T-]+)$/;
+
+// Whether text can be an interval PostgreSQL reads, as far as a local look
+// tells ('soon', 'thirty seconds' cannot): ISO 8601 ('P1D', 'PT30S'), or
+// numbers, times (02:00:00) and the words it knows.  The server has the
+// last word at the first claim.
+function intervalSyntaxOk(text) {
+  const t = text.trim();
+  if (ISO_INTERVAL.test(t)) return true;
+  const words = t.match(/[A-Za-z_]+/g) || [];
+  if (words.some((w) => !INTERVAL_WORDS.has(w.toLowerCase().slice(0, 10)))) return false;
+  if (/[^\w\s@.:+,-]/.test(t)) return false;
+  return /\d/.test(t) || words.some((w) => w.toLowerCase() === 'infinity');
+}
+
 // An option's interval as PostgreSQL reads it: a string as it is ('1 day',
-// 'P1D', '24h'), a number as seconds.
-function pgInterval(value) {
+// 'P1D', '24h'), a number as seconds.  A string that cannot be an interval
+// is refused here, when the middleware is built.
+function pgInterval(value, name = 'interval') {
   if (value == null) return null;
   if (typeof value === 'number') {
-    if (!Number.isFinite(value)) throw new TypeError(`idempotent: ${value} is not an interval`);
+    if (!Number.isFinite(value)) throw new TypeError(`idempotent: options.${name}: ${value} is not an interval`);
     return `${value} seconds`;
   }
-  if (typeof value !== 'string' || value.trim() === '') throw new TypeError(`idempotent: ${value} is not an interval`);
+  if (typeof value !== 'string' || !intervalSyntaxOk(value)) {
+    throw new TypeError(`idempotent: options.${name}: ${JSON.stringify(value)} is not an interval PostgreSQL reads ` +
+      "(use e.g. '30 seconds', '1 day', 'P1D', or a number of seconds)");
+  }
   return value;
 }
 const SQL_CHECK = 'SELECT $1::interval AS ttl, $2::interval AS lease, $3::interval AS wait, extract(epoch FROM $2::interval) * 1000 AS lease_ms';
@@ -119,9 +145,12 @@ function normalize(options) {
   if (o.isolation && !/^(READ COMMITTED|REPEATABLE READ|SERIALIZABLE)$/i.test(o.isolation)) {
     throw new TypeError('idempotent: isolation is READ COMMITTED, REPEATABLE READ or SERIALIZABLE');
   }
-  o.leaseSql = pgInterval(o.lease);
-  o.waitSql = pgInterval(o.wait);
-  o.ttlSql = pgInterval(o.ttl);
+  o.leaseSql = pgInterval(o.lease, 'lease');
+  o.waitSql = pgInterval(o.wait, 'wait');
+  o.ttlSql = pgInterval(o.ttl, 'ttl');
+  if (o.problemTypeBase != null && typeof o.problemTypeBase !== 'string') {
+    throw new TypeError('idempotent: options.problemTypeBase is a string (a URI the code is appended to)');
+  }
   o.checked = null; // a promise: the intervals read by the server
   // deadlineMs: 0 (or null, Infinity) turns the deadline off
   if (o.deadlineMs === undefined) o.deadlineMs = DEFAULT_DEADLINE_MS;
@@ -250,6 +279,8 @@ function routeTemplate(req, mountPath) {
 
 function idempotent(options, ...handlers) {
   const o = normalize(options);
+  // an answer of the middleware, in the profile's format
+  const problem = (outcome, x = {}) => answer(o.profile, outcome, { ...x, typeBase: o.problemTypeBase });
   handlers = handlers.flat();
   for (const h of handlers) {
     if (typeof h !== 'function') throw new TypeError('idempotent: the handlers after the options are functions');
@@ -284,10 +315,10 @@ function idempotent(options, ...handlers) {
       rawKey = parsed === null ? null : String(Array.isArray(values) ? values[0] : values).trim();
     } catch (err) {
       if (!(err instanceof KeyError)) return next(err);
-      return sendAnswer(res, answer(o.profile, 'key_invalid', { message: err.message }));
+      return sendAnswer(res, problem('key_invalid', { message: err.message }));
     }
     if (key === null && o.required) {
-      return sendAnswer(res, answer(o.profile, 'key_missing', { message: 'this request needs an Idempotency-Key header' }));
+      return sendAnswer(res, problem('key_missing', { message: 'this request needs an Idempotency-Key header' }));
     }
     let body;
     try {
@@ -295,7 +326,7 @@ function idempotent(options, ...handlers) {
     } catch (err) {
       if (state.disconnected) return undefined; // the request was aborted while its body was read
       if (!(err instanceof BodyError)) return next(err);
-      return sendAnswer(res, answer(o.profile, 'body_invalid', { message: err.message }));
+      return sendAnswer(res, problem('body_invalid', { message: err.message, code: err.answerCode }));
     }
     if (body.parsed !== undefined || req.body === undefined) req.body = body.parsed;
     let tenant;
@@ -322,7 +353,7 @@ function idempotent(options, ...handlers) {
       o.log('database_unavailable: no connection from the pool; check the pool\'s connection settings ' +
         '(host, port, user, password) and that the server runs and accepts connections');
     }
-    sendAnswer(res, answer(o.profile, 'unavailable',
+    sendAnswer(res, problem('unavailable',
       { retryAfter: 1, code: state.connectFailed ? 'database_unavailable' : undefined }));
     return undefined;
   }
@@ -429,7 +460,7 @@ function idempotent(options, ...handlers) {
         }
         const outcome = ACTION_OUTCOME[c.action];
         if (!outcome) throw new Error(`unexpected claim action ${c.action}`);
-        sendAnswer(res, answer(o.profile, outcome,
+        sendAnswer(res, problem(outcome,
           { code: c.error_code, retryAfter: c.retry_after, mismatch: c.mismatch }));
         return 'done';
       };
@@ -547,7 +578,7 @@ function idempotent(options, ...handlers) {
           'max_response_bytes) and cannot be stored for replay; its work was rolled back. Answer a smaller body, ' +
           'raise the limit, or set store_response = false for the endpoint', err);
         if (state.leaseToken) { giveBack(); await settleLease(request, state, 'response too large', true); }
-        sendAnswer(res, answer(o.profile, 'too_large', { code: 'response_too_large' }));
+        sendAnswer(res, problem('too_large', { code: 'response_too_large' }));
         return 'done';
       }
       if (CONFIG_SQLSTATES.has(sqlstate(err)) && err.idempotencyOwn) {
@@ -573,7 +604,7 @@ function idempotent(options, ...handlers) {
         o.log(`handler_timeout: the handlers did not answer within deadlineMs (${o.deadlineMs} ms); the transaction was ` +
           'rolled back and its connection closed. Find what they wait for, or raise deadlineMs', err);
         if (state.leaseToken) await settleLease(request, state, err.message);
-        sendAnswer(res, answer(o.profile, 'unavailable', { retryAfter: 1, code: 'handler_timeout' }));
+        sendAnswer(res, problem('unavailable', { retryAfter: 1, code: 'handler_timeout' }));
         return 'done';
       }
       if (isRetryable(err) || isConnectionLoss(err) || lostError) {
@@ -581,7 +612,7 @@ function idempotent(options, ...handlers) {
         return 'retry';
       }
       if (err.idempotencyBodyInvalid) {
-        sendAnswer(res, answer(o.profile, 'body_invalid', { message: err.message }));
+        sendAnswer(res, problem('body_invalid', { message: err.message }));
         return 'done';
       }
       if (state.leaseToken) { giveBack(); await settleLease(request, state, `the handler failed: ${err.message}`); }
@@ -641,7 +672,7 @@ function idempotent(options, ...handlers) {
 
   function notConfigured(res, err) {
     o.log(`idempotency_not_configured: ${err instanceof ConfigError ? err.message : CONFIG_FIX}`, err);
-    sendAnswer(res, answer(o.profile, 'not_configured', { code: 'idempotency_not_configured' }));
+    sendAnswer(res, problem('not_configured', { code: 'idempotency_not_configured' }));
     return 'done';
   }
 

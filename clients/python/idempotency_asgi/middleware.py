@@ -14,13 +14,13 @@ import re
 import warnings
 import zlib
 from collections import deque
-from typing import (Any, Awaitable, Callable, Deque, Dict, Iterable, List, MutableMapping, Optional, Sequence,
-                    Set, Tuple, Union)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Deque, Dict, Iterable, List, MutableMapping, Optional,
+                    Sequence, Set, Tuple, Union)
 
 import psycopg
 from psycopg.rows import dict_row
 from starlette.requests import Request
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from .body import BodyError, fingerprint_body
 from .header import IdempotencyKeyError, apply_key_policy, parse_key_header
@@ -72,16 +72,45 @@ def interval_seconds(value: Interval) -> float:
     return float(m.group(1)) * factor
 
 
-def _pg_interval(value: Optional[Interval]) -> Optional[str]:
+# The words PostgreSQL's interval input knows (compared on their first 10
+# characters, as it does): units, their abbreviations and plurals, and '@',
+# 'ago', 'infinity'.
+_INTERVAL_WORDS = frozenset("""
+    microsecon us usec usecs usecond useconds millisecon ms msec msecs msecond mseconds s sec secs second
+    seconds m min mins minute minutes h hr hrs hour hours d day days w week weeks mon mons month months
+    qtr quarter y yr yrs year years dec decs decade decades c cent century centuries mil mils millennia
+    millennium ago infinity""".split())
+_ISO_INTERVAL = re.compile(r"P(?:[-+]?[\d.,]+[YMWD])*(?:T(?:[-+]?[\d.,]+[HMS])*)?|P[\d.:T-]+")
+
+
+def _interval_syntax_ok(text: str) -> bool:
+    """Whether text can be an interval PostgreSQL reads, as far as a local
+    look tells ('soon', 'thirty seconds' cannot): ISO 8601 ('P1D',
+    'PT30S'), or numbers, times (02:00:00) and the words it knows.  The
+    server has the last word at the first claim."""
+    text = text.strip()
+    if _ISO_INTERVAL.fullmatch(text):
+        return True
+    words = re.findall(r"[A-Za-z_]+", text)
+    if any(w.lower()[:10] not in _INTERVAL_WORDS for w in words):
+        return False
+    if re.search(r"[^\w\s@.:+,-]", text):
+        return False
+    return bool(re.search(r"\d", text)) or any(w.lower() == "infinity" for w in words)
+
+
+def _pg_interval(value: Optional[Interval], name: str = "interval") -> Optional[str]:
     """An option's interval as PostgreSQL reads it: a str as it is ('1 day',
-    'P1D', '24h'), a number as seconds."""
+    'P1D', '24h'), a number as seconds.  A str that cannot be an interval is
+    refused here, when the middleware is built."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise TypeError(f"{value!r} is not an interval")
+        raise TypeError(f"{name}: {value!r} is not an interval")
     if isinstance(value, str):
-        if not value.strip():
-            raise ValueError("an empty string is not an interval")
+        if not _interval_syntax_ok(value):
+            raise ValueError(f"{name}: {value!r} is not an interval PostgreSQL reads (use e.g. '30 seconds', "
+                             "'1 day', 'P1D', or a number of seconds)")
         return value
     return f"{value} seconds"
 
@@ -113,6 +142,11 @@ DEFAULT_DEADLINE = 60.0
 def _default_log(message: str, err: Optional[BaseException] = None) -> None:
     """The default log: the standard logging module, logger "idempotency_asgi"."""
     LOGGER.error("idempotency: %s", message, exc_info=err)
+
+
+def _default_warn(message: str, err: Optional[BaseException] = None) -> None:
+    """The default log of a warning: logger "idempotency_asgi", level WARNING."""
+    LOGGER.warning("idempotency: %s", message, exc_info=err)
 
 
 def _header_bytes(value: str) -> bytes:
@@ -208,6 +242,20 @@ class _Retry(Exception):
     pass
 
 
+POOL_NOT_OPENED = ("the pool was never opened: open it when the application starts (`async with pool:` in the "
+                   "application's lifespan; FastAPI before 0.93 ignores FastAPI(lifespan=...): set "
+                   "app.router.lifespan_context = lifespan)")
+
+
+def _never_opened(pool: Any, err: BaseException) -> bool:
+    """Whether getconn() failed because the pool was never opened (a
+    set-up mistake), not closed after use or out of connections."""
+    if not isinstance(err, PoolClosed):
+        return False
+    opened = getattr(pool, "_opened", None)  # psycopg_pool's own record
+    return opened is False or (opened is None and "not open yet" in str(err))
+
+
 class _NotConfigured(Exception):
     """The extension, a privilege or an option is missing or wrong."""
 
@@ -240,19 +288,38 @@ async def claim(request: Any, endpoint: Optional[str] = None) -> "Context":
     return await claim_now(endpoint)  # type: ignore[no-any-return]
 
 
-async def idempotency(request: Request) -> "Context":
+def _is_validation_error(err: BaseException) -> bool:
+    """FastAPI's RequestValidationError (by name: FastAPI is optional)."""
+    return any(c.__name__ == "RequestValidationError" and c.__module__.startswith("fastapi.")
+               for c in type(err).__mro__)
+
+
+async def idempotency(request: Request) -> AsyncIterator["Context"]:
     """FastAPI dependency: ctx: Context = Depends(idempotency).  The route
-    opts in; its template names the endpoint."""
-    return await claim(request)
+    opts in; its template names the endpoint.
+
+    FastAPI resolves the dependencies (this claim among them) before it
+    reports the request's validation errors; the RequestValidationError it
+    then raises goes through this dependency, and its 422 is not stored:
+    the claim is released, so that the corrected request with the same key
+    executes (the handler never began)."""
+    ctx = await claim(request)
+    try:
+        yield ctx
+    except Exception as err:
+        if _is_validation_error(err):
+            ctx._refused_before_handler()
+        raise
 
 
 class _Refused(Exception):
     """The request is refused before its claim: its key or its body."""
 
-    def __init__(self, outcome: str, message: str) -> None:
+    def __init__(self, outcome: str, message: str, code: Optional[str] = None) -> None:
         super().__init__(message)
         self.outcome = outcome
         self.message = message
+        self.code = code
 
 
 def _route_template(routes: Any, scope: Scope, prefix: str = "") -> Optional[str]:
@@ -423,6 +490,12 @@ class Context:
         self.endpoint = endpoint
         self.lease_token: Optional[int] = state["lease_token"]
         self._state = state
+        self._attempt: Dict[str, Any] = {}  # this run's: the middleware gives its own
+
+    def _refused_before_handler(self) -> None:
+        """The framework answered before the handler began (FastAPI's
+        validation error): the answer is sent, nothing is stored."""
+        self._attempt["before_handler"] = True
 
     def no_side_effect(self) -> None:
         """Lease mode: nothing happened outside the database yet, so a failure
@@ -467,7 +540,7 @@ class IdempotencyMiddleware:
                  limit: int = 1024 * 1024, isolation: Optional[str] = None, heartbeat: Optional[float] = None,
                  store_status: Callable[[int], bool] = lambda status: status < 500,
                  deadline: Optional[float] = DEFAULT_DEADLINE, opt_in: bool = True,
-                 log: Optional[Logger] = None) -> None:
+                 log: Optional[Logger] = None, problem_type_base: Optional[str] = None) -> None:
         if profile not in ("stripe", "ietf"):
             raise ValueError("profile is 'stripe' or 'ietf'")
         if key_policy not in ("refuse", "hash"):
@@ -481,9 +554,10 @@ class IdempotencyMiddleware:
         self.profile = profile
         self.key_policy = key_policy
         self.exclude = list(exclude) if exclude else None
-        self.lease = _pg_interval(lease)
-        self.wait = _pg_interval(wait)
-        self.ttl = _pg_interval(ttl)
+        self.lease = _pg_interval(lease, "lease")
+        self.wait = _pg_interval(wait, "wait")
+        self.ttl = _pg_interval(ttl, "ttl")
+        self.problem_type_base = problem_type_base
         self.heartbeat = heartbeat  # lease mode; by default a third of the lease as the server reads it
         self._checked = False
         self.required = required
@@ -505,6 +579,8 @@ class IdempotencyMiddleware:
             warnings.warn(message, DeprecationWarning, stacklevel=2)
             LOGGER.warning("idempotency: %s", message)
         self.log: Logger = log or _default_log
+        self.warn: Logger = log or _default_warn
+        self._unclaimed_warned: Set[str] = set()  # the routes logged as answering keyed requests unclaimed
 
     @property
     def pool(self) -> AsyncConnectionPool:
@@ -534,7 +610,7 @@ class IdempotencyMiddleware:
                 try:
                     box["req"] = await self._prepare(scope, request, endpoint)
                 except _Refused as r:
-                    return await self._send_answer(send, r.outcome, message=r.message)
+                    return await self._send_answer(send, r.outcome, message=r.message, code=r.code)
                 except _Disconnected:
                     return None
             await self._run(scope, send, body, box)
@@ -584,7 +660,7 @@ class IdempotencyMiddleware:
             # not read yet, kept for it), bounded by limit: its fingerprint
             raw = await request["body"].read_whole()
             if raw is None:
-                raise _Refused("body_invalid", "request body too large")
+                raise _Refused("body_invalid", "request body too large", code="request_body_too_large")
             content_type = next((v for k, v in headers if k == "content-type"), "")
             try:
                 body_json, _ = fingerprint_body(content_type, raw)
@@ -660,8 +736,29 @@ class IdempotencyMiddleware:
             pass
         await conn.close()
 
+    def _warn_unclaimed(self, request: Dict[str, Any], status: int) -> None:
+        """opt_in: a request with an Idempotency-Key answered by a route that
+        did not claim ran unprotected (a route of 0.3.0's days, before routes
+        opted in): logged once per route.  An error answer (a route that
+        claims, refused by the framework before its claim; no route at all)
+        is not such a route."""
+        if not self.opt_in or status >= 400 or not any(k == "idempotency-key" for k, _ in request["headers"]):
+            return
+        entry = request["entry"]
+        template = _route_template(getattr(entry.get("app"), "routes", None), entry)
+        if template is None:
+            return
+        route = f"{entry['method']} {entry.get('root_path', '')}{template}"
+        if route in self._unclaimed_warned:
+            return
+        self._unclaimed_warned.add(route)
+        self.warn(f"route_without_claim: {route} answered a request with an Idempotency-Key without claiming "
+                  "it, so the request ran unprotected (routes opt in). Add Depends(idempotency) to the route "
+                  "(Starlette: await claim(request)), or ignore this if it needs no protection; logged once per "
+                  "route", None)
+
     async def _send_answer(self, send: Send, outcome: str, **kw: Any) -> None:
-        status, headers, body = answer(self.profile, outcome, **kw)
+        status, headers, body = answer(self.profile, outcome, type_base=self.problem_type_base, **kw)
         await self._send(send, status, headers, json.dumps(body).encode())
 
     @staticmethod
@@ -758,7 +855,8 @@ class IdempotencyMiddleware:
         conn: Optional[AsyncConn] = None
         heartbeat: Optional["asyncio.Future[None]"] = None
         released = {"conn": False}
-        claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False, "gone": False}
+        claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False, "gone": False,
+                                   "before_handler": False}
         watchers: List["asyncio.Future[Any]"] = []
 
         # the connection back to the pool, once, and the heartbeat stopped:
@@ -857,6 +955,8 @@ class IdempotencyMiddleware:
             try:
                 conn = await self.pool.getconn()
             except Exception as err:
+                if _never_opened(self.pool, err):
+                    raise _NotConfigured(POOL_NOT_OPENED) from err
                 self.log("no database connection", err)
                 state["connect_failed"] = True
                 raise _Retry() from err
@@ -885,6 +985,7 @@ class IdempotencyMiddleware:
             else:
                 await conn.execute("SELECT 1")  # opens the transaction the application writes in
             ctx = Context(conn, key, req["tenant"], req["endpoint"], state)
+            ctx._attempt = claimed
             scope.setdefault("state", {})["idempotency"] = ctx
             claimed["ctx"] = ctx
             return ctx
@@ -917,7 +1018,7 @@ class IdempotencyMiddleware:
                 if head:
                     length = next((v for k, v in captured["headers"] if k.lower() == b"content-length"), length)
                     body = b""
-                if not self.store_status(status):
+                if claimed["before_handler"] or not self.store_status(status):
                     await conn.rollback()
                     if state["lease_token"] is not None:
                         # a 5xx is the handler's own failure: not stored, the key
@@ -964,6 +1065,8 @@ class IdempotencyMiddleware:
                 if not claimed["started"]:
                     # opt_in: a route that did not ask for the claim passes
                     # through untouched, without a connection
+                    if message["type"] == "http.response.start":
+                        self._warn_unclaimed(box["request"], message["status"])
                     await send(message)
                     if message["type"] == "http.response.body" and not message.get("more_body", False):
                         done["sent"] = True
@@ -1022,7 +1125,7 @@ class IdempotencyMiddleware:
         except _Answered as a:
             await self._answer_claim(send, box["req"], a.claim)
         except _Refused as r:
-            await self._send_answer(send, r.outcome, message=r.message)
+            await self._send_answer(send, r.outcome, message=r.message, code=r.code)
         except _BodyRefused as err:
             if conn is not None:
                 await conn.rollback()

@@ -4,7 +4,9 @@ errors as RFC 9457 problem details).  The same table as the Node client."""
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-IETF_TYPE = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/"
+#: the problem types' URIs (ietf) are this base and the answer's code, one
+#: per problem: each code has its anchor in doc/http.md ("Problem codes")
+PROBLEM_TYPE_BASE = "https://pgxn.org/dist/idempotency/doc/http.html#"
 
 # outcome -> (stripe status, stripe error type, Stripe-Should-Retry, ietf status, title)
 OUTCOMES: Dict[str, Tuple[int, str, str, int, str]] = {
@@ -23,6 +25,21 @@ OUTCOMES: Dict[str, Tuple[int, str, str, int, str]] = {
     "too_large": (500, "api_error", "false", 500, "The response is too large to be stored for replay"),
     "unavailable": (503, "api_error", "true", 503,
                     "The request could not be completed; retry it with the same Idempotency-Key"),
+}
+
+# outcome -> the code its answer carries when the caller names none (every
+# answer has a code: Stripe's error.code, the problem's code and type)
+DEFAULT_CODE: Dict[str, str] = {
+    "key_missing": "idempotency_key_missing",
+    "key_invalid": "idempotency_key_invalid",
+    "body_invalid": "request_body_invalid",
+    "in_progress": "request_in_progress",
+    "mismatch": "idempotency_key_reuse",
+    "pending": "outcome_pending",
+    "expired": "key_expired",
+    "not_configured": "idempotency_not_configured",
+    "too_large": "response_too_large",
+    "unavailable": "request_not_completed",
 }
 
 ACTION_OUTCOME: Dict[str, str] = {"in_progress": "in_progress", "mismatch": "mismatch", "pending": "pending",
@@ -50,9 +67,13 @@ def mismatch_message(m: Mapping[str, Any]) -> Optional[str]:
 
 def answer(profile: str, outcome: str, message: Optional[str] = None, code: Optional[str] = None,
            retry_after: Optional[int] = None,
-           mismatch: Optional[Mapping[str, Any]] = None) -> Tuple[int, Dict[str, str], Dict[str, Any]]:
-    """(status, headers dict, body as a JSON value)."""
+           mismatch: Optional[Mapping[str, Any]] = None,
+           type_base: Optional[str] = None) -> Tuple[int, Dict[str, str], Dict[str, Any]]:
+    """(status, headers dict, body as a JSON value).  code: the outcome's
+    own by default; the ietf problem's type is type_base (PROBLEM_TYPE_BASE
+    by default) followed by the code."""
     o = OUTCOMES[outcome]
+    code = code or DEFAULT_CODE[outcome]
     if mismatch and not message:
         message = mismatch_message(mismatch)
     headers: Dict[str, str] = {}
@@ -61,18 +82,15 @@ def answer(profile: str, outcome: str, message: Optional[str] = None, code: Opti
     if profile == "stripe":
         headers["Stripe-Should-Retry"] = o[2]
         headers["Content-Type"] = "application/json"
-        error: Dict[str, Any] = {"type": o[1], "message": message or o[4]}
-        if code:
-            error["code"] = code
+        error: Dict[str, Any] = {"type": o[1], "message": message or o[4], "code": code}
         if mismatch:
             error["mismatch"] = mismatch
         return o[0], headers, {"error": error}
     headers["Content-Type"] = "application/problem+json"
-    body: Dict[str, Any] = {"type": IETF_TYPE, "title": o[4], "status": o[3]}
+    body: Dict[str, Any] = {"type": (type_base or PROBLEM_TYPE_BASE) + code, "title": o[4], "status": o[3]}
     if message:
         body["detail"] = message
-    if code:
-        body["code"] = code
+    body["code"] = code
     if mismatch:
         body["mismatch"] = mismatch
     return o[3], headers, body
