@@ -4,7 +4,8 @@ transaction, and a retry with the same key gets the same answer.
 
 Environment: libpq's (PGHOST, PGPORT, PGDATABASE, PGUSER)."""
 
-from typing import Dict
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Dict
 
 from fastapi import BackgroundTasks, Depends, FastAPI
 from fastapi.responses import JSONResponse
@@ -21,7 +22,17 @@ def tenant(scope: Dict[str, object]) -> str:
     return "acct_demo"
 
 
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The pool is opened when the application starts, closed when it stops."""
+    async with pool:
+        yield
+
+
 app = FastAPI()
+# FastAPI 0.93 and later: FastAPI(lifespan=lifespan) does the same (Debian
+# 12's 0.92 ignores that argument)
+app.router.lifespan_context = lifespan
 # only the routes that depend on idempotency claim a key (and take a
 # connection); their endpoint is the route template FastAPI matched
 app.add_middleware(IdempotencyMiddleware, pool=pool, tenant=tenant, profile="ietf",
@@ -31,16 +42,6 @@ app.add_middleware(IdempotencyMiddleware, pool=pool, tenant=tenant, profile="iet
 class Charge(BaseModel):
     amount: int
     currency: str
-
-
-@app.on_event("startup")
-async def open_pool() -> None:
-    await pool.open()
-
-
-@app.on_event("shutdown")
-async def close_pool() -> None:
-    await pool.close()
 
 
 async def write_receipt(charge_id: str) -> None:
