@@ -56,6 +56,7 @@ char	   *idem_encryption_key = "";
 int			idem_diagnostics_max_bytes = 1024;
 int			idem_diagnostics_max_mismatches = 3;
 int			idem_diagnostics_tracked_keys = 10000;
+int			idem_diagnostics_tracked_keys_per_database = 2500;
 int			idem_tombstone_ttl = 30 * 24 * 60 * 60;
 int			idem_tombstone_partition_interval = 7 * 24 * 60 * 60;
 int			idem_tombstone_filter_memory = 32 * 1024;
@@ -317,8 +318,16 @@ IdemGucInit(void)
 								"Number of keys whose diagnosed mismatches are counted in shared memory.",
 								"When every entry holds a live key, mismatches of other keys are answered without member names.",
 								&idem_diagnostics_tracked_keys,
-								10000, 100, 10000000,
+								10000, 1, 10000000,
 								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("idempotency.diagnostics_tracked_keys_per_database",
+								"Number of entries of idempotency.diagnostics_tracked_keys that one database may hold.",
+								"When a database holds that many live keys, mismatches of its other keys are answered without member names; other databases keep their room.",
+								&idem_diagnostics_tracked_keys_per_database,
+								2500, 1, 10000000,
+								PGC_SIGHUP, 0,
 								NULL, NULL, NULL);
 
 	DefineCustomBoolVariable("idempotency.ddl_guard",
