@@ -88,7 +88,7 @@ WHERE locktype = 'advisory' AND objsubid = 18756 AND pid = pg_backend_pid()
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
 -- and no tag computed from the right guess among 1,000 matches it
 SELECT count(*) AS guessed FROM pg_locks l,
-       generate_series(1, 1000) g,
+       generate_series(1001, 2000) g,
        LATERAL pg_temp.unkeyed_tag('tenant-b', 'POST /orders', 'order-' || g) o
 WHERE l.locktype = 'advisory' AND l.objsubid = 18756
   AND l.classid::bigint = o.hi AND l.objid::bigint = o.lo;
