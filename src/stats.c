@@ -37,6 +37,7 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "common/hashfn.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -113,6 +114,22 @@ IdemStatsShmemSize(void)
 									   sizeof(IdemStatsEntry)));
 }
 
+/*
+ * Hash of an entry's key: its database, kind and the endpoint's bytes up to
+ * its end, not the whole zero-padded name (equal keys are still compared
+ * whole, with memcmp).
+ */
+static uint32
+IdemStatsKeyHash(const void *key, Size keysize)
+{
+	const IdemStatsKey *k = (const IdemStatsKey *) key;
+	uint32		h;
+
+	h = hash_bytes_uint32((uint32) k->dbid) ^ (uint32) k->kind;
+	return hash_combine(h, hash_bytes((const unsigned char *) k->endpoint,
+									  strnlen(k->endpoint, IDEM_STATS_KEY_LEN)));
+}
+
 static void
 IdemStatsShmemRequest(void)
 {
@@ -144,11 +161,12 @@ IdemStatsShmemStartup(void)
 
 	info.keysize = sizeof(IdemStatsKey);
 	info.entrysize = sizeof(IdemStatsEntry);
+	info.hash = IdemStatsKeyHash;
 	idem_stats_hash = ShmemInitHash("idempotency stats by database and endpoint",
 									IdemStatsCapacity(),
 									IdemStatsCapacity(),
 									&info,
-									HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+									HASH_ELEM | HASH_FUNCTION | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
 
