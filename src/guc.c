@@ -161,11 +161,16 @@ IdemNamesSetConfig(const char *s)
 	return false;
 }
 
-/* Does s hold the bind parameters of a statement (errdetail_params)? */
+/*
+ * Does s hold the bind parameters of a statement?  PostgreSQL writes them
+ * as "$1 = '...', $2 = ..." after a label that differs between versions
+ * and languages ("parameters: ", "Parameters: ", "unnamed portal with
+ * parameters: ").
+ */
 static bool
 IdemHoldsParameters(const char *s)
 {
-	return s != NULL && strstr(s, "parameters: ") != NULL;
+	return s != NULL && strstr(s, "$1 = ") != NULL;
 }
 
 /*
