@@ -10,8 +10,16 @@
  *	  "parameter ... changed to ..." (with the text of the file), so that
  *	  line is never written for the key; SHOW and current_setting() show
  *	  only whether a key is set.  The check hook accepts every value, so no
- *	  "invalid value" error can quote it.  Statements that name the setting
- *	  are kept out of the log too (see IdemHideKeyStatements).
+ *	  "invalid value" error can quote it, but for where it comes from: a
+ *	  database's, a role's or a function's setting (ALTER DATABASE/ROLE ...
+ *	  SET, CREATE/ALTER FUNCTION ... SET) is refused, because those are
+ *	  stored in catalogs every role reads (pg_db_role_setting,
+ *	  pg_proc.proconfig); its error names neither the value nor the
+ *	  statement.  The key is set only where the superuser's configuration
+ *	  is: postgresql.conf, ALTER SYSTEM, or SET in a superuser's session.
+ *	  Statements that name the setting, and the bind parameters of those
+ *	  that call set_config(), are kept out of the log too (see
+ *	  IdemHideKeyStatements).
  *
  *-------------------------------------------------------------------------
  */
@@ -48,6 +56,7 @@ char	   *idem_encryption_key = "";
 int			idem_diagnostics_max_bytes = 1024;
 int			idem_diagnostics_max_mismatches = 3;
 int			idem_diagnostics_tracked_keys = 10000;
+int			idem_diagnostics_tracked_keys_per_database = 2500;
 int			idem_tombstone_ttl = 30 * 24 * 60 * 60;
 int			idem_tombstone_partition_interval = 7 * 24 * 60 * 60;
 int			idem_tombstone_filter_memory = 32 * 1024;
@@ -67,7 +76,12 @@ static emit_log_hook_type prev_emit_log_hook = NULL;
 
 /*
  * Check hook of idempotency.encryption_key: the key goes to *extra, the
- * value kept by the GUC machinery becomes "".  Every value is accepted.
+ * value kept by the GUC machinery becomes "".  Every value is accepted but
+ * from a database's, a role's or a function's setting: PGC_S_TEST is the
+ * check of ALTER DATABASE/ROLE ... SET and of a function's SET clause
+ * before it is stored, the others are such a setting stored earlier (or
+ * while the library was not loaded) as a session starts.  ALTER SYSTEM and
+ * postgresql.conf check with PGC_S_FILE, SET with PGC_S_SESSION.
  */
 static bool
 IdemEncryptionKeyCheck(char **newval, void **extra, GucSource source)
@@ -76,6 +90,19 @@ IdemEncryptionKeyCheck(char **newval, void **extra, GucSource source)
 	char	   *key = NULL;
 	char	   *empty;
 
+	if (len > 0 &&
+		(source == PGC_S_TEST || source == PGC_S_GLOBAL ||
+		 source == PGC_S_DATABASE || source == PGC_S_USER ||
+		 source == PGC_S_DATABASE_USER))
+	{
+		/* the error must not quote the value: give a message of our own */
+		memset(*newval, 0, len);
+		GUC_check_errcode(ERRCODE_CANT_CHANGE_RUNTIME_PARAM);
+		GUC_check_errmsg("idempotency.encryption_key cannot be a database's, a role's or a function's setting");
+		GUC_check_errdetail("Those settings are stored in catalogs that every role can read.");
+		GUC_check_errhint("Set the key in postgresql.conf or with ALTER SYSTEM, then reload the configuration.");
+		return false;
+	}
 	if (len > 0)
 	{
 		key = IdemGucAlloc(len + 1);
@@ -126,16 +153,54 @@ IdemNamesKeySetting(const char *s)
 	return false;
 }
 
+/* Does s name set_config?  (ASCII, without regard to case) */
+static bool
+IdemNamesSetConfig(const char *s)
+{
+	for (; s != NULL && *s != '\0'; s++)
+		if (pg_strncasecmp(s, "set_config", 10) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Does s hold the bind parameters of a statement?  PostgreSQL writes them
+ * as "$1 = '...', $2 = ..." after a label that differs between versions
+ * and languages ("parameters: ", "Parameters: ", "unnamed portal with
+ * parameters: ").
+ */
+static bool
+IdemHoldsParameters(const char *s)
+{
+	return s != NULL && strstr(s, "$1 = ") != NULL;
+}
+
 /*
  * emit_log_hook: a statement that names idempotency.encryption_key may
  * carry a key (SET, ALTER SYSTEM, set_config(), a refused value).  The
  * STATEMENT line of its messages is left out, and a message that quotes
  * the statement itself (log_statement, log_min_duration_statement) is
- * written without it and without its parameters.
+ * written without it and without its parameters.  A statement that calls
+ * set_config() may take the setting's name and the key as bind parameters
+ * (set_config($1, $2)), which log_statement, log_min_duration_statement
+ * and log_parameter_max_length_on_error would write in a DETAIL or CONTEXT
+ * line "parameters: $1 = '...'": those lines are left out, and so is the
+ * STATEMENT line of its messages.
  */
 static void
 IdemHideKeyStatements(ErrorData *edata)
 {
+	if (edata->output_to_server && debug_query_string != NULL &&
+		IdemNamesSetConfig(debug_query_string))
+	{
+		edata->hide_stmt = true;
+		if (IdemHoldsParameters(edata->detail))
+			edata->detail = NULL;
+		if (IdemHoldsParameters(edata->detail_log))
+			edata->detail_log = NULL;
+		if (IdemHoldsParameters(edata->context))
+			edata->context = NULL;
+	}
 	if (edata->output_to_server && debug_query_string != NULL &&
 		IdemNamesKeySetting(debug_query_string))
 	{
@@ -276,8 +341,16 @@ IdemGucInit(void)
 								"Number of keys whose diagnosed mismatches are counted in shared memory.",
 								"When every entry holds a live key, mismatches of other keys are answered without member names.",
 								&idem_diagnostics_tracked_keys,
-								10000, 100, 10000000,
+								10000, 1, 10000000,
 								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("idempotency.diagnostics_tracked_keys_per_database",
+								"Number of entries of idempotency.diagnostics_tracked_keys that one database may hold.",
+								"When a database holds that many live keys, mismatches of its other keys are answered without member names; other databases keep their room.",
+								&idem_diagnostics_tracked_keys_per_database,
+								2500, 1, 10000000,
+								PGC_SIGHUP, 0,
 								NULL, NULL, NULL);
 
 	DefineCustomBoolVariable("idempotency.ddl_guard",

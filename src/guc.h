@@ -45,6 +45,7 @@ extern char *idem_encryption_key;
 extern int	idem_diagnostics_max_bytes;
 extern int	idem_diagnostics_max_mismatches;
 extern int	idem_diagnostics_tracked_keys;
+extern int	idem_diagnostics_tracked_keys_per_database;
 
 extern void IdemGucInit(void);
 extern void IdemGucReservePrefix(void);

@@ -17,6 +17,7 @@
 #include "diag_bound.h"
 #include "guc.h"
 #include "horizon.h"
+#include "scope.h"
 #include "stats.h"
 #include "tenant.h"
 #include "tombfilter.h"
@@ -40,6 +41,7 @@ _PG_init(void)
 	IdemHorizonInit();
 	IdemTombFilterInit();
 	IdemDiagBoundInit();
+	IdemScopeInit();
 	IdemClaimInit();
 	IdemWorkerInit();
 }

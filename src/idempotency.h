@@ -49,6 +49,15 @@ extern void IdemRegisterRelcacheCallback(RelcacheCallbackFunction fn);
 extern void IdemRequirePreload(const char *feature);
 
 /*
+ * Is the database dbid certainly gone (dropped, its drop committed)?  False
+ * when it exists, and whenever that cannot be known here (outside a
+ * transaction).  For the shared structures that free the entries of
+ * dropped databases.  Reads the syscache, so call it without holding an
+ * LWLock.
+ */
+extern bool IdemDatabaseDropped(Oid dbid);
+
+/*
  * Run fn(arg) in a subtransaction.  Returns NULL when it succeeded; when it
  * raised an error, rolls the subtransaction back and returns a copy of the
  * error (the caller logs it, or raises it again with ReThrowError).

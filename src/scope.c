@@ -6,25 +6,206 @@
  *	  lock space, which orders every writer of the scope's row (see
  *	  claim.c).
  *
+ *	  A scope's lock tag is a keyed hash of (tenant, endpoint, key):
+ *	  SipHash-2-4 under a secret key, so that a role that reads pg_locks
+ *	  (every role may) cannot test a guess of a key in flight by computing
+ *	  its tag.  Every backend of the server must compute the same tag for
+ *	  the same scope, so the secret is one for the server (the tag holds
+ *	  the database too): with shared_preload_libraries, 16 bytes from
+ *	  pg_strong_random() made in shared memory at server start (locks do
+ *	  not outlive a restart, nor does the secret); without it, where no
+ *	  backend has shared memory of the extension, 16 bytes derived from the
+ *	  database's idempotency.diagnostics_secret (HMAC-SHA256 with a label
+ *	  of its own), which only the extension's owner reads, read once per
+ *	  backend and again when that table changes.  Replacing that secret
+ *	  while claims run changes the tags of claims that start afterwards:
+ *	  claims of one scope racing across the change would not exclude each
+ *	  other, so replace it while no claim runs (doc/diagnostics.md).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "common/hashfn.h"
+#include "catalog/namespace.h"
+#include "common/hmac.h"
+#include "common/sha2.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
+#include "storage/ipc.h"
 #include "storage/lmgr.h"
+#include "storage/shmem.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/lsyscache.h"
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
 #include "idempotency.h"
 #include "keys.h"
+#include "schema.h"
 #include "scope.h"
+#include "siphash.h"
 #include "stats.h"
 #include "tenant.h"
+
+/* the label of the key derived from a database's diagnostics secret */
+#define IDEM_SCOPE_LOCK_LABEL	"idempotency scope lock v1"
+#define IDEM_DIAG_SECRET_BYTES	32
+
+/* with shared_preload_libraries: the server's secret */
+typedef struct IdemScopeShared
+{
+	uint8		lock_key[IDEM_SIPHASH_KEY_LEN];
+} IdemScopeShared;
+
+static IdemScopeShared *scope_shared = NULL;
+
+/* without it: the key derived from the database's secret, and whence */
+static uint8 scope_lock_key[IDEM_SIPHASH_KEY_LEN];
+static bool scope_lock_key_valid = false;
+static Oid	scope_secret_relid = InvalidOid;
+static bool scope_callback_registered = false;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void
+IdemScopeShmemRequest(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemScopeShared)));
+}
+
+static void
+IdemScopeShmemStartup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	scope_shared = ShmemInitStruct("idempotency scope lock key",
+								   sizeof(IdemScopeShared), &found);
+	if (!found && !pg_strong_random(scope_shared->lock_key,
+									IDEM_SIPHASH_KEY_LEN))
+		ereport(FATAL,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate the secret of the idempotency scope locks"),
+				 errdetail("pg_strong_random() failed.")));
+	LWLockRelease(AddinShmemInitLock);
+}
+
+void
+IdemScopeInit(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = IdemScopeShmemRequest;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = IdemScopeShmemStartup;
+}
+
+/* The diagnostics secret's table changed (or every relation did). */
+static void
+IdemScopeSecretInvalidate(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || !OidIsValid(scope_secret_relid) ||
+		relid == scope_secret_relid)
+	{
+		scope_lock_key_valid = false;
+		scope_secret_relid = InvalidOid;
+	}
+}
+
+/*
+ * Without shared memory: the key derived from the database's diagnostics
+ * secret, read as the extension's owner (nobody else may).  A schema older
+ * than that table (during an update from 0.2.0) has a fixed key: every
+ * backend of the database still computes the same tags.
+ */
+static void
+IdemScopeLoadKey(void)
+{
+	IdemOwnerSection section;
+	uint8		mac[PG_SHA256_DIGEST_LENGTH];
+	pg_hmac_ctx *ctx;
+	bytea	   *b = NULL;
+	bool		isnull;
+	Datum		d;
+	int			rc;
+
+	if (!scope_callback_registered)
+	{
+		IdemRegisterRelcacheCallback(IdemScopeSecretInvalidate);
+		scope_callback_registered = true;
+	}
+	if (!IdemSchemaHas(IDEM_SCHEMA_DIAGNOSTICS))
+	{
+		memset(scope_lock_key, 0, sizeof(scope_lock_key));
+		scope_lock_key_valid = true;
+		return;
+	}
+	scope_secret_relid = get_relname_relid("diagnostics_secret",
+										   get_namespace_oid("idempotency", false));
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
+	rc = SPI_execute("SELECT secret FROM idempotency.diagnostics_secret", true, 2);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "reading idempotency.diagnostics_secret failed: %s",
+			 SPI_result_code_string(rc));
+	if (SPI_processed == 1)
+	{
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		b = isnull ? NULL : DatumGetByteaPP(d);
+	}
+	if (b == NULL || VARSIZE_ANY_EXHDR(b) != IDEM_DIAG_SECRET_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency.diagnostics_secret must hold one secret of %d bytes",
+						IDEM_DIAG_SECRET_BYTES),
+				 errdetail("Without shared_preload_libraries, the locks of claims are keyed with it."),
+				 errhint("Insert one secret of 32 random bytes, as the extension's install script does.")));
+	ctx = pg_hmac_create(PG_SHA256);
+	if (ctx == NULL)
+		elog(ERROR, "out of memory");
+	if (pg_hmac_init(ctx, (const uint8 *) VARDATA_ANY(b), IDEM_DIAG_SECRET_BYTES) < 0 ||
+		pg_hmac_update(ctx, (const uint8 *) IDEM_SCOPE_LOCK_LABEL,
+					   strlen(IDEM_SCOPE_LOCK_LABEL)) < 0 ||
+		pg_hmac_final(ctx, mac, sizeof(mac)) < 0)
+	{
+		const char *msg = pg_hmac_error(ctx);
+
+		pg_hmac_free(ctx);
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not compute HMAC-SHA256: %s", msg)));
+	}
+	pg_hmac_free(ctx);
+	memcpy(scope_lock_key, mac, IDEM_SIPHASH_KEY_LEN);
+	explicit_bzero(mac, sizeof(mac));
+	IdemEndOwnerSection(&section);
+	SPI_finish();
+	scope_lock_key_valid = true;
+}
+
+/* The key of the scope locks' tags (see the head comment). */
+static const uint8 *
+IdemScopeLockKey(void)
+{
+	if (scope_shared != NULL)
+		return scope_shared->lock_key;
+	if (!scope_lock_key_valid)
+		IdemScopeLoadKey();
+	return scope_lock_key;
+}
 
 void
 IdemGetScope(FunctionCallInfo fcinfo, IdemScope *scope, bool count_invalid)
@@ -58,18 +239,26 @@ IdemScopeLockTag(LOCKTAG *tag, const text *tenant, const text *endpoint,
 				 const text *key)
 {
 	const text *parts[3] = {tenant, endpoint, key};
-	uint64		h = 0;
+	char		buf[3 * (sizeof(uint32) + IDEM_SCOPE_MAX_LEN)];
+	char	   *p = buf;
+	const uint8 *lock_key = IdemScopeLockKey();
+	uint64		h;
 	int			i;
 
-	/* chained so that ("ab", "c") and ("a", "bc") hash differently */
+	/* framed by lengths so that ("ab", "c") and ("a", "bc") differ */
 	for (i = 0; i < 3; i++)
 	{
 		uint32		len = VARSIZE_ANY_EXHDR(parts[i]);
 
-		h = hash_bytes_extended((const unsigned char *) &len, sizeof(len), h);
-		h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(parts[i]),
-								len, h);
+		/* checked scopes have at most IDEM_SCOPE_MAX_LEN bytes a part */
+		if (len > IDEM_SCOPE_MAX_LEN)
+			elog(ERROR, "scope part of %u bytes is too long for its lock tag", len);
+		memcpy(p, &len, sizeof(len));
+		p += sizeof(len);
+		memcpy(p, VARDATA_ANY(parts[i]), len);
+		p += len;
 	}
+	h = IdemSipHash24(lock_key, buf, p - buf);
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 IDEM_LOCK_SPACE_SCOPE);
 }

@@ -40,7 +40,15 @@ typedef struct IdemScope
 extern void IdemGetScope(FunctionCallInfo fcinfo, IdemScope *scope,
 						 bool count_invalid);
 
-/* The lock tag of one scope (a hash of tenant, endpoint and key). */
+/* With shared_preload_libraries: the secret of the lock tags, at start. */
+extern void IdemScopeInit(void);
+
+/*
+ * The lock tag of one scope: a keyed hash of tenant, endpoint and key
+ * (scope.c), which no role can compute from a guess.  Without
+ * shared_preload_libraries, the first call of a backend reads the key as
+ * the extension's owner.
+ */
 extern void IdemScopeLockTag(LOCKTAG *tag, const text *tenant,
 							 const text *endpoint, const text *key);
 

@@ -5,7 +5,8 @@
  *	  checks, subtransactions that catch an error, and the one way the
  *	  extension acts as another role (IdemSwitchUser, and the owner
  *	  sections built on it, and the owner they act as), and the
- *	  extension's one relcache callback.
+ *	  extension's one relcache callback, and whether a database was
+ *	  dropped.
  *	  Declared in idempotency.h.
  *
  *-------------------------------------------------------------------------
@@ -38,6 +39,15 @@
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
+
+bool
+IdemDatabaseDropped(Oid dbid)
+{
+	if (!OidIsValid(dbid) || dbid == MyDatabaseId || !IsTransactionState())
+		return false;
+	/* pg_database is shared: any database's backend sees every row */
+	return !SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dbid));
+}
 
 /*
  * Raise an error naming shared_preload_libraries when a feature that needs

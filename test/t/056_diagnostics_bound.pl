@@ -2,7 +2,7 @@
 # look: the one log line when a key reaches it (with the key's hash, never
 # the key), the table of counts that fails closed when every entry holds a
 # live key and makes room as keys expire (idempotency.diagnostics_tracked_keys
-# at its least, 100), and counts that start again at server start.
+# = 100), and counts that start again at server start.
 # Statements are not logged (they hold the key, as the application sent
 # it), so that whatever holds the key in the log is the extension's.
 use strict;
