@@ -500,7 +500,10 @@ class Model:
     def _atomic_pending(self, s, scope, fp, rows, e, ttl):
         sess = self.sessions[s]
         sess.pending.insert(0, Pending(scope, fp, e - ttl, e, sess.nest()))
-        if rows is not self.visible(s, scope):
+        # by value: visible() makes a new empty list for a scope without
+        # rows, which is no write (an empty overlay would erase, at commit,
+        # rows another session committed meanwhile)
+        if list(rows) != list(self.visible(s, scope)):
             self.write(s, scope, list(rows))
 
     def row_path(self, s, scope, lo, hi, allowed, token, token_checked=True):
