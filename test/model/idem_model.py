@@ -44,6 +44,22 @@ tombstones.  A comparison of the server's now with a time inside the
 call's window (a partition boundary passing during the run) would be
 ambiguous: the example is then discarded, never judged.
 
+The server's shared state.  Between calls the driver may restart the
+server (IDEM_MODEL_PGCTL, IDEM_MODEL_PGDATA and IDEM_MODEL_PGLOG name
+pg_ctl, the data folder and the log; once a sequence at most, fast or
+immediate, a crash): every open transaction is gone, what was committed
+stays, and the tombstone filters and key horizons are unknown until a pass
+learns them again, which must change no answer.  A second database
+(OTHER_DB) fills the server's table of tombstone filters with partitions
+of its own, each holding a tombstone, when that takes at most
+IDEM_MODEL_FILL_MAX partitions (test/model/model.conf makes the table tiny
+where the server has idempotency.tombstone_filter_entries); its passes,
+between calls, drop some (the room they free may go to a partition of the
+model's database that got tombstones while it had no entry: it must still
+find them), and it fills more.  Runs of tombstones, compaction of filters,
+horizons full, endpoint policy and max_ttl changes, imports and passes
+that race open transactions are not driven yet.
+
 Not modelled: request digests and mismatch diagnostics (a mismatch must
 name nothing here, since no claim gives a digest), resolvers that
 fail or time out (one endpoint's resolver answers, for a stale lease of
@@ -60,11 +76,18 @@ Environment:
   IDEM_MODEL_SHRINK    0: report the first failing sequence without
                        shrinking it
   IDEM_MODEL_TRACE     1: print every statement and its answer (stderr)
+  IDEM_MODEL_PGCTL, IDEM_MODEL_PGDATA, IDEM_MODEL_PGLOG
+                       pg_ctl, the data folder and the log file: restarts
+  IDEM_MODEL_FILL_MAX  the most partitions the other database makes to fill
+                       the table of filters (default 600)
+  IDEM_MODEL_REPLAY    the command a failure prints to replay it
 Connection: PGHOST, PGPORT, PGDATABASE of a server with the library
-preloaded, the settings of test/t/062_model.pl, and the extension created;
-the driver connects as the superuser PGUSER and makes the role model_app.
+preloaded, the settings of test/model/model.conf, and the extension
+created; the driver connects as the superuser PGUSER, makes the role
+model_app and the database OTHER_DB.
 """
 
+import copy
 import datetime
 import hashlib
 import json
@@ -104,6 +127,25 @@ ENDPOINTS = {
     # stale leases go to the resolver (model_resolver): k1 completed, others failed
     'ep_resolve': dict(ttl=None, lease=30 * MIN, tomb=None, conflict=False, resolve=True),
 }
+# the policies as each sequence starts (a sequence may change them)
+ENDPOINTS_START = copy.deepcopy(ENDPOINTS)
+# the changes of policy a sequence makes, when no session is in a
+# transaction: (endpoint, column, SQL value, what the model keeps)
+POLICY_CHANGES = [
+    ('ep_atomic', 'on_expired_reuse', 'conflict', ('conflict', True)),
+    ('ep_atomic', 'on_expired_reuse', 'execute', ('conflict', False)),
+    ('ep_short', 'on_expired_reuse', 'execute', ('conflict', False)),
+    ('ep_lease', 'on_expired_reuse', 'execute', ('conflict', False)),
+    ('ep_atomic', 'ttl', '1 hour', ('ttl', HOUR)),
+    ('ep_atomic', 'ttl', None, ('ttl', None)),
+    ('ep_notomb', 'ttl', '1 day', ('ttl', DAY)),
+    ('ep_resolve', 'ttl', '1 hour', ('ttl', HOUR)),
+    ('ep_atomic', 'tombstone_ttl', '0', ('tomb', 0)),
+    ('ep_atomic', 'tombstone_ttl', '1 hour', ('tomb', HOUR)),
+    ('ep_notomb', 'tombstone_ttl', None, ('tomb', None)),
+    ('ep_short', 'tombstone_ttl', '0', ('tomb', 0)),
+    ('ep_lease', 'tombstone_ttl', '1 hour', ('tomb', HOUR)),
+]
 RESOLVED = ('json', {'resolved': True})
 ENDPOINT_SQL = """
 CREATE OR REPLACE FUNCTION public.model_resolver(tenant text, endpoint text, key text)
@@ -769,27 +811,155 @@ class Model:
 # ---------------------------------------------------------------------------
 # The server
 
+# Restarts and crashes: the driver stops the server (pg_ctl -m fast, or -m
+# immediate: a crash) and starts it again, when it is told how
+PGCTL = os.environ.get('IDEM_MODEL_PGCTL')
+PGDATA = os.environ.get('IDEM_MODEL_PGDATA')
+PGLOG = os.environ.get('IDEM_MODEL_PGLOG')
+CAN_RESTART = bool(PGCTL and PGDATA and PGLOG)
+# The other database, whose maintenance fills and frees the shared tables
+# of the server (tombstone filters, horizons) while the model's database
+# runs: its "fill" partitions of tombstones, one minute wide, from FILL_BASE
+# on (freed by its passes as of a time among them) and from REFILL_BASE on
+# (made again later, never freed), each holding one tombstone, so each takes
+# one entry of the filters' table.
+OTHER_DB = 'model_other'
+FILL_BASE = to_us(datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc))
+REFILL_BASE = to_us(datetime.datetime(2040, 1, 1, tzinfo=datetime.timezone.utc))
+# the most partitions the driver makes to fill the table of filters (each
+# costs about 15 ms once per run): with the default 8,192 entries, more
+# than make test can afford, unless IDEM_MODEL_FILL_MAX says so
+FILL_MAX = int(os.environ.get('IDEM_MODEL_FILL_MAX') or '600')
+# the capacities of the shared structures, where the server has the setting
+CAPACITY_SETTINGS = ['idempotency.tombstone_filter_entries', 'idempotency.horizon_entries',
+                     'idempotency.tombstone_filter_memory', 'idempotency.diagnostics_tracked_keys',
+                     'idempotency.stats_max_endpoints']
+TOMBFILTER_ENTRIES_DEFAULT = 8192
+
+
 class Harness:
     def __init__(self):
-        conninfo = dict(host=os.environ.get('PGHOST'), port=os.environ.get('PGPORT'),
-                        dbname=os.environ.get('PGDATABASE', 'postgres'))
-        self.admin = psycopg.connect(autocommit=True, user=os.environ.get('PGUSER'), **conninfo)
-        self.admin.execute("SET TimeZone = 'UTC'")
+        self.conninfo = dict(host=os.environ.get('PGHOST'), port=os.environ.get('PGPORT'),
+                             dbname=os.environ.get('PGDATABASE', 'postgres'))
+        self.user = os.environ.get('PGUSER')
+        self.connect_admin()
         self.admin.execute('DROP ROLE IF EXISTS model_app')
         self.admin.execute('CREATE ROLE model_app LOGIN IN ROLE idempotency_client, idempotency_admin')
         self.admin.execute('DELETE FROM idempotency.endpoints')
         self.admin.execute(ENDPOINT_SQL)
+        self.capacity = {}
+        for name in CAPACITY_SETTINGS:
+            self.capacity[name] = self.admin.execute(
+                'SELECT pg_catalog.current_setting(%s, true)', (name,)).fetchone()[0]
         self.sessions = []
-        for _ in range(NSESSIONS):
-            c = psycopg.connect(autocommit=True, user='model_app', **conninfo)
-            c.execute("SET TimeZone = 'UTC'")
-            c.execute("SET lock_timeout = '30ms'")
-            self.sessions.append(c)
+        self.connect_sessions()
         self.busy = {}          # session -> thread of a claim that waits
         self.hashes = {}
         for scope in SCOPES:
             self.hashes[scope] = self.admin.execute(
                 'SELECT idempotency.idem_tombstone_hash(%s, %s, %s)', scope).fetchone()[0]
+        # the model's database learns its filters first (a pass learns them
+        # once per server start): then the other one fills the table
+        self.admin.execute("SELECT count(*) FROM idempotency.idem_maintenance(now(), preview => false)")
+        self.setup_other()
+
+    def connect_admin(self):
+        self.admin = psycopg.connect(autocommit=True, user=self.user, **self.conninfo)
+        self.admin.execute("SET TimeZone = 'UTC'")
+
+    def connect_sessions(self):
+        for c in self.sessions:
+            c.close()
+        self.sessions = []
+        for _ in range(NSESSIONS):
+            c = psycopg.connect(autocommit=True, user='model_app', **self.conninfo)
+            c.execute("SET TimeZone = 'UTC'")
+            c.execute("SET lock_timeout = '30ms'")
+            self.sessions.append(c)
+
+    def connect_other(self):
+        conninfo = dict(self.conninfo, dbname=OTHER_DB)
+        self.other = psycopg.connect(autocommit=True, user=self.user, **conninfo)
+        self.other.execute("SET TimeZone = 'UTC'")
+
+    def setup_other(self):
+        """The other database: made afresh, with wide partitions of its own
+        (its passes as of the fill times make few), and its fill partitions."""
+        self.admin.execute('DROP DATABASE IF EXISTS %s WITH (FORCE)' % OTHER_DB)
+        self.admin.execute('CREATE DATABASE %s' % OTHER_DB)
+        self.admin.execute("ALTER DATABASE %s SET idempotency.tombstone_partition_interval = '30d'"
+                           % OTHER_DB)
+        self.connect_other()
+        self.other.execute('CREATE EXTENSION idempotency CASCADE')
+        self.other.execute("SELECT count(*) FROM idempotency.idem_maintenance(now(), preview => false)")
+        entries = self.capacity['idempotency.tombstone_filter_entries']
+        self.filter_entries = int(entries) if entries else TOMBFILTER_ENTRIES_DEFAULT
+        # enough partitions with a tombstone to fill the table, and some
+        self.fill_n = self.filter_entries + 8
+        self.fill_on = self.fill_n <= FILL_MAX
+        self.fill_lo = 0            # the first fill partition not freed yet
+        self.refill_hi = 0          # refill partitions made
+        self.other_as_of = None
+        if self.fill_on:
+            started = time.monotonic()
+            self.make_fill(FILL_BASE, 0, self.fill_n)
+            print('model: the other database filled the table of filters: %d partitions, %.1f s'
+                  % (self.fill_n, time.monotonic() - started), flush=True)
+
+    def make_fill(self, base, lo, hi):
+        """Fill partitions lo..hi-1 of the region from base, each with one
+        tombstone (so one entry in the filters' table each); by 200, for
+        the locks of one transaction."""
+        for a in range(lo, hi, 200):
+            b = min(hi, a + 200)
+            # past the DDL guard, which keeps the partitions maintenance's
+            self.other.execute('SET session_replication_role = replica')
+            self.other.execute(
+                """DO $$ BEGIN FOR i IN %d..%d LOOP
+                     EXECUTE pg_catalog.format('CREATE TABLE idempotency.fill_%%s_%%s PARTITION OF
+                       idempotency.tombstones FOR VALUES FROM (%%L) TO (%%L)', %d, i,
+                       %s::timestamptz + i * interval '1 minute',
+                       %s::timestamptz + (i + 1) * interval '1 minute');
+                   END LOOP; END $$""" % (a, b - 1, base // DAY,
+                                          "'%s'" % utc_literal(base), "'%s'" % utc_literal(base)))
+            self.other.execute('RESET session_replication_role')
+            self.other.execute(
+                """INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+                   SELECT idempotency.idem_tombstone_hash('fill', 'fill', %s || '_' || i),
+                          pg_catalog.sha256('fill'::bytea),
+                          %s::timestamptz + i * interval '1 minute' - interval '1 day',
+                          %s::timestamptz + i * interval '1 minute' + interval '30 seconds'
+                   FROM generate_series(%s::integer, %s::integer) i""",
+                (str(base // DAY), utc_literal(base), utc_literal(base), a, b - 1))
+
+    def other_free(self, k):
+        """A pass of the other database as of a time among its fill
+        partitions: it drops the k first (and frees their entries)."""
+        self.fill_lo = min(self.fill_n, self.fill_lo + k)
+        as_of = FILL_BASE + self.fill_lo * MIN
+        rows = self.other.execute(
+            "SELECT kind, object FROM idempotency.idem_maintenance(%s, preview => false)",
+            (utc_literal(as_of),)).fetchall()
+        return rows
+
+    def other_refill(self, k):
+        self.make_fill(REFILL_BASE, self.refill_hi, self.refill_hi + k)
+        self.refill_hi += k
+
+    def restart(self, mode):
+        """Stop the server (fast: a clean shutdown; immediate: a crash) and
+        start it again; every connection is made again."""
+        for c in self.sessions + [self.admin, self.other]:
+            try:
+                c.close()
+            except Exception:
+                pass
+        import subprocess
+        subprocess.run([PGCTL, '-D', PGDATA, '-l', PGLOG, '-m', mode, '-w', '-t', '120', 'restart'],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.connect_admin()
+        self.connect_sessions()
+        self.connect_other()
 
     def drain(self):
         """End every transaction, and wait for the claims that wait (an
@@ -807,6 +977,11 @@ class Harness:
     def reset(self):
         trace('---- new sequence')
         self.drain()
+        # the policies of the endpoints as a sequence starts
+        ENDPOINTS.clear()
+        ENDPOINTS.update(copy.deepcopy(ENDPOINTS_START))
+        self.admin.execute('DELETE FROM idempotency.endpoints')
+        self.admin.execute(ENDPOINT_SQL)
         # DELETE rather than TRUNCATE, which costs a new file per partition
         self.admin.execute('DELETE FROM idempotency.keys')
         self.admin.execute('DELETE FROM idempotency.tombstones')
@@ -867,6 +1042,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.recent = []
         self.last_session = 0
         self.waits = {}     # session -> its claim that waits
+        self.restarts = 0
 
     # ---- helpers -----------------------------------------------------
 
@@ -950,7 +1126,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         if any(x.in_txn for x in sessions):
             kinds += ['commit'] * 2 + ['rollback']
         elif not self.waits:
-            kinds += ['maintenance'] * 2
+            kinds += ['maintenance'] * 2 + ['policy']
+        if self.h.fill_on:
+            # the other database frees entries of the shared tables, or takes more
+            kinds += ['other_free', 'other_refill']
+        if CAN_RESTART and not self.waits and self.restarts < 1:
+            kinds += ['restart']
         kind = data.draw(st.sampled_from(kinds), label='step')
         if kind != 'call':
             getattr(self, 'do_' + kind)(data)
@@ -1295,6 +1476,47 @@ class ProtocolMachine(RuleBasedStateMachine):
                                      for x, c in zip(self.m.sessions, self.h.sessions)]))
         self.check_tables()
 
+    def do_policy(self, data):
+        """An endpoint's policy changes (ttl, tombstone_ttl,
+        on_expired_reuse) while no session is in a transaction: the calls
+        that follow, and the passes, follow the new one."""
+        ep, column, value, (field, kept) = data.draw(st.sampled_from(POLICY_CHANGES),
+                                                     label='policy change')
+        rows, err, lo, hi = call(self.h.admin,
+                                 'UPDATE idempotency.endpoints SET %s = %%s::%s WHERE endpoint = %%s'
+                                 % (column, 'text' if column == 'on_expired_reuse' else 'interval'),
+                                 (value, ep))
+        self.expect('policy %s %s' % (ep, column), None, err)
+        tally('policy', '%s %s' % (column, value))
+        ENDPOINTS[ep][field] = kept
+
+    def do_restart(self, data):
+        """The server stops (fast, or immediate: a crash) and starts again:
+        every open transaction is gone, what was committed stays; the shared
+        filters and horizons are unknown until a pass learns them again, and
+        every answer must stay the same meanwhile."""
+        mode = data.draw(st.sampled_from(['fast', 'immediate']), label='stop mode')
+        self.restarts += 1
+        tally('restart', mode)
+        self.h.restart(mode)
+        for s in range(NSESSIONS):
+            self.m.rollback(s)
+        self.check_tables()
+
+    def do_other_free(self, data):
+        """A pass of the other database drops some of its partitions: their
+        entries in the shared table of filters are freed."""
+        k = data.draw(st.sampled_from([1, 2, 4]), label='partitions freed')
+        self.h.other_free(k)
+        tally('other_free', k)
+
+    def do_other_refill(self, data):
+        """The other database writes tombstones into new partitions: they
+        take entries of the shared table of filters."""
+        k = data.draw(st.sampled_from([1, 4]), label='partitions filled')
+        self.h.other_refill(k)
+        tally('other_refill', k)
+
     # ---- the tables ----------------------------------------------------
 
     def check_tables(self):
@@ -1371,6 +1593,13 @@ def main():
     print('model: seed %d, %d sequences of at most %d calls (replay: IDEM_MODEL_SEED=%d)'
           % (run_seed, examples, steps, run_seed), flush=True)
     HARNESS = Harness()
+    print('model: capacities: %s; restarts %s; the other database %s'
+          % (', '.join('%s %s' % (k.split('.')[1], v or 'unknown (no such setting)')
+                       for k, v in HARNESS.capacity.items()),
+             'on' if CAN_RESTART else 'off (IDEM_MODEL_PGCTL, IDEM_MODEL_PGDATA, IDEM_MODEL_PGLOG unset)',
+             'fills the table of filters (%d partitions)' % HARNESS.fill_n if HARNESS.fill_on else
+             'does not fill the table of filters (%d entries, more than IDEM_MODEL_FILL_MAX %d)'
+             % (HARNESS.filter_entries, FILL_MAX)), flush=True)
     started = time.monotonic()
     machine = seed(run_seed)(ProtocolMachine)
     try:
@@ -1379,8 +1608,11 @@ def main():
             database=None, phases=phases, derandomize=False,
             suppress_health_check=list(HealthCheck), print_blob=False))
     except Exception:
-        print('model: FAILED with seed %d: replay with IDEM_MODEL_SEED=%d' % (run_seed, run_seed),
-              flush=True)
+        replay = os.environ.get('IDEM_MODEL_REPLAY') or (
+            'IDEM_MODEL_SEED=%d IDEM_MODEL_EXAMPLES=%d IDEM_MODEL_STEPS=%d TESTS=062_model make test,'
+            ' or make model SEEDS=%d EXAMPLES=%d STEPS=%d'
+            % (run_seed, examples, steps, run_seed, examples, steps))
+        print('model: FAILED with seed %d: replay with %s' % (run_seed, replay), flush=True)
         raise
     print('model: answers: %s' % ', '.join('%s %s %d' % (k[0], k[1], n)
                                          for k, n in sorted(TALLY.items())), flush=True)

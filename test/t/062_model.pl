@@ -15,12 +15,18 @@
 # run, the times between being reached by passes as of a later or an
 # earlier time.
 #
+# Between calls the driver also restarts the server (fast, or immediate: a
+# crash), and a second database fills and frees the server's shared table
+# of tombstone filters (test/model/model.conf makes it tiny where the
+# server has idempotency.tombstone_filter_entries).
+#
 # A fixed budget: IDEM_MODEL_EXAMPLES sequences (default 50) of at most
 # IDEM_MODEL_STEPS calls (default 60).  Every run prints its seed; a
 # failing run prints the shortest sequence Hypothesis found and the seed, and
 #   IDEM_MODEL_SEED=N TESTS=062_model make test
 # replays it (IDEM_MODEL_SHRINK=0 reports the first failing sequence as it
-# came, without shrinking it).
+# came, without shrinking it).  make model runs a longer budget for the
+# seeds it is given (scripts/model.sh).
 use strict;
 use warnings;
 use FindBin;
