@@ -77,13 +77,14 @@ for seed in $SEEDS; do
         -c 'CREATE EXTENSION idempotency CASCADE' >/dev/null
     log=$MODEL_DIR/seed-$seed.log
     set +e
-    as_pg env PGHOST="$SOCKET_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" PGDATABASE=postgres \
+    # from the model's folder: Hypothesis writes .hypothesis/ where it runs
+    (cd "$MODEL_DIR" && as_pg env PGHOST="$SOCKET_DIR" PGPORT="$PORT" PGUSER="$PGOS_USER" PGDATABASE=postgres \
         PYTHONDONTWRITEBYTECODE=1 IDEM_MODEL_SEED="$seed" IDEM_MODEL_EXAMPLES="$EXAMPLES" \
         IDEM_MODEL_STEPS="$STEPS" IDEM_MODEL_SHRINK="$SHRINK" \
         IDEM_MODEL_PGDATA="$CLUSTER/data" IDEM_MODEL_PGCTL="$PGBIN/pg_ctl" \
         IDEM_MODEL_PGLOG="$CLUSTER/postgres.log" IDEM_MODEL_REPLAY="$(replay "$seed")" \
         IDEM_MODEL_FILL_MAX="${IDEM_MODEL_FILL_MAX:-}" \
-        /usr/bin/python3 "$MODEL_DIR/driver/idem_model.py" >"$log" 2>&1
+        /usr/bin/python3 "$MODEL_DIR/driver/idem_model.py") >"$log" 2>&1
     rc=$?
     set -e
     if [ $rc -eq 0 ]; then
