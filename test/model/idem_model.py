@@ -56,9 +56,12 @@ IDEM_MODEL_FILL_MAX partitions (test/model/model.conf makes the table tiny
 where the server has idempotency.tombstone_filter_entries); its passes,
 between calls, drop some (the room they free may go to a partition of the
 model's database that got tombstones while it had no entry: it must still
-find them), and it fills more.  Runs of tombstones, compaction of filters,
-horizons full, endpoint policy and max_ttl changes, imports and passes
-that race open transactions are not driven yet.
+find them), and it fills more.  While no session is in a transaction, an
+endpoint's ttl, tombstone_ttl or on_expired_reuse may change, and a
+tenant's keys are exported (checked against the model) and imported: moved
+out and back (deleted and imported in one transaction), or imported again
+over themselves.  Runs of tombstones, compaction of filters, max_ttl
+changes, and passes that race open transactions are not driven yet.
 
 Not modelled: request digests and mismatch diagnostics (a mismatch must
 name nothing here, since no claim gives a digest), resolvers that
@@ -1126,7 +1129,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if any(x.in_txn for x in sessions):
             kinds += ['commit'] * 2 + ['rollback']
         elif not self.waits:
-            kinds += ['maintenance'] * 2 + ['policy']
+            kinds += ['maintenance'] * 2 + ['policy', 'transfer']
         if self.h.fill_on:
             # the other database frees entries of the shared tables, or takes more
             kinds += ['other_free', 'other_refill']
@@ -1489,6 +1492,59 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.expect('policy %s %s' % (ep, column), None, err)
         tally('policy', '%s %s' % (column, value))
         ENDPOINTS[ep][field] = kept
+
+    def do_transfer(self, data):
+        """idem_export_keys of a tenant, checked against the model's live
+        keys of it; then either the tenant moves out and back (its keys
+        deleted and the export imported, in one transaction: its expired
+        keys are gone, without tombstones), or the export is imported again
+        over the keys it came from (every one unchanged)."""
+        tenant = data.draw(st.sampled_from(sorted(set(TENANTS))), label='tenant')
+        how = data.draw(st.sampled_from(['move', 'again']), label='transfer')
+        m = self.m
+        rows, err, lo, hi = call(self.h.admin, 'SELECT k FROM idempotency.idem_export_keys(%s) k',
+                                 (tenant,))
+        self.expect('export', None, err)
+        got = sorted((k['endpoint'], k['key'], k['fingerprint'], k['state'],
+                      to_us(datetime.datetime.fromisoformat(k['expires_at'])))
+                     for (k,) in rows)
+        try:
+            live = {scope: m.live(r, lo, hi) for scope, r in m.rows.items() if scope[0] == tenant}
+        except Ambiguous as e:
+            note('ambiguous: %s' % e)
+            assume(False)
+        want = sorted((scope[1], scope[2], '\\x' + r.fp.hex(), r.state, r.expires_at)
+                      for scope, rs in live.items() for r in rs)
+        tally('transfer', how)
+        if got != want:
+            raise AssertionError('export of %s: the model expects\n  %s\nthe server gave\n  %s'
+                                 % (tenant, '\n  '.join(map(repr, want)), '\n  '.join(map(repr, got))))
+        export = json.dumps([k for (k,) in rows])
+        with self.h.admin.transaction():
+            if how == 'move':
+                self.h.admin.execute('DELETE FROM idempotency.keys WHERE tenant = %s', (tenant,))
+            lo = now_us()
+            out = dict(self.h.admin.execute(
+                'SELECT outcome, rows FROM idempotency.idem_import_keys(%s::jsonb)', (export,)).fetchall())
+            hi = now_us()
+        try:
+            still = [r for rs in live.values() for r in m.live(rs, lo, hi)]
+        except Ambiguous as e:
+            note('ambiguous: %s' % e)
+            assume(False)
+        n = len(still)
+        expired = sum(len(rs) for rs in live.values()) - n
+        want_out = dict(inserted=n if how == 'move' else 0, unchanged=0 if how == 'move' else n,
+                        kept=0, expired=expired)
+        if out != want_out:
+            raise AssertionError('import of %s (%s): the model expects %r, the server answered %r'
+                                 % (tenant, how, want_out, out))
+        if how == 'move':
+            for scope in list(m.rows):
+                if scope[0] == tenant:
+                    m.rows[scope] = [r for r in live[scope] if r in still]
+            m.rows = {k: v for k, v in m.rows.items() if v}
+        self.check_tables()
 
     def do_restart(self, data):
         """The server stops (fast, or immediate: a crash) and starts again:
