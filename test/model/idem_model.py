@@ -60,7 +60,11 @@ find them), and it fills more.  While no session is in a transaction, an
 endpoint's ttl, tombstone_ttl or on_expired_reuse may change, and a
 tenant's keys are exported (checked against the model) and imported: moved
 out and back (deleted and imported in one transaction), or imported again
-over themselves.  Runs of tombstones, compaction of filters, max_ttl
+over themselves.  A third database (RUNS_DB) gets, once a sequence, a
+partition of more than 1,024 expired keys, which a pass drops, writing
+their tombstones as runs; claims of some of those keys (then, and at any
+later step, after restarts too) must answer mismatch with the other
+fingerprint and execute with their own.  Compaction of filters, max_ttl
 changes, and passes that race open transactions are not driven yet.
 
 Not modelled: request digests and mismatch diagnostics (a mismatch must
@@ -833,6 +837,12 @@ REFILL_BASE = to_us(datetime.datetime(2040, 1, 1, tzinfo=datetime.timezone.utc))
 # costs about 15 ms once per run): with the default 8,192 entries, more
 # than make test can afford, unless IDEM_MODEL_FILL_MAX says so
 FILL_MAX = int(os.environ.get('IDEM_MODEL_FILL_MAX') or '600')
+# A third database, where a pass drops partitions of keys holding more than
+# IDEM_TOMBSTONE_RUN_MIN (1,024) expired keys: it writes runs of tombstones
+# (doc/tombstones.md).  Each round uses days of its own from RUNS_BASE on.
+RUNS_DB = 'model_runs'
+RUNS_BASE = to_us(datetime.datetime(2050, 1, 1, tzinfo=datetime.timezone.utc))
+RUNS_FPS = [hashlib.sha256(b'run A').digest(), hashlib.sha256(b'run B').digest()]
 # the capacities of the shared structures, where the server has the setting
 CAPACITY_SETTINGS = ['idempotency.tombstone_filter_entries', 'idempotency.horizon_entries',
                      'idempotency.tombstone_filter_memory', 'idempotency.diagnostics_tracked_keys',
@@ -865,6 +875,7 @@ class Harness:
         # once per server start): then the other one fills the table
         self.admin.execute("SELECT count(*) FROM idempotency.idem_maintenance(now(), preview => false)")
         self.setup_other()
+        self.setup_runs()
 
     def connect_admin(self):
         self.admin = psycopg.connect(autocommit=True, user=self.user, **self.conninfo)
@@ -909,6 +920,62 @@ class Harness:
             print('model: the other database filled the table of filters: %d partitions, %.1f s'
                   % (self.fill_n, time.monotonic() - started), flush=True)
 
+    def connect_runs(self):
+        conninfo = dict(self.conninfo, dbname=RUNS_DB)
+        self.runsdb = psycopg.connect(autocommit=True, user=self.user, **conninfo)
+        self.runsdb.execute("SET TimeZone = 'UTC'")
+
+    def setup_runs(self):
+        self.admin.execute('DROP DATABASE IF EXISTS %s WITH (FORCE)' % RUNS_DB)
+        self.admin.execute('CREATE DATABASE %s' % RUNS_DB)
+        self.connect_runs()
+        self.runsdb.execute('CREATE EXTENSION idempotency CASCADE')
+        self.runs_round = 0
+        self.runs_keys = None       # (tenant, n) of the last round
+
+    def make_runs(self, n):
+        """A round: n expired keys in one partition of keys (fingerprints
+        alternating), which a pass drops, writing their tombstones as runs;
+        returns what the pass reported."""
+        day = RUNS_BASE + self.runs_round * 10 * DAY
+        tenant = 'run%d' % self.runs_round
+        self.runs_round += 1
+        c = self.runsdb
+        c.execute("SELECT count(*) FROM idempotency.idem_maintenance(%s, preview => false)",
+                  (utc_literal(day),))
+        # late in the day: their tombstones (a ttl of a day) outlive the pass
+        c.execute("""INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
+                                                   response_status, created_at, expires_at)
+                     SELECT %s, 'ep', 'k' || i, CASE i %% 2 WHEN 0 THEN %s ELSE %s END::bytea,
+                            'completed', 200, %s::timestamptz,
+                            %s::timestamptz + i * interval '1 millisecond'
+                     FROM generate_series(0, %s - 1) i""",
+                  (tenant, RUNS_FPS[0], RUNS_FPS[1], utc_literal(day),
+                   utc_literal(day + 23 * HOUR), n))
+        rows = c.execute("""SELECT kind, object, rows FROM idempotency.idem_maintenance(%s, preview => false)
+                            WHERE kind = 'tombstone'""", (utc_literal(day + DAY + MIN),)).fetchall()
+        self.runs_keys = (tenant, n)
+        return rows
+
+    def check_runs(self, picks):
+        """Claims of keys of the last round (in a transaction rolled
+        back): with the other fingerprint, a mismatch; with their own, an
+        execute (the endpoint's policy is the default); a key never used
+        there, an execute."""
+        tenant, n = self.runs_keys
+        out = []
+        for i, own in picks:
+            i = i % (n + 1)
+            key = 'k%d' % i if i < n else 'never'
+            fp = RUNS_FPS[i % 2] if own else RUNS_FPS[1 - i % 2]
+            want = 'execute' if own or i == n else 'mismatch'
+            with self.runsdb.transaction(force_rollback=True):
+                got = self.runsdb.execute(
+                    "SELECT action FROM idempotency.idem_claim(%s, 'ep', %s, %s, wait => '0')",
+                    (tenant, key, fp)).fetchone()[0]
+            out.append((key, 'own' if own else 'other', want, got))
+        return out
+
     def make_fill(self, base, lo, hi):
         """Fill partitions lo..hi-1 of the region from base, each with one
         tombstone (so one entry in the filters' table each); by 200, for
@@ -952,17 +1019,18 @@ class Harness:
     def restart(self, mode):
         """Stop the server (fast: a clean shutdown; immediate: a crash) and
         start it again; every connection is made again."""
-        for c in self.sessions + [self.admin, self.other]:
+        for c in self.sessions + [self.admin, self.other, self.runsdb]:
             try:
                 c.close()
             except Exception:
                 pass
         import subprocess
-        subprocess.run([PGCTL, '-D', PGDATA, '-l', PGLOG, '-m', mode, '-w', '-t', '120', 'restart'],
+        subprocess.run([PGCTL, '-D', PGDATA, '-l', PGLOG, '-m', mode, '-w', '-t', '600', 'restart'],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.connect_admin()
         self.connect_sessions()
         self.connect_other()
+        self.connect_runs()
 
     def drain(self):
         """End every transaction, and wait for the claims that wait (an
@@ -979,6 +1047,12 @@ class Harness:
 
     def reset(self):
         trace('---- new sequence')
+        if any(c.closed for c in self.sessions + [self.admin, self.other, self.runsdb]):
+            # a sequence failed while the server restarted
+            self.connect_admin()
+            self.connect_sessions()
+            self.connect_other()
+            self.busy = {}
         self.drain()
         # the policies of the endpoints as a sequence starts
         ENDPOINTS.clear()
@@ -1046,6 +1120,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.last_session = 0
         self.waits = {}     # session -> its claim that waits
         self.restarts = 0
+        self.runs_made = False
 
     # ---- helpers -----------------------------------------------------
 
@@ -1133,6 +1208,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         if self.h.fill_on:
             # the other database frees entries of the shared tables, or takes more
             kinds += ['other_free', 'other_refill']
+        if not self.runs_made:
+            kinds += ['runs']
+        if self.h.runs_keys is not None:
+            kinds += ['runs_check']
         if CAN_RESTART and not self.waits and self.restarts < 1:
             kinds += ['restart']
         kind = data.draw(st.sampled_from(kinds), label='step')
@@ -1545,6 +1624,28 @@ class ProtocolMachine(RuleBasedStateMachine):
                     m.rows[scope] = [r for r in live[scope] if r in still]
             m.rows = {k: v for k, v in m.rows.items() if v}
         self.check_tables()
+
+    def do_runs(self, data):
+        """The third database: a pass drops a partition of more than 1,024
+        expired keys, which become runs of tombstones; claims of some of
+        them answer as their tombstones say."""
+        n = data.draw(st.sampled_from([1030, 1600]), label='expired keys')
+        self.runs_made = True
+        rows = self.h.make_runs(n)
+        if sum(r[2] for r in rows) != n:
+            raise AssertionError('runs: %d expired keys, the pass made tombstones %r' % (n, rows))
+        tally('runs', n)
+        self.do_runs_check(data)
+
+    def do_runs_check(self, data):
+        picks = data.draw(st.lists(st.tuples(st.integers(0, 1600), st.booleans()),
+                                   min_size=1, max_size=4), label='run keys')
+        for key, fp, want, got in self.h.check_runs(picks):
+            tally('runs_claim', got)
+            if got != want:
+                raise AssertionError('a claim of %s (%s fingerprint) in the database of runs: '
+                                     'the model expects %s, the server answered %s'
+                                     % (key, fp, want, got))
 
     def do_restart(self, data):
         """The server stops (fast, or immediate: a crash) and starts again:
