@@ -65,8 +65,11 @@ partition of more than 1,024 expired keys, which a pass drops, writing
 their tombstones as runs; claims of some of those keys (then, and at any
 later step, after restarts too) must answer mismatch with the other
 fingerprint and execute with their own; with 7,000 keys the filter of their
-partition reaches three generations, and the pass compacts it.  max_ttl
-changes, and passes that race open transactions, are not driven yet.
+partition reaches three generations, and the pass compacts it.
+idempotency.max_ttl changes too (ALTER ROLE ... IN DATABASE, for the
+model's role and the driver's, whose connections are made again): claims,
+imports (refused beyond it) and the passes' windows follow it.  Passes
+that race open transactions are not driven yet.
 
 Not modelled: request digests and mismatch diagnostics (a mismatch must
 name nothing here, since no claim gives a digest), resolvers that
@@ -118,8 +121,10 @@ HOUR = 60 * MIN
 DAY = 24 * HOUR
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
-# the settings of the cluster (test/t/062_model.pl)
-MAX_TTL = 2 * DAY
+# the settings of the cluster (test/model/model.conf); a sequence may
+# change max_ttl (do_max_ttl)
+MAX_TTL_START = 2 * DAY
+MAX_TTL = MAX_TTL_START
 DEFAULT_TTL = DAY
 TOMBSTONE_TTL = DAY
 KEYS_WIDTH = DAY
@@ -868,6 +873,7 @@ class Harness:
         self.sessions = []
         self.connect_sessions()
         self.busy = {}          # session -> thread of a claim that waits
+        self.max_ttl_changed = False
         self.hashes = {}
         for scope in SCOPES:
             self.hashes[scope] = self.admin.execute(
@@ -877,6 +883,25 @@ class Harness:
         self.admin.execute("SELECT count(*) FROM idempotency.idem_maintenance(now(), preview => false)")
         self.setup_other()
         self.setup_runs()
+
+    def set_max_ttl(self, value):
+        """idempotency.max_ttl of the model's database for the model's
+        role and the driver's (ALTER ROLE ... IN DATABASE, which a restart
+        keeps), or back to the server's (None); every connection to the
+        model's database is made again to take it."""
+        global MAX_TTL
+        db = self.conninfo['dbname']
+        for role in ('model_app', self.admin.info.user):
+            if value is None:
+                self.admin.execute('ALTER ROLE %s IN DATABASE %s RESET idempotency.max_ttl' % (role, db))
+            else:
+                self.admin.execute("ALTER ROLE %s IN DATABASE %s SET idempotency.max_ttl = '%s'"
+                                   % (role, db, value[0]))
+        MAX_TTL = MAX_TTL_START if value is None else value[1]
+        self.max_ttl_changed = value is not None
+        self.admin.close()
+        self.connect_admin()
+        self.connect_sessions()
 
     def connect_admin(self):
         self.admin = psycopg.connect(autocommit=True, user=self.user, **self.conninfo)
@@ -1055,6 +1080,9 @@ class Harness:
             self.connect_other()
             self.busy = {}
         self.drain()
+        # max_ttl as a sequence starts
+        if self.max_ttl_changed:
+            self.set_max_ttl(None)
         # the policies of the endpoints as a sequence starts
         ENDPOINTS.clear()
         ENDPOINTS.update(copy.deepcopy(ENDPOINTS_START))
@@ -1205,7 +1233,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         if any(x.in_txn for x in sessions):
             kinds += ['commit'] * 2 + ['rollback']
         elif not self.waits:
-            kinds += ['maintenance'] * 2 + ['policy', 'transfer']
+            kinds += ['maintenance'] * 2 + ['policy', 'transfer', 'max_ttl']
         if self.h.fill_on:
             # the other database frees entries of the shared tables, or takes more
             kinds += ['other_free', 'other_refill']
@@ -1600,13 +1628,29 @@ class ProtocolMachine(RuleBasedStateMachine):
             raise AssertionError('export of %s: the model expects\n  %s\nthe server gave\n  %s'
                                  % (tenant, '\n  '.join(map(repr, want)), '\n  '.join(map(repr, got))))
         export = json.dumps([k for (k,) in rows])
-        with self.h.admin.transaction():
-            if how == 'move':
-                self.h.admin.execute('DELETE FROM idempotency.keys WHERE tenant = %s', (tenant,))
-            lo = now_us()
-            out = dict(self.h.admin.execute(
-                'SELECT outcome, rows FROM idempotency.idem_import_keys(%s::jsonb)', (export,)).fetchall())
-            hi = now_us()
+        # an expires_at later than max_ttl from now is refused, nothing written
+        lo = now_us()
+        try:
+            with self.h.admin.transaction():
+                if how == 'move':
+                    self.h.admin.execute('DELETE FROM idempotency.keys WHERE tenant = %s', (tenant,))
+                out = dict(self.h.admin.execute(
+                    'SELECT outcome, rows FROM idempotency.idem_import_keys(%s::jsonb)',
+                    (export,)).fetchall())
+            err = None
+        except psycopg.Error as e:
+            err = e.sqlstate
+        hi = now_us()
+        latest = [r.expires_at - MAX_TTL for rs in live.values() for r in rs]
+        if any(lo <= t <= hi for t in latest):
+            note('ambiguous: an expires_at against max_ttl from now')
+            assume(False)
+        if any(t > hi for t in latest):
+            self.expect('import of %s beyond max_ttl' % tenant, '22023', err)
+            tally('transfer', 'refused')
+            self.check_tables()
+            return
+        self.expect('import of %s' % tenant, None, err)
         try:
             still = [r for rs in live.values() for r in m.live(rs, lo, hi)]
         except Ambiguous as e:
@@ -1649,6 +1693,15 @@ class ProtocolMachine(RuleBasedStateMachine):
                 raise AssertionError('a claim of %s (%s fingerprint) in the database of runs: '
                                      'the model expects %s, the server answered %s'
                                      % (key, fp, want, got))
+
+    def do_max_ttl(self, data):
+        """idempotency.max_ttl changes while no session is in a transaction
+        (and no claim waits): claims, imports and the windows of the passes
+        follow it."""
+        value = data.draw(st.sampled_from([('1d', DAY), ('3d', 3 * DAY), ('2d', 2 * DAY)]),
+                          label='max_ttl')
+        tally('max_ttl', value[0])
+        self.h.set_max_ttl(value)
 
     def do_restart(self, data):
         """The server stops (fast, or immediate: a crash) and starts again:
