@@ -92,6 +92,9 @@ Environment:
   IDEM_MODEL_FILL_MAX  the most partitions the other database makes to fill
                        the table of filters (default 600)
   IDEM_MODEL_REPLAY    the command a failure prints to replay it
+  IDEM_MODEL_SCENARIO  a scripted sequence (SCENARIOS) to run before the
+                       random ones: filter_room, the filter defect of issue
+                       36 (needs the table of filters filled)
 Connection: PGHOST, PGPORT, PGDATABASE of a server with the library
 preloaded, the settings of test/model/model.conf, and the extension
 created; the driver connects as the superuser PGUSER, makes the role
@@ -109,7 +112,8 @@ import threading
 import time
 
 import psycopg
-from hypothesis import HealthCheck, Phase, assume, note, seed, settings
+from hypothesis import HealthCheck, Phase, assume, seed, settings
+from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
@@ -216,6 +220,15 @@ OP_ARGS = {
                 ('lease', st.sampled_from(LEASES)), ('status', st.sampled_from(STATUSES)),
                 ('body', st.integers(0, 3))],
 }
+
+
+def note(what):
+    """Hypothesis's note, printed with a failing example; outside a test
+    (a scripted scenario), to stderr."""
+    try:
+        hypothesis_note(what)
+    except Exception:
+        print('  note: %s' % what, file=sys.stderr, flush=True)
 
 
 class Ambiguous(Exception):
@@ -1795,6 +1808,52 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.check_tables()
 
 
+class LabelData:
+    """Draws of a scripted sequence: the values given for each label, in
+    order (the last one again when they run out)."""
+
+    def __init__(self, values):
+        self.values = {k: list(v) for k, v in values.items()}
+
+    def draw(self, strategy, label=None):
+        q = self.values[label]
+        return q.pop(0) if len(q) > 1 else q[0]
+
+
+def scenario_filter_room(machine):
+    """The defect of issue 36, step by step, through the model: with the
+    table of filters full, a partition of tombstones made after the model's
+    database learned its filters gets the tombstone of k1 (no entry:
+    "maybe"); the other database frees an entry; the tombstone of k2, in
+    the same partition, makes it a fresh entry; a claim of k1 with another
+    fingerprint must still answer mismatch.  (Before noon UTC: the
+    partition of tomorrow must outlive a pass as of now + 36 hours.)"""
+    h = machine.h
+
+    def scope(key):
+        return LabelData({'which scope': [0], 'tenant': ['t1'], 'endpoint': ['ep_atomic'],
+                          'key': [key], 'level': ['READ COMMITTED']})
+
+    def maintenance(offset):
+        machine.do_maintenance(LabelData({'as_of - now': [offset]}))
+
+    # the partitions of tombstones learned at the start go: their entries
+    # are freed, and the other database takes them again
+    maintenance(2 * DAY + 12 * HOUR)
+    h.other_refill(8)
+    # partitions made again, after the learning: no entries
+    maintenance(0)
+    machine.do_request(0, scope('k1'), 0, ('1 microsecond', US), None, 200, 1)
+    maintenance(36 * HOUR)
+    h.other_free(1)
+    machine.do_request(0, scope('k2'), 0, ('1 microsecond', US), None, 200, 2)
+    maintenance(36 * HOUR)
+    machine.do_request(0, scope('k1'), 1, None, None, 200, 3)
+
+
+SCENARIOS = {'filter_room': scenario_filter_room}
+
+
 def main():
     global HARNESS
     run_seed = int(os.environ.get('IDEM_MODEL_SEED') or random.SystemRandom().randrange(1, 2 ** 31))
@@ -1806,6 +1865,17 @@ def main():
     print('model: seed %d, %d sequences of at most %d calls (replay: IDEM_MODEL_SEED=%d)'
           % (run_seed, examples, steps, run_seed), flush=True)
     HARNESS = Harness()
+    scenario = os.environ.get('IDEM_MODEL_SCENARIO')
+    if scenario:
+        # a scripted sequence (SCENARIOS), before the random ones
+        machine = ProtocolMachine()
+        try:
+            SCENARIOS[scenario](machine)
+            machine.teardown()
+        except Exception:
+            print('model: FAILED in the scenario %s' % scenario, flush=True)
+            raise
+        print('model: the scenario %s passed' % scenario, flush=True)
     print('model: capacities: %s; restarts %s; the other database %s'
           % (', '.join('%s %s' % (k.split('.')[1], v or 'unknown (no such setting)')
                        for k, v in HARNESS.capacity.items()),
