@@ -57,9 +57,11 @@ own_dir "$MODEL_DIR/driver"
 say "model: $EXAMPLES sequences of at most $STEPS calls for each seed of: $SEEDS, on $("$PGC" --version)"
 
 replay() {
-    local pgc=
+    local pgc= env=
     [ "$PGC" = "$SYS_PG_CONFIG" ] || pgc=" PG_CONFIG=$PGC"
-    printf 'make model SEEDS=%s EXAMPLES=%s STEPS=%s%s' "$1" "$EXAMPLES" "$STEPS" "$pgc"
+    [ -z "${IDEM_MODEL_FILL_MAX:-}" ] || env="IDEM_MODEL_FILL_MAX=$IDEM_MODEL_FILL_MAX "
+    [ -z "${IDEM_MODEL_SCENARIO:-}" ] || env="${env}IDEM_MODEL_SCENARIO=$IDEM_MODEL_SCENARIO "
+    printf '%smake model SEEDS=%s EXAMPLES=%s STEPS=%s%s' "$env" "$1" "$EXAMPLES" "$STEPS" "$pgc"
 }
 
 CLUSTER=
