@@ -6,6 +6,9 @@
 #   make test-matrix    make test on PostgreSQL 15, 17 and 18 (17 and 18 put
 #                       together once in a cache), then the Debian package
 #   make bench          install what is missing, build, run the benchmarks
+#   make model          the model-based test with a longer budget, for the
+#                       seeds named: make model SEEDS="7 31337" EXAMPLES=400
+#                       STEPS=100 (scripts/model.sh)
 #   make stop           stop the demo cluster started by make run
 #   make include-graph  the modules of src/ in layers, from their #include
 #                       lines (make test fails on a cycle among them)
@@ -114,7 +117,7 @@ dist:
 	git -C $(SRCDIR) archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
 		-o $(CURDIR)/$(EXTENSION)-$(EXTVERSION).tar.gz HEAD
 
-.PHONY: run test test-matrix bench stop include-graph
+.PHONY: run test test-matrix bench model stop include-graph
 run:
 	@$(SRCDIR)/scripts/run.sh
 
@@ -130,6 +133,11 @@ test-matrix:
 
 bench:
 	@$(SRCDIR)/scripts/bench.sh
+
+# SEEDS, EXAMPLES, STEPS and SHRINK from the command line or the environment
+model:
+	@MODEL_PG_CONFIG='$(filter-out pg_config,$(PG_CONFIG))' SEEDS='$(SEEDS)' EXAMPLES='$(EXAMPLES)' \
+		STEPS='$(STEPS)' SHRINK='$(SHRINK)' $(SRCDIR)/scripts/model.sh
 
 include-graph:
 	@python3 $(SRCDIR)/scripts/include_graph.py --layers $(SRCDIR)/src

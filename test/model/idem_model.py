@@ -44,6 +44,33 @@ tombstones.  A comparison of the server's now with a time inside the
 call's window (a partition boundary passing during the run) would be
 ambiguous: the example is then discarded, never judged.
 
+The server's shared state.  Between calls the driver may restart the
+server (IDEM_MODEL_PGCTL, IDEM_MODEL_PGDATA and IDEM_MODEL_PGLOG name
+pg_ctl, the data folder and the log; once a sequence at most, fast or
+immediate, a crash): every open transaction is gone, what was committed
+stays, and the tombstone filters and key horizons are unknown until a pass
+learns them again, which must change no answer.  A second database
+(OTHER_DB) fills the server's table of tombstone filters with partitions
+of its own, each holding a tombstone, when that takes at most
+IDEM_MODEL_FILL_MAX partitions (test/model/model.conf makes the table tiny
+where the server has idempotency.tombstone_filter_entries); its passes,
+between calls, drop some (the room they free may go to a partition of the
+model's database that got tombstones while it had no entry: it must still
+find them), and it fills more.  While no session is in a transaction, an
+endpoint's ttl, tombstone_ttl or on_expired_reuse may change, and a
+tenant's keys are exported (checked against the model) and imported: moved
+out and back (deleted and imported in one transaction), or imported again
+over themselves.  A third database (RUNS_DB) gets, once a sequence, a
+partition of more than 1,024 expired keys, which a pass drops, writing
+their tombstones as runs; claims of some of those keys (then, and at any
+later step, after restarts too) must answer mismatch with the other
+fingerprint and execute with their own; with 7,000 keys the filter of their
+partition reaches three generations, and the pass compacts it.
+idempotency.max_ttl changes too (ALTER ROLE ... IN DATABASE, for the
+model's role and the driver's, whose connections are made again): claims,
+imports (refused beyond it) and the passes' windows follow it.  Passes
+that race open transactions are not driven yet.
+
 Not modelled: request digests and mismatch diagnostics (a mismatch must
 name nothing here, since no claim gives a digest), resolvers that
 fail or time out (one endpoint's resolver answers, for a stale lease of
@@ -60,11 +87,21 @@ Environment:
   IDEM_MODEL_SHRINK    0: report the first failing sequence without
                        shrinking it
   IDEM_MODEL_TRACE     1: print every statement and its answer (stderr)
+  IDEM_MODEL_PGCTL, IDEM_MODEL_PGDATA, IDEM_MODEL_PGLOG
+                       pg_ctl, the data folder and the log file: restarts
+  IDEM_MODEL_FILL_MAX  the most partitions the other database makes to fill
+                       the table of filters (default 600)
+  IDEM_MODEL_REPLAY    the command a failure prints to replay it
+  IDEM_MODEL_SCENARIO  a scripted sequence (SCENARIOS) to run before the
+                       random ones: filter_room, the filter defect of issue
+                       36 (needs the table of filters filled)
 Connection: PGHOST, PGPORT, PGDATABASE of a server with the library
-preloaded, the settings of test/t/062_model.pl, and the extension created;
-the driver connects as the superuser PGUSER and makes the role model_app.
+preloaded, the settings of test/model/model.conf, and the extension
+created; the driver connects as the superuser PGUSER, makes the role
+model_app and the database OTHER_DB.
 """
 
+import copy
 import datetime
 import hashlib
 import json
@@ -75,7 +112,8 @@ import threading
 import time
 
 import psycopg
-from hypothesis import HealthCheck, Phase, assume, note, seed, settings
+from hypothesis import HealthCheck, Phase, assume, seed, settings
+from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
@@ -87,8 +125,10 @@ HOUR = 60 * MIN
 DAY = 24 * HOUR
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
-# the settings of the cluster (test/t/062_model.pl)
-MAX_TTL = 2 * DAY
+# the settings of the cluster (test/model/model.conf); a sequence may
+# change max_ttl (do_max_ttl)
+MAX_TTL_START = 2 * DAY
+MAX_TTL = MAX_TTL_START
 DEFAULT_TTL = DAY
 TOMBSTONE_TTL = DAY
 KEYS_WIDTH = DAY
@@ -104,6 +144,25 @@ ENDPOINTS = {
     # stale leases go to the resolver (model_resolver): k1 completed, others failed
     'ep_resolve': dict(ttl=None, lease=30 * MIN, tomb=None, conflict=False, resolve=True),
 }
+# the policies as each sequence starts (a sequence may change them)
+ENDPOINTS_START = copy.deepcopy(ENDPOINTS)
+# the changes of policy a sequence makes, when no session is in a
+# transaction: (endpoint, column, SQL value, what the model keeps)
+POLICY_CHANGES = [
+    ('ep_atomic', 'on_expired_reuse', 'conflict', ('conflict', True)),
+    ('ep_atomic', 'on_expired_reuse', 'execute', ('conflict', False)),
+    ('ep_short', 'on_expired_reuse', 'execute', ('conflict', False)),
+    ('ep_lease', 'on_expired_reuse', 'execute', ('conflict', False)),
+    ('ep_atomic', 'ttl', '1 hour', ('ttl', HOUR)),
+    ('ep_atomic', 'ttl', None, ('ttl', None)),
+    ('ep_notomb', 'ttl', '1 day', ('ttl', DAY)),
+    ('ep_resolve', 'ttl', '1 hour', ('ttl', HOUR)),
+    ('ep_atomic', 'tombstone_ttl', '0', ('tomb', 0)),
+    ('ep_atomic', 'tombstone_ttl', '1 hour', ('tomb', HOUR)),
+    ('ep_notomb', 'tombstone_ttl', None, ('tomb', None)),
+    ('ep_short', 'tombstone_ttl', '0', ('tomb', 0)),
+    ('ep_lease', 'tombstone_ttl', '1 hour', ('tomb', HOUR)),
+]
 RESOLVED = ('json', {'resolved': True})
 ENDPOINT_SQL = """
 CREATE OR REPLACE FUNCTION public.model_resolver(tenant text, endpoint text, key text)
@@ -131,7 +190,12 @@ TTLS = [None, None, None, None, ('1 microsecond', US), ('1 hour', HOUR), ('1 day
 LEASES = [None, None, None, None, None, ('1 microsecond', US), ('30 minutes', 30 * MIN), ('2 hours', 2 * HOUR)]
 EXTENDS = [('1 microsecond', US), ('20 minutes', 20 * MIN), ('3 days', 3 * DAY),
            ('-1 second', -SEC)]
-AS_OF = [-36 * HOUR, 0, 45 * MIN, 3 * HOUR, DAY + 6 * HOUR, 2 * DAY + 12 * HOUR]
+# 'midnight': just after the next midnight UTC, when today's partition of
+# keys has ended and the tombstones of keys that expired today still live
+# (as of a fixed offset from now, whether a pass writes tombstones depends
+# on the time of day the test runs)
+AS_OF = [-36 * HOUR, 0, 45 * MIN, 3 * HOUR, DAY + 6 * HOUR, 2 * DAY + 12 * HOUR, 'midnight',
+         'midnight']
 STATUSES = [200, 201, 404]
 LEVELS = ['READ COMMITTED', 'REPEATABLE READ', 'SERIALIZABLE']
 
@@ -161,6 +225,15 @@ OP_ARGS = {
                 ('lease', st.sampled_from(LEASES)), ('status', st.sampled_from(STATUSES)),
                 ('body', st.integers(0, 3))],
 }
+
+
+def note(what):
+    """Hypothesis's note, printed with a failing example; outside a test
+    (a scripted scenario), to stderr."""
+    try:
+        hypothesis_note(what)
+    except Exception:
+        print('  note: %s' % what, file=sys.stderr, flush=True)
 
 
 class Ambiguous(Exception):
@@ -500,7 +573,10 @@ class Model:
     def _atomic_pending(self, s, scope, fp, rows, e, ttl):
         sess = self.sessions[s]
         sess.pending.insert(0, Pending(scope, fp, e - ttl, e, sess.nest()))
-        if rows is not self.visible(s, scope):
+        # by value: visible() makes a new empty list for a scope without
+        # rows, which is no write (an empty overlay would erase, at commit,
+        # rows another session committed meanwhile)
+        if list(rows) != list(self.visible(s, scope)):
             self.write(s, scope, list(rows))
 
     def row_path(self, s, scope, lo, hi, allowed, token, token_checked=True):
@@ -766,27 +842,239 @@ class Model:
 # ---------------------------------------------------------------------------
 # The server
 
+# Restarts and crashes: the driver stops the server (pg_ctl -m fast, or -m
+# immediate: a crash) and starts it again, when it is told how
+PGCTL = os.environ.get('IDEM_MODEL_PGCTL')
+PGDATA = os.environ.get('IDEM_MODEL_PGDATA')
+PGLOG = os.environ.get('IDEM_MODEL_PGLOG')
+CAN_RESTART = bool(PGCTL and PGDATA and PGLOG)
+# The other database, whose maintenance fills and frees the shared tables
+# of the server (tombstone filters, horizons) while the model's database
+# runs: its "fill" partitions of tombstones, one minute wide, from FILL_BASE
+# on (freed by its passes as of a time among them) and from REFILL_BASE on
+# (made again later, never freed), each holding one tombstone, so each takes
+# one entry of the filters' table.
+OTHER_DB = 'model_other'
+FILL_BASE = to_us(datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc))
+REFILL_BASE = to_us(datetime.datetime(2040, 1, 1, tzinfo=datetime.timezone.utc))
+# the most partitions the driver makes to fill the table of filters (each
+# costs about 15 ms once per run): with the default 8,192 entries, more
+# than make test can afford, unless IDEM_MODEL_FILL_MAX says so
+FILL_MAX = int(os.environ.get('IDEM_MODEL_FILL_MAX') or '600')
+# A third database, where a pass drops partitions of keys holding more than
+# IDEM_TOMBSTONE_RUN_MIN (1,024) expired keys: it writes runs of tombstones
+# (doc/tombstones.md).  Each round uses days of its own from RUNS_BASE on.
+RUNS_DB = 'model_runs'
+RUNS_BASE = to_us(datetime.datetime(2050, 1, 1, tzinfo=datetime.timezone.utc))
+RUNS_FPS = [hashlib.sha256(b'run A').digest(), hashlib.sha256(b'run B').digest()]
+# the capacities of the shared structures, where the server has the setting
+CAPACITY_SETTINGS = ['idempotency.tombstone_filter_entries', 'idempotency.horizon_entries',
+                     'idempotency.tombstone_filter_memory', 'idempotency.diagnostics_tracked_keys',
+                     'idempotency.stats_max_endpoints']
+TOMBFILTER_ENTRIES_DEFAULT = 8192
+
+
 class Harness:
     def __init__(self):
-        conninfo = dict(host=os.environ.get('PGHOST'), port=os.environ.get('PGPORT'),
-                        dbname=os.environ.get('PGDATABASE', 'postgres'))
-        self.admin = psycopg.connect(autocommit=True, user=os.environ.get('PGUSER'), **conninfo)
-        self.admin.execute("SET TimeZone = 'UTC'")
+        self.conninfo = dict(host=os.environ.get('PGHOST'), port=os.environ.get('PGPORT'),
+                             dbname=os.environ.get('PGDATABASE', 'postgres'))
+        self.user = os.environ.get('PGUSER')
+        self.connect_admin()
         self.admin.execute('DROP ROLE IF EXISTS model_app')
         self.admin.execute('CREATE ROLE model_app LOGIN IN ROLE idempotency_client, idempotency_admin')
         self.admin.execute('DELETE FROM idempotency.endpoints')
         self.admin.execute(ENDPOINT_SQL)
+        self.capacity = {}
+        for name in CAPACITY_SETTINGS:
+            self.capacity[name] = self.admin.execute(
+                'SELECT pg_catalog.current_setting(%s, true)', (name,)).fetchone()[0]
         self.sessions = []
-        for _ in range(NSESSIONS):
-            c = psycopg.connect(autocommit=True, user='model_app', **conninfo)
-            c.execute("SET TimeZone = 'UTC'")
-            c.execute("SET lock_timeout = '30ms'")
-            self.sessions.append(c)
+        self.connect_sessions()
         self.busy = {}          # session -> thread of a claim that waits
+        self.max_ttl_changed = False
         self.hashes = {}
         for scope in SCOPES:
             self.hashes[scope] = self.admin.execute(
                 'SELECT idempotency.idem_tombstone_hash(%s, %s, %s)', scope).fetchone()[0]
+        # the model's database learns its filters first (a pass learns them
+        # once per server start): then the other one fills the table
+        self.admin.execute("SELECT count(*) FROM idempotency.idem_maintenance(now(), preview => false)")
+        self.setup_other()
+        self.setup_runs()
+
+    def set_max_ttl(self, value):
+        """idempotency.max_ttl of the model's database for the model's
+        role and the driver's (ALTER ROLE ... IN DATABASE, which a restart
+        keeps), or back to the server's (None); every connection to the
+        model's database is made again to take it."""
+        global MAX_TTL
+        db = self.conninfo['dbname']
+        for role in ('model_app', self.admin.info.user):
+            if value is None:
+                self.admin.execute('ALTER ROLE %s IN DATABASE %s RESET idempotency.max_ttl' % (role, db))
+            else:
+                self.admin.execute("ALTER ROLE %s IN DATABASE %s SET idempotency.max_ttl = '%s'"
+                                   % (role, db, value[0]))
+        MAX_TTL = MAX_TTL_START if value is None else value[1]
+        self.max_ttl_changed = value is not None
+        self.admin.close()
+        self.connect_admin()
+        self.connect_sessions()
+
+    def connect_admin(self):
+        self.admin = psycopg.connect(autocommit=True, user=self.user, **self.conninfo)
+        self.admin.execute("SET TimeZone = 'UTC'")
+
+    def connect_sessions(self):
+        for c in self.sessions:
+            c.close()
+        self.sessions = []
+        for _ in range(NSESSIONS):
+            c = psycopg.connect(autocommit=True, user='model_app', **self.conninfo)
+            c.execute("SET TimeZone = 'UTC'")
+            c.execute("SET lock_timeout = '30ms'")
+            self.sessions.append(c)
+
+    def connect_other(self):
+        conninfo = dict(self.conninfo, dbname=OTHER_DB)
+        self.other = psycopg.connect(autocommit=True, user=self.user, **conninfo)
+        self.other.execute("SET TimeZone = 'UTC'")
+
+    def setup_other(self):
+        """The other database: made afresh, with wide partitions of its own
+        (its passes as of the fill times make few), and its fill partitions."""
+        self.admin.execute('DROP DATABASE IF EXISTS %s WITH (FORCE)' % OTHER_DB)
+        self.admin.execute('CREATE DATABASE %s' % OTHER_DB)
+        self.admin.execute("ALTER DATABASE %s SET idempotency.tombstone_partition_interval = '30d'"
+                           % OTHER_DB)
+        self.connect_other()
+        self.other.execute('CREATE EXTENSION idempotency CASCADE')
+        self.other.execute("SELECT count(*) FROM idempotency.idem_maintenance(now(), preview => false)")
+        entries = self.capacity['idempotency.tombstone_filter_entries']
+        self.filter_entries = int(entries) if entries else TOMBFILTER_ENTRIES_DEFAULT
+        # enough partitions with a tombstone to fill the table, and some
+        self.fill_n = self.filter_entries + 8
+        self.fill_on = self.fill_n <= FILL_MAX
+        self.fill_lo = 0            # the first fill partition not freed yet
+        self.refill_hi = 0          # refill partitions made
+        self.other_as_of = None
+        if self.fill_on:
+            started = time.monotonic()
+            self.make_fill(FILL_BASE, 0, self.fill_n)
+            print('model: the other database filled the table of filters: %d partitions, %.1f s'
+                  % (self.fill_n, time.monotonic() - started), flush=True)
+
+    def connect_runs(self):
+        conninfo = dict(self.conninfo, dbname=RUNS_DB)
+        self.runsdb = psycopg.connect(autocommit=True, user=self.user, **conninfo)
+        self.runsdb.execute("SET TimeZone = 'UTC'")
+
+    def setup_runs(self):
+        self.admin.execute('DROP DATABASE IF EXISTS %s WITH (FORCE)' % RUNS_DB)
+        self.admin.execute('CREATE DATABASE %s' % RUNS_DB)
+        self.connect_runs()
+        self.runsdb.execute('CREATE EXTENSION idempotency CASCADE')
+        self.runs_round = 0
+        self.runs_keys = None       # (tenant, n) of the last round
+
+    def make_runs(self, n):
+        """A round: n expired keys in one partition of keys (fingerprints
+        alternating), which a pass drops, writing their tombstones as runs;
+        returns what the pass reported."""
+        day = RUNS_BASE + self.runs_round * 10 * DAY
+        tenant = 'run%d' % self.runs_round
+        self.runs_round += 1
+        c = self.runsdb
+        c.execute("SELECT count(*) FROM idempotency.idem_maintenance(%s, preview => false)",
+                  (utc_literal(day),))
+        # late in the day: their tombstones (a ttl of a day) outlive the pass
+        c.execute("""INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state,
+                                                   response_status, created_at, expires_at)
+                     SELECT %s, 'ep', 'k' || i, CASE i %% 2 WHEN 0 THEN %s ELSE %s END::bytea,
+                            'completed', 200, %s::timestamptz,
+                            %s::timestamptz + i * interval '1 millisecond'
+                     FROM generate_series(0, %s - 1) i""",
+                  (tenant, RUNS_FPS[0], RUNS_FPS[1], utc_literal(day),
+                   utc_literal(day + 23 * HOUR), n))
+        rows = c.execute("""SELECT kind, object, rows FROM idempotency.idem_maintenance(%s, preview => false)
+                            WHERE kind = 'tombstone'""", (utc_literal(day + DAY + MIN),)).fetchall()
+        self.runs_keys = (tenant, n)
+        return rows
+
+    def check_runs(self, picks):
+        """Claims of keys of the last round (in a transaction rolled
+        back): with the other fingerprint, a mismatch; with their own, an
+        execute (the endpoint's policy is the default); a key never used
+        there, an execute."""
+        tenant, n = self.runs_keys
+        out = []
+        for i, own in picks:
+            i = i % (n + 1)
+            key = 'k%d' % i if i < n else 'never'
+            fp = RUNS_FPS[i % 2] if own else RUNS_FPS[1 - i % 2]
+            want = 'execute' if own or i == n else 'mismatch'
+            with self.runsdb.transaction(force_rollback=True):
+                got = self.runsdb.execute(
+                    "SELECT action FROM idempotency.idem_claim(%s, 'ep', %s, %s, wait => '0')",
+                    (tenant, key, fp)).fetchone()[0]
+            out.append((key, 'own' if own else 'other', want, got))
+        return out
+
+    def make_fill(self, base, lo, hi):
+        """Fill partitions lo..hi-1 of the region from base, each with one
+        tombstone (so one entry in the filters' table each); by 200, for
+        the locks of one transaction."""
+        for a in range(lo, hi, 200):
+            b = min(hi, a + 200)
+            # past the DDL guard, which keeps the partitions maintenance's
+            self.other.execute('SET session_replication_role = replica')
+            self.other.execute(
+                """DO $$ BEGIN FOR i IN %d..%d LOOP
+                     EXECUTE pg_catalog.format('CREATE TABLE idempotency.fill_%%s_%%s PARTITION OF
+                       idempotency.tombstones FOR VALUES FROM (%%L) TO (%%L)', %d, i,
+                       %s::timestamptz + i * interval '1 minute',
+                       %s::timestamptz + (i + 1) * interval '1 minute');
+                   END LOOP; END $$""" % (a, b - 1, base // DAY,
+                                          "'%s'" % utc_literal(base), "'%s'" % utc_literal(base)))
+            self.other.execute('RESET session_replication_role')
+            self.other.execute(
+                """INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+                   SELECT idempotency.idem_tombstone_hash('fill', 'fill', %s || '_' || i),
+                          pg_catalog.sha256('fill'::bytea),
+                          %s::timestamptz + i * interval '1 minute' - interval '1 day',
+                          %s::timestamptz + i * interval '1 minute' + interval '30 seconds'
+                   FROM generate_series(%s::integer, %s::integer) i""",
+                (str(base // DAY), utc_literal(base), utc_literal(base), a, b - 1))
+
+    def other_free(self, k):
+        """A pass of the other database as of a time among its fill
+        partitions: it drops the k first (and frees their entries)."""
+        self.fill_lo = min(self.fill_n, self.fill_lo + k)
+        as_of = FILL_BASE + self.fill_lo * MIN
+        rows = self.other.execute(
+            "SELECT kind, object FROM idempotency.idem_maintenance(%s, preview => false)",
+            (utc_literal(as_of),)).fetchall()
+        return rows
+
+    def other_refill(self, k):
+        self.make_fill(REFILL_BASE, self.refill_hi, self.refill_hi + k)
+        self.refill_hi += k
+
+    def restart(self, mode):
+        """Stop the server (fast: a clean shutdown; immediate: a crash) and
+        start it again; every connection is made again."""
+        for c in self.sessions + [self.admin, self.other, self.runsdb]:
+            try:
+                c.close()
+            except Exception:
+                pass
+        import subprocess
+        subprocess.run([PGCTL, '-D', PGDATA, '-l', PGLOG, '-m', mode, '-w', '-t', '600', 'restart'],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.connect_admin()
+        self.connect_sessions()
+        self.connect_other()
+        self.connect_runs()
 
     def drain(self):
         """End every transaction, and wait for the claims that wait (an
@@ -803,7 +1091,21 @@ class Harness:
 
     def reset(self):
         trace('---- new sequence')
+        if any(c.closed for c in self.sessions + [self.admin, self.other, self.runsdb]):
+            # a sequence failed while the server restarted
+            self.connect_admin()
+            self.connect_sessions()
+            self.connect_other()
+            self.busy = {}
         self.drain()
+        # max_ttl as a sequence starts
+        if self.max_ttl_changed:
+            self.set_max_ttl(None)
+        # the policies of the endpoints as a sequence starts
+        ENDPOINTS.clear()
+        ENDPOINTS.update(copy.deepcopy(ENDPOINTS_START))
+        self.admin.execute('DELETE FROM idempotency.endpoints')
+        self.admin.execute(ENDPOINT_SQL)
         # DELETE rather than TRUNCATE, which costs a new file per partition
         self.admin.execute('DELETE FROM idempotency.keys')
         self.admin.execute('DELETE FROM idempotency.tombstones')
@@ -864,6 +1166,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.recent = []
         self.last_session = 0
         self.waits = {}     # session -> its claim that waits
+        self.restarts = 0
+        self.runs_made = False
 
     # ---- helpers -----------------------------------------------------
 
@@ -947,7 +1251,16 @@ class ProtocolMachine(RuleBasedStateMachine):
         if any(x.in_txn for x in sessions):
             kinds += ['commit'] * 2 + ['rollback']
         elif not self.waits:
-            kinds += ['maintenance'] * 2
+            kinds += ['maintenance'] * 2 + ['policy', 'transfer', 'max_ttl']
+        if self.h.fill_on:
+            # the other database frees entries of the shared tables, or takes more
+            kinds += ['other_free', 'other_refill']
+        if not self.runs_made:
+            kinds += ['runs']
+        if self.h.runs_keys is not None:
+            kinds += ['runs_check']
+        if CAN_RESTART and not self.waits and self.restarts < 1:
+            kinds += ['restart']
         kind = data.draw(st.sampled_from(kinds), label='step')
         if kind != 'call':
             getattr(self, 'do_' + kind)(data)
@@ -1267,13 +1580,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.m.rollback(s)
 
     def do_maintenance(self, data):
-        offset = data.draw(st.sampled_from(AS_OF), label='as_of - now')
-        as_of = now_us() + offset
+        drawn = offset = data.draw(st.sampled_from(AS_OF), label='as_of - now')
+        t = now_us()
+        if drawn == 'midnight':
+            offset = slot_start(t, DAY) + DAY + MIN - t
+        as_of = t + offset
         rows, err, lo, hi = call(self.h.admin,
                                  'SELECT kind, object, rows FROM idempotency.idem_maintenance(%s, preview => false)',
                                  (utc_literal(as_of),))
         self.expect('maintenance', None, err)
-        tally('maintenance', 'as of now + %ds' % (offset // SEC))
+        tally('maintenance', 'as of the next midnight' if drawn == 'midnight'
+              else 'as of now + %ds' % (offset // SEC))
         want = self.m.maintenance(as_of)
         got = {}
         for kind, obj, n in rows:
@@ -1291,6 +1608,149 @@ class ProtocolMachine(RuleBasedStateMachine):
                                     [(x.in_txn, x.aborted, c.info.transaction_status, c.info.backend_pid)
                                      for x, c in zip(self.m.sessions, self.h.sessions)]))
         self.check_tables()
+
+    def do_policy(self, data):
+        """An endpoint's policy changes (ttl, tombstone_ttl,
+        on_expired_reuse) while no session is in a transaction: the calls
+        that follow, and the passes, follow the new one."""
+        ep, column, value, (field, kept) = data.draw(st.sampled_from(POLICY_CHANGES),
+                                                     label='policy change')
+        rows, err, lo, hi = call(self.h.admin,
+                                 'UPDATE idempotency.endpoints SET %s = %%s::%s WHERE endpoint = %%s'
+                                 % (column, 'text' if column == 'on_expired_reuse' else 'interval'),
+                                 (value, ep))
+        self.expect('policy %s %s' % (ep, column), None, err)
+        tally('policy', '%s %s' % (column, value))
+        ENDPOINTS[ep][field] = kept
+
+    def do_transfer(self, data):
+        """idem_export_keys of a tenant, checked against the model's live
+        keys of it; then either the tenant moves out and back (its keys
+        deleted and the export imported, in one transaction: its expired
+        keys are gone, without tombstones), or the export is imported again
+        over the keys it came from (every one unchanged)."""
+        tenant = data.draw(st.sampled_from(sorted(set(TENANTS))), label='tenant')
+        how = data.draw(st.sampled_from(['move', 'again']), label='transfer')
+        m = self.m
+        rows, err, lo, hi = call(self.h.admin, 'SELECT k FROM idempotency.idem_export_keys(%s) k',
+                                 (tenant,))
+        self.expect('export', None, err)
+        got = sorted((k['endpoint'], k['key'], k['fingerprint'], k['state'],
+                      to_us(datetime.datetime.fromisoformat(k['expires_at'])))
+                     for (k,) in rows)
+        try:
+            live = {scope: m.live(r, lo, hi) for scope, r in m.rows.items() if scope[0] == tenant}
+        except Ambiguous as e:
+            note('ambiguous: %s' % e)
+            assume(False)
+        want = sorted((scope[1], scope[2], '\\x' + r.fp.hex(), r.state, r.expires_at)
+                      for scope, rs in live.items() for r in rs)
+        tally('transfer', how)
+        if got != want:
+            raise AssertionError('export of %s: the model expects\n  %s\nthe server gave\n  %s'
+                                 % (tenant, '\n  '.join(map(repr, want)), '\n  '.join(map(repr, got))))
+        export = json.dumps([k for (k,) in rows])
+        # an expires_at later than max_ttl from now is refused, nothing written
+        lo = now_us()
+        try:
+            with self.h.admin.transaction():
+                if how == 'move':
+                    self.h.admin.execute('DELETE FROM idempotency.keys WHERE tenant = %s', (tenant,))
+                out = dict(self.h.admin.execute(
+                    'SELECT outcome, rows FROM idempotency.idem_import_keys(%s::jsonb)',
+                    (export,)).fetchall())
+            err = None
+        except psycopg.Error as e:
+            err = e.sqlstate
+        hi = now_us()
+        latest = [r.expires_at - MAX_TTL for rs in live.values() for r in rs]
+        if any(lo <= t <= hi for t in latest):
+            note('ambiguous: an expires_at against max_ttl from now')
+            assume(False)
+        if any(t > hi for t in latest):
+            self.expect('import of %s beyond max_ttl' % tenant, '22023', err)
+            tally('transfer', 'refused')
+            self.check_tables()
+            return
+        self.expect('import of %s' % tenant, None, err)
+        try:
+            still = [r for rs in live.values() for r in m.live(rs, lo, hi)]
+        except Ambiguous as e:
+            note('ambiguous: %s' % e)
+            assume(False)
+        n = len(still)
+        expired = sum(len(rs) for rs in live.values()) - n
+        want_out = dict(inserted=n if how == 'move' else 0, unchanged=0 if how == 'move' else n,
+                        kept=0, expired=expired)
+        if out != want_out:
+            raise AssertionError('import of %s (%s): the model expects %r, the server answered %r'
+                                 % (tenant, how, want_out, out))
+        if how == 'move':
+            for scope in list(m.rows):
+                if scope[0] == tenant:
+                    m.rows[scope] = [r for r in live[scope] if r in still]
+            m.rows = {k: v for k, v in m.rows.items() if v}
+        self.check_tables()
+
+    def do_runs(self, data):
+        """The third database: a pass drops a partition of more than 1,024
+        expired keys, which become runs of tombstones; claims of some of
+        them answer as their tombstones say."""
+        # 7,000: the filter of their partition grows to three generations,
+        # which the pass compacts at its end (IdemMaintCompactFilters)
+        n = data.draw(st.sampled_from([1030, 1600, 7000]), label='expired keys')
+        self.runs_made = True
+        rows = self.h.make_runs(n)
+        if sum(r[2] for r in rows) != n:
+            raise AssertionError('runs: %d expired keys, the pass made tombstones %r' % (n, rows))
+        tally('runs', n)
+        self.do_runs_check(data)
+
+    def do_runs_check(self, data):
+        picks = data.draw(st.lists(st.tuples(st.integers(0, 7000), st.booleans()),
+                                   min_size=1, max_size=4), label='run keys')
+        for key, fp, want, got in self.h.check_runs(picks):
+            tally('runs_claim', got)
+            if got != want:
+                raise AssertionError('a claim of %s (%s fingerprint) in the database of runs: '
+                                     'the model expects %s, the server answered %s'
+                                     % (key, fp, want, got))
+
+    def do_max_ttl(self, data):
+        """idempotency.max_ttl changes while no session is in a transaction
+        (and no claim waits): claims, imports and the windows of the passes
+        follow it."""
+        value = data.draw(st.sampled_from([('1d', DAY), ('3d', 3 * DAY), ('2d', 2 * DAY)]),
+                          label='max_ttl')
+        tally('max_ttl', value[0])
+        self.h.set_max_ttl(value)
+
+    def do_restart(self, data):
+        """The server stops (fast, or immediate: a crash) and starts again:
+        every open transaction is gone, what was committed stays; the shared
+        filters and horizons are unknown until a pass learns them again, and
+        every answer must stay the same meanwhile."""
+        mode = data.draw(st.sampled_from(['fast', 'immediate']), label='stop mode')
+        self.restarts += 1
+        tally('restart', mode)
+        self.h.restart(mode)
+        for s in range(NSESSIONS):
+            self.m.rollback(s)
+        self.check_tables()
+
+    def do_other_free(self, data):
+        """A pass of the other database drops some of its partitions: their
+        entries in the shared table of filters are freed."""
+        k = data.draw(st.sampled_from([1, 2, 4]), label='partitions freed')
+        self.h.other_free(k)
+        tally('other_free', k)
+
+    def do_other_refill(self, data):
+        """The other database writes tombstones into new partitions: they
+        take entries of the shared table of filters."""
+        k = data.draw(st.sampled_from([1, 4]), label='partitions filled')
+        self.h.other_refill(k)
+        tally('other_refill', k)
 
     # ---- the tables ----------------------------------------------------
 
@@ -1357,6 +1817,71 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.check_tables()
 
 
+class LabelData:
+    """Draws of a scripted sequence: the values given for each label, in
+    order (the last one again when they run out)."""
+
+    def __init__(self, values):
+        self.values = {k: list(v) for k, v in values.items()}
+
+    def draw(self, strategy, label=None):
+        q = self.values[label]
+        return q.pop(0) if len(q) > 1 else q[0]
+
+
+def scenario_filter_room(machine):
+    """The defect of issue 36, step by step, through the model: with the
+    table of filters full, a partition of tombstones made after the model's
+    database learned its filters gets the tombstone of k1 (no entry:
+    "maybe"); the other database frees an entry; the tombstone of k2, in
+    the same partition, makes it a fresh entry; a claim of k1 with another
+    fingerprint must still answer mismatch."""
+    h = machine.h
+
+    def scope(key):
+        return LabelData({'which scope': [0], 'tenant': ['t1'], 'endpoint': ['ep_atomic'],
+                          'key': [key], 'level': ['READ COMMITTED']})
+
+    def maintenance(offset):
+        machine.do_maintenance(LabelData({'as_of - now': [offset]}))
+
+    # the partitions of tombstones learned at the start go: their entries
+    # are freed, and the other database takes them again
+    maintenance(2 * DAY + 12 * HOUR)
+    h.other_refill(8)
+    # partitions made again, after the learning: no entries
+    maintenance(0)
+    machine.do_request(0, scope('k1'), 0, ('1 microsecond', US), None, 200, 1)
+    # just after midnight: today's partition of keys has ended, and the
+    # tombstone of a key that expired today (a tombstone_ttl of a day)
+    # still lives
+    t = now_us()
+    after_midnight = slot_start(t, DAY) + DAY + MIN - t
+    maintenance(after_midnight)
+    h.other_free(1)
+    machine.do_request(0, scope('k2'), 0, ('1 microsecond', US), None, 200, 2)
+    maintenance(after_midnight)
+    # what the server holds: the partition of k1's tombstone, and whether a
+    # claim opens it (its index scans, counted by the statistics)
+    part = h.admin.execute(
+        """SELECT c.relname FROM idempotency.tombstones t JOIN pg_class c ON c.oid = t.tableoid
+           WHERE t.scope_hash = idempotency.idem_tombstone_hash('t1', 'ep_atomic', 'k1')""").fetchall()
+
+    def scans():
+        h.admin.execute('SELECT pg_stat_clear_snapshot()')
+        return h.admin.execute(
+            """SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes
+               WHERE relname = ANY(%s)""", ([r[0] for r in part],)).fetchone()[0]
+    before = scans()
+    machine.do_request(0, scope('k1'), 1, None, None, 200, 3)
+    time.sleep(1)
+    print('model: scenario filter_room: k1\'s tombstone in %s; index scans of it by the last claim: %s'
+          % (part, scans() - before), flush=True)
+
+
+SCENARIOS = {'filter_room': scenario_filter_room}
+
+
 def main():
     global HARNESS
     run_seed = int(os.environ.get('IDEM_MODEL_SEED') or random.SystemRandom().randrange(1, 2 ** 31))
@@ -1368,6 +1893,24 @@ def main():
     print('model: seed %d, %d sequences of at most %d calls (replay: IDEM_MODEL_SEED=%d)'
           % (run_seed, examples, steps, run_seed), flush=True)
     HARNESS = Harness()
+    scenario = os.environ.get('IDEM_MODEL_SCENARIO')
+    if scenario:
+        # a scripted sequence (SCENARIOS), before the random ones
+        machine = ProtocolMachine()
+        try:
+            SCENARIOS[scenario](machine)
+            machine.teardown()
+        except Exception:
+            print('model: FAILED in the scenario %s' % scenario, flush=True)
+            raise
+        print('model: the scenario %s passed' % scenario, flush=True)
+    print('model: capacities: %s; restarts %s; the other database %s'
+          % (', '.join('%s %s' % (k.split('.')[1], v or 'unknown (no such setting)')
+                       for k, v in HARNESS.capacity.items()),
+             'on' if CAN_RESTART else 'off (IDEM_MODEL_PGCTL, IDEM_MODEL_PGDATA, IDEM_MODEL_PGLOG unset)',
+             'fills the table of filters (%d partitions)' % HARNESS.fill_n if HARNESS.fill_on else
+             'does not fill the table of filters (%d entries, more than IDEM_MODEL_FILL_MAX %d)'
+             % (HARNESS.filter_entries, FILL_MAX)), flush=True)
     started = time.monotonic()
     machine = seed(run_seed)(ProtocolMachine)
     try:
@@ -1376,8 +1919,11 @@ def main():
             database=None, phases=phases, derandomize=False,
             suppress_health_check=list(HealthCheck), print_blob=False))
     except Exception:
-        print('model: FAILED with seed %d: replay with IDEM_MODEL_SEED=%d' % (run_seed, run_seed),
-              flush=True)
+        replay = os.environ.get('IDEM_MODEL_REPLAY') or (
+            'IDEM_MODEL_SEED=%d IDEM_MODEL_EXAMPLES=%d IDEM_MODEL_STEPS=%d TESTS=062_model make test,'
+            ' or make model SEEDS=%d EXAMPLES=%d STEPS=%d'
+            % (run_seed, examples, steps, run_seed, examples, steps))
+        print('model: FAILED with seed %d: replay with %s' % (run_seed, replay), flush=True)
         raise
     print('model: answers: %s' % ', '.join('%s %s %d' % (k[0], k[1], n)
                                          for k, n in sorted(TALLY.items())), flush=True)

@@ -15,12 +15,18 @@
 # run, the times between being reached by passes as of a later or an
 # earlier time.
 #
+# Between calls the driver also restarts the server (fast, or immediate: a
+# crash), and a second database fills and frees the server's shared table
+# of tombstone filters (test/model/model.conf makes it tiny where the
+# server has idempotency.tombstone_filter_entries).
+#
 # A fixed budget: IDEM_MODEL_EXAMPLES sequences (default 50) of at most
 # IDEM_MODEL_STEPS calls (default 60).  Every run prints its seed; a
 # failing run prints the shortest sequence Hypothesis found and the seed, and
 #   IDEM_MODEL_SEED=N TESTS=062_model make test
 # replays it (IDEM_MODEL_SHRINK=0 reports the first failing sequence as it
-# came, without shrinking it).
+# came, without shrinking it).  make model runs a longer budget for the
+# seeds it is given (scripts/model.sh).
 use strict;
 use warnings;
 use FindBin;
@@ -39,27 +45,23 @@ if (system($python, '-c', 'import hypothesis, psycopg') != 0)
 	  'python3-hypothesis or python3-psycopg is not installed (make test installs them)';
 }
 
-my $node = idem_node('model', conf => qq{
-idempotency.enable_worker = off
-idempotency.max_ttl = '2d'
-idempotency.default_ttl = '1d'
-idempotency.partition_interval = '1d'
-idempotency.tombstone_ttl = '1d'
-idempotency.tombstone_partition_interval = '1d'
-max_connections = 20
-# no autovacuum worker holding a partition's lock when a pass drops it
-autovacuum = off
-});
+# the settings make model uses too
+my $conf = slurp_file("$FindBin::Bin/../model/model.conf");
+my $node = idem_node('model', conf => $conf);
 
 my %env = (
 	PGHOST => $node->host,
 	PGPORT => $node->port,
 	PGDATABASE => 'postgres',
 	PYTHONDONTWRITEBYTECODE => '1',
+	# the driver restarts and crashes the server (pg_ctl of this build)
+	IDEM_MODEL_PGCTL => 'pg_ctl',
+	IDEM_MODEL_PGDATA => $node->data_dir,
+	IDEM_MODEL_PGLOG => $node->logfile,
 );
 $env{$_} = $ENV{$_}
   for grep { defined $ENV{$_} }
-  qw(IDEM_MODEL_SEED IDEM_MODEL_EXAMPLES IDEM_MODEL_STEPS IDEM_MODEL_SHRINK);
+  qw(IDEM_MODEL_SEED IDEM_MODEL_EXAMPLES IDEM_MODEL_STEPS IDEM_MODEL_SHRINK IDEM_MODEL_FILL_MAX);
 
 my ($out, $err) = ('', '');
 my $ok;
