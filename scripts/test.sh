@@ -82,10 +82,10 @@ fi
 # fails under CI (CI=true), where PostgreSQL 18 must be available.
 PG_UPGRADE_BINDIR= SKIP_PG_UPGRADE= FAIL_PG_UPGRADE=
 if selected 082_pg_upgrade; then
-    if [ -n "$NEEDS_MATRIX" ]; then
+    if [ "$PGC" != "$SYS_PG_CONFIG" ]; then
+        SKIP_PG_UPGRADE="it upgrades Debian's PostgreSQL 15 to PostgreSQL 18, and runs in the PostgreSQL 15 run (make test-matrix)"
+    elif [ -n "$NEEDS_MATRIX" ]; then
         SKIP_PG_UPGRADE="it needs PostgreSQL 18, built once from ../shared/postgresql: make test-matrix runs it (or make test TESTS=082_pg_upgrade)"
-    elif [ "$PGC" != "$SYS_PG_CONFIG" ]; then
-        SKIP_PG_UPGRADE="it upgrades Debian's PostgreSQL 15 to PostgreSQL 18, and runs in the PostgreSQL 15 run (make test)"
     else
         SKIP_REASON= rc=0
         if [ -n "${PG18_CONFIG:-}" ]; then PG18_PG_CONFIG=$PG18_CONFIG; else ensure_pg18 || rc=$?; fi
