@@ -159,8 +159,18 @@ unix_socket_directories = '$SOCKET_DIR'
 $preload
 $extra
 CONF
-    as_pg pg_ctl -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null \
-        || { tail -n 20 "$dir/postgres.log"; die "the server did not start"; }
+    # a port taken between free_port and the start (by a server of another
+    # run of this machine) is replaced by another, a few times
+    local tries=0
+    until as_pg pg_ctl -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null; do
+        tries=$((tries + 1))
+        if [ $tries -ge 5 ] || ! grep -q 'Address already in use' "$dir/postgres.log"; then
+            tail -n 20 "$dir/postgres.log"; die "the server did not start"
+        fi
+        PORT=$(free_port)
+        say "port taken meanwhile: starting it on port $PORT instead"
+        echo "port = $PORT" >>"$dir/data/postgresql.conf"
+    done
 }
 
 # Copy into the private PostgreSQL copy $2 (made by build_local_install) the

@@ -35,6 +35,53 @@ PG17_DEB_SHA256="d524d6d8169ce6c5733ab6b91caacfcf1d750123628cc43122baf8a8459a0f6
 PG17_CLIENT_BIN=/usr/lib/postgresql/15/bin
 PG17_CLIENT_PGXS=/usr/lib/postgresql/15/lib/pgxs
 
+# The header included first in every file compiled for the 17 tree, written
+# again at every use (so that a tree put together before it changed gets
+# the current one).
+write_pg17_compat() {
+    local new=$1/pg17-compat.h.new
+    cat >"$new" <<'EOF'
+/*
+ * Included first in every file compiled against PostgreSQL 17.12's headers
+ * on Debian 12 for the 17.9 server of the test matrix (scripts/pg17.sh).
+ */
+#include <stddef.h>
+
+/* declared by the C library of the headers' platform (glibc 2.38), not here */
+extern size_t strlcpy(char *dst, const char *src, size_t siz);
+extern size_t strlcat(char *dst, const char *src, size_t siz);
+
+/*
+ * 17.12's heap_getattr() calls heap_datum_check(), which a 17.9 server does
+ * not have (its heap_getattr() checks nothing there): a weak definition that
+ * does nothing, which a server that has the function overrides.
+ */
+struct HeapTupleHeaderData;
+struct TupleDescData;
+extern void heap_datum_check(struct HeapTupleHeaderData *tup, struct TupleDescData *tupleDesc);
+__attribute__((weak, visibility("default"))) void
+heap_datum_check(struct HeapTupleHeaderData *tup, struct TupleDescData *tupleDesc)
+{
+}
+
+/*
+ * 17.12's PG_GETARG_HEAPTUPLEHEADER() calls DatumGetHeapTupleHeader(), a
+ * function there, a macro of fmgr.h in 17.9 (which the server lacks): a weak
+ * definition that does what 17.9's macro does.
+ */
+#include <stdint.h>
+struct varlena;
+extern struct varlena *pg_detoast_datum(struct varlena *datum);
+extern struct HeapTupleHeaderData *DatumGetHeapTupleHeader(uintptr_t t);
+__attribute__((weak, visibility("default"))) struct HeapTupleHeaderData *
+DatumGetHeapTupleHeader(uintptr_t t)
+{
+    return (struct HeapTupleHeaderData *) pg_detoast_datum((struct varlena *) t);
+}
+EOF
+    if cmp -s "$new" "$1/pg17-compat.h"; then rm -f "$new"; else mv "$new" "$1/pg17-compat.h"; fi
+}
+
 # Set PG17_PG_CONFIG to the stand-in pg_config of the PostgreSQL 17 tree,
 # putting the tree together first when it is missing.  Returns 1 when the
 # Debian packages are not there, 2 when putting it together failed; the
@@ -44,7 +91,10 @@ ensure_pg17() {
     cache=$(cache_dir)
     root=$cache/postgresql-17-npm-$PG17_NPM_VERSION
     PG17_PG_CONFIG=$root/native/bin/pg_config
-    [ -f "$root/.done" ] && return 0
+    if [ -f "$root/.done" ]; then
+        write_pg17_compat "$root"
+        return 0
+    fi
     local f
     for f in $PG17_DEBS; do
         if [ ! -f "$PG17_DEB_DIR/$f" ]; then
@@ -88,30 +138,7 @@ ensure_pg17() {
         # PGXS where an installation keeps it (TAP tests find their Perl
         # modules below PKGLIBDIR/pgxs)
         ln -sfn "$pgxs" "$root/native/lib/postgresql/pgxs"
-        cat >"$root/pg17-compat.h" <<'EOF'
-/*
- * Included first in every file compiled against PostgreSQL 17.12's headers
- * on Debian 12 for the 17.9 server of the test matrix (scripts/pg17.sh).
- */
-#include <stddef.h>
-
-/* declared by the C library of the headers' platform (glibc 2.38), not here */
-extern size_t strlcpy(char *dst, const char *src, size_t siz);
-extern size_t strlcat(char *dst, const char *src, size_t siz);
-
-/*
- * 17.12's heap_getattr() calls heap_datum_check(), which a 17.9 server does
- * not have (its heap_getattr() checks nothing there): a weak definition that
- * does nothing, which a server that has the function overrides.
- */
-struct HeapTupleHeaderData;
-struct TupleDescData;
-extern void heap_datum_check(struct HeapTupleHeaderData *tup, struct TupleDescData *tupleDesc);
-__attribute__((weak, visibility("default"))) void
-heap_datum_check(struct HeapTupleHeaderData *tup, struct TupleDescData *tupleDesc)
-{
-}
-EOF
+        write_pg17_compat "$root"
         cat >>"$pgxs/src/Makefile.global" <<EOF
 
 # Added by the idempotency project's scripts/pg17.sh (these headers on Debian 12)
