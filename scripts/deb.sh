@@ -58,7 +58,8 @@ mkdir -p "$KEPT"
 for d in "${debs[@]}"; do
     dpkg-deb --fsys-tarfile "$d" | tar -t | sed -n 's|^\./|/|p' | while IFS= read -r f; do
         if [ -f "$f" ] && ! dpkg -S "$f" >/dev/null 2>&1; then
-            cp -a --parents "$f" "$KEPT"
+            mkdir -p "$KEPT$(dirname "$f")"
+            cp -a "$f" "$KEPT$f"
         fi
     done
 done
