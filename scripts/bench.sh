@@ -29,6 +29,10 @@
 #   bytes        bytes written (heap + index of the tombstones, WAL) per
 #                expired key by the maintenance pass that drops its partition,
 #                with tombstones kept and with them off
+#   roundtrip    the one-round-trip workload of test/bench/roundtrip (issue
+#                39's targets): floor, PL/pgSQL reference, extension with
+#                and without tombstones, each one stored-procedure call, five
+#                mixed runs, 1 client, synchronous_commit = off
 #   callgrind    instruction counts under valgrind (BENCH_CALLGRIND=1), of the
 #                main scripts and, when their parts ran, of ext_execute in
 #                s_base, s_parts and s_tomb (and ext_execute_no_tombstones)
@@ -42,7 +46,7 @@
 # and the bytes per expired key (about 4 minutes on 2 cores); the full run
 # takes about 15 minutes.
 # BENCH_CALLGRIND=1 adds instruction counts under valgrind's callgrind.
-# BENCH_ONLY=main,scale,contention,fingerprint,expiry,diagnostics,tombstones,locks,bytes,callgrind
+# BENCH_ONLY=main,scale,contention,fingerprint,expiry,diagnostics,tombstones,locks,bytes,roundtrip,callgrind
 # runs only the parts named (callgrind implies BENCH_CALLGRIND=1) and writes
 # its report to build/bench/RESULTS.md instead of test/bench/RESULTS.md.
 
@@ -51,13 +55,13 @@
 QUICK=${BENCH_QUICK:-0}
 [ "$QUICK" = 0 ] || QUICK=1
 if [ $QUICK = 1 ]; then
-    T_WARM=2 T_MAIN=15 T_SCALE=4 SCALE_ROUNDS=2 T_CONT=8 T_FP=10 T_DIAG=15 T_TOMB=10
+    T_WARM=2 T_MAIN=15 T_SCALE=4 SCALE_ROUNDS=2 T_CONT=8 T_FP=10 T_DIAG=15 T_TOMB=10 T_RT=4
     SCALE_KEYS=1000000 NREPLAY=2000 EXPIRY_ROWS=200000 TOMB_ROWS=200000 BYTES_ROWS=200000
 else
-    T_WARM=5 T_MAIN=60 T_SCALE=10 SCALE_ROUNDS=3 T_CONT=30 T_FP=30 T_DIAG=60 T_TOMB=30
+    T_WARM=5 T_MAIN=60 T_SCALE=10 SCALE_ROUNDS=3 T_CONT=30 T_FP=30 T_DIAG=60 T_TOMB=30 T_RT=12
     SCALE_KEYS=10000000 NREPLAY=10000 EXPIRY_ROWS=1000000 TOMB_ROWS=1000000 BYTES_ROWS=1000000
 fi
-FEW_PARTS=8 MANY_PARTS=33 LOCK_CLAIMS=500
+FEW_PARTS=8 MANY_PARTS=33 LOCK_CLAIMS=500 RT_RUNS=5 RT_TOMBS=200000
 ONLY=${BENCH_ONLY:-}
 want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 [[ ",$ONLY," == *",callgrind,"* ]] && BENCH_CALLGRIND=1
@@ -221,12 +225,12 @@ latency() {
 
 # ---- tombstones of expired keys ---------------------------------------------------
 has_tombstones() { [ $EXT = 1 ] && [ "$(val "$1" "SELECT to_regclass('idempotency.tombstones') IS NOT NULL")" = t ]; }
-# tomb_load DB N: N tombstones of the endpoint POST /payments, which
-# ext_execute claims on (ext_execute_no_tombstones' endpoint keeps none),
+# tomb_load DB N [ENDPOINT]: N tombstones of ENDPOINT (POST /payments, which
+# ext_execute claims on; ext_execute_no_tombstones' endpoint keeps none),
 # spread evenly over the dated partitions of idempotency.tombstones that
 # maintenance made (test/bench/tombstones_load.sql).
 tomb_load() {
-    psql_db "$1" -v n="$2" -f "$S/tombstones_load.sql" >/dev/null
+    psql_db "$1" -v n="$2" -v endpoint="${3:-POST /payments}" -f "$S/tombstones_load.sql" >/dev/null
 }
 # tomb_parts_meta DB: "N partitions of idempotency.tombstones (default
 # included), K holding rows, D in the default partition"
@@ -441,6 +445,48 @@ bench_tomb_onoff() {
     latency "tombstones, 10-year endpoint" "$names" tomb10
 }
 
+# ---- the one-round-trip workload of test/bench/roundtrip --------------------------
+# Each request one stored-procedure call (floor_pay, ref_pay, ext_pay,
+# ext_pay_notomb), so each script costs one round trip and the ratios compare
+# the server's work alone.  Database s_rt: 33 dated key partitions (max_ttl
+# 31 days), synchronous_commit = off, $RT_TOMBS tombstones of POST
+# /v1/payments (the endpoint of ext_pay, which keeps tombstones), an endpoint
+# at tombstone_ttl = '10 years', and POST /v1/payments-notomb (ext_pay_notomb)
+# at tombstone_ttl = 0; $RT_RUNS runs of ${T_RT}s, 1 client, the four scripts
+# mixed.  Latencies over all runs together (label "round trip") and per run
+# (labels "round trip N", for the range of the ratios).
+bench_roundtrip() {
+    local rt=$BENCH_SRC/roundtrip i names=rt_floor,rt_ref,rt_ext,rt_ext_notomb prefixes=()
+    if [ ! -f "$rt/ext.pgb" ]; then
+        meta rt_missing "test/bench/roundtrip is not in this branch"
+        return 0
+    fi
+    say "round trip: database s_rt (33 partitions, $RT_TOMBS tombstones, a 10-year endpoint), $RT_RUNS runs of ${T_RT}s"
+    psql_db postgres -c 'CREATE DATABASE s_rt'
+    psql_db postgres -c "ALTER DATABASE s_rt SET synchronous_commit = off"
+    psql_db s_rt -c 'SET client_min_messages = warning' -c 'CREATE EXTENSION idempotency CASCADE'
+    psql_db s_rt -f "$rt/reference.sql" -f "$rt/ext.sql" -f "$rt/ext_notomb.sql" >/dev/null
+    psql_db s_rt -c "INSERT INTO idempotency.endpoints (endpoint, tombstone_ttl) VALUES ('POST /v1/payments-notomb', '0'), ('POST /decade', '10 years')" >/dev/null
+    make_partitions s_rt 33 >"$BENCH_DIR/parts_rt"
+    for i in 1 2; do
+        psql_db s_rt -c 'SET client_min_messages = warning' -c 'SELECT count(*) FROM idempotency.idem_maintenance()' >/dev/null
+    done
+    tomb_load s_rt "$RT_TOMBS" 'POST /v1/payments'
+    psql_db s_rt -c 'SET client_min_messages = warning' -c 'SELECT count(*) FROM idempotency.idem_maintenance()' >/dev/null
+    meta rt_db "database s_rt (\`synchronous_commit = off\`, \`idempotency.max_ttl = '31d'\`): $(tail -n 1 "$BENCH_DIR/parts_rt") dated partitions of idempotency.keys; $RT_TOMBS tombstones of POST /v1/payments; endpoint POST /decade at \`tombstone_ttl = '10 years'\`, POST /v1/payments-notomb at \`tombstone_ttl = 0\`: $(tomb_parts_meta s_rt)"
+    cp "$rt"/*.pgb "$S/"
+    own_dir "$S"
+    psql_db postgres -c CHECKPOINT >/dev/null
+    run_pgbench rt_warmup s_rt 1 "$T_WARM" floor.pgb ref.pgb ext.pgb ext_notomb.pgb >/dev/null
+    for i in $(seq 1 "$RT_RUNS"); do
+        run_pgbench "rt$i" s_rt 1 "$T_RT" floor.pgb ref.pgb ext.pgb ext_notomb.pgb
+        latency "round trip $i" "$names" "rt$i"
+        prefixes+=("rt$i")
+    done
+    latency "round trip" "$names" "${prefixes[@]}"
+    meta rt_runs "$RT_RUNS"
+}
+
 # ---- relation locks of a claim of a new key -----------------------------------------
 # In s_tomb with its 10-year endpoint (max_ttl 30 days, tombstones stored):
 # test/bench/locks.sql counts from pg_locks the relations of schema
@@ -591,6 +637,7 @@ if [ $EXT = 1 ]; then
     want tombstones && bench_tomb_onoff
     want locks && bench_locks
     want bytes && bench_bytes
+    want roundtrip && bench_roundtrip
 fi
 
 # ---- report ------------------------------------------------------------------------
@@ -600,7 +647,7 @@ meta nproc "$(nproc)"
 meta load "$(cut -d' ' -f1-3 /proc/loadavg)"
 meta parts_main "$(tail -n 1 "$BENCH_DIR/parts_main")"
 meta mode "$([ $QUICK = 1 ] && echo "BENCH_QUICK=1 (short runs, $SCALE_KEYS keys for the scale scenario, $EXPIRY_ROWS for expiry, $TOMB_ROWS tombstones instead of 1 million, $BYTES_ROWS expired keys for the bytes per key)" || echo full)"
-meta durations "main runs ${T_MAIN}s each; scale ${SCALE_ROUNDS} rounds of ${T_SCALE}s per database; contention ${T_CONT}s; fingerprints ${T_FP}s; diagnostics ${T_DIAG}s; tombstones ${T_TOMB}s per run"
+meta durations "main runs ${T_MAIN}s each; scale ${SCALE_ROUNDS} rounds of ${T_SCALE}s per database; contention ${T_CONT}s; fingerprints ${T_FP}s; diagnostics ${T_DIAG}s; tombstones ${T_TOMB}s per run; round trip $RT_RUNS runs of ${T_RT}s"
 meta settings "$(printf '%s' "$SETTINGS" | paste -sd';' | sed 's/;/; /g')"
 [ "${BENCH_CALLGRIND:-0}" = 1 ] && bench_callgrind
 learned_meta() {

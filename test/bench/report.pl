@@ -76,6 +76,10 @@ my @RATIOS = (
 	[ 'Execute: extension / PL/pgSQL reference, 8 clients', '8 clients', 'ext_execute', '8 clients', 'plpgsql_execute', undef ],
 	[ 'Replay: extension / plain lookup, 8 clients', '8 clients', 'ext_replay', '8 clients', 'plain_replay', undef ],
 	[ 'Replay: extension / PL/pgSQL reference, 1 client', '1 client', 'ext_replay', '1 client', 'plpgsql_replay', undef ],
+	[ 'Round trip: execute path / floor, endpoint keeping tombstones', 'round trip', 'rt_ext', 'round trip', 'rt_floor', 1.05 ],
+	[ 'Round trip: execute path / floor, endpoint with tombstone_ttl = 0', 'round trip', 'rt_ext_notomb', 'round trip', 'rt_floor', undef ],
+	[ 'Round trip: tombstones kept / none', 'round trip', 'rt_ext', 'round trip', 'rt_ext_notomb', 1.02 ],
+	[ 'Round trip: execute path / the PL/pgSQL a user writes instead', 'round trip', 'rt_ext', 'round trip', 'rt_ref', 0.85 ],
 	[ 'Scale: @KEYS@ live keys / empty table', 'scale', 's_keys', 'scale', 's_base', 1.20 ],
 	[ 'Scale: @MANY@ partitions / @FEW@', 'scale', 's_parts', 'scale', 's_base', 1.20 ],
 	[ 'Execute / floor at @FEW@ partitions, 1 client, synchronous_commit off', 'scale', 's_base', 'scale', 's_base_floor', 1.05 ],
@@ -132,7 +136,7 @@ sub render
 	  "- pgbench: `-M prepared`, per-transaction logs (`-l`), scripts of one table row mixed in one run (`-f script\@1` each)";
 	push @out, "- idempotency.keys in database bench (execute, replay, contention): $meta{parts_main} dated partitions and the default partition"
 	  if defined $meta{parts_main};
-	for my $k (qw(learned fingerprint partitions tombstones scale_load scale_keys_size scale_sync tomb_db tomb_decade locks bytes_on bytes_off core_missing fp_missing expiry_missing diagnostics diag_missing tomb_missing bytes_missing))
+	for my $k (qw(learned fingerprint partitions tombstones scale_load scale_keys_size scale_sync tomb_db tomb_decade rt_db rt_missing locks bytes_on bytes_off core_missing fp_missing expiry_missing diagnostics diag_missing tomb_missing bytes_missing))
 	{
 		push @out, "- $k: $meta{$k}" if defined $meta{$k};
 	}
@@ -155,6 +159,23 @@ sub render
 		}
 		my $ratio = $a->[1] / $b->[1];
 		my $p99 = $b->[2] > 0 ? $a->[2] / $b->[2] : 0;
+		# the round-trip workload: the range of the per-run ratios too
+		if ($l1 eq 'round trip')
+		{
+			my @r;
+			for my $i (1 .. ($meta{rt_runs} // 0))
+			{
+				my ($x, $y) = ($lat{"round trip $i|$s1"}, $lat{"round trip $i|$s2"});
+				push @r, $x->[1] / $y->[1] if $x && $y && $y->[1] > 0;
+			}
+			my ($lo, $hi);
+			for my $x (@r)
+			{
+				$lo = $x if !defined $lo || $x < $lo;
+				$hi = $x if !defined $hi || $x > $hi;
+			}
+			$title .= sprintf(' (%d runs together; each run %.2f-%.2f×)', scalar @r, $lo, $hi) if @r;
+		}
 		my $res = !defined $target ? 'information' : ($ratio <= $target ? 'met' : '**missed**');
 		push @out, sprintf('| %s | %.2f× | %.2f× | %s | %s |', $title, $ratio, $p99, $t, $res);
 	}

@@ -1,5 +1,6 @@
 -- test/bench/tombstones_load.sql: :n tombstones of expired keys of the
--- endpoint POST /payments (the one ext_execute claims on), written by SQL
+-- endpoint :endpoint (POST /payments, the one ext_execute claims on, or the
+-- round-trip workload's POST /v1/payments), written by SQL
 -- (one INSERT ... SELECT, as superuser, through the trigger
 -- tombstones_filter as maintenance writes them), spread evenly over the
 -- dated partitions of idempotency.tombstones whose range has not ended (the
@@ -17,7 +18,7 @@ LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
 WHERE i.inhparent = 'idempotency.tombstones'::regclass
   AND b IS NOT NULL AND b[2]::timestamptz > now() + interval '1 hour';
 INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
-SELECT idempotency.idem_tombstone_hash('acme', 'POST /payments', 'old' || i),
+SELECT idempotency.idem_tombstone_hash('acme', :'endpoint', 'old' || i),
        sha256(int8send(i)), now() - interval '1 day',
        p.lo + (p.hi - p.lo) * ((i / k.k) % 1000 + 0.5) / 1000
 FROM (SELECT count(*) AS k FROM bench_tomb_parts) k
