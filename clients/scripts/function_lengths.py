@@ -5,7 +5,11 @@ in lines, from its first line to its last, nested functions counted as part
 of their parent (a parent's lines contain them).  Exits 1, naming them,
 when one is over the limit (80 lines by default).
 
-    clients/scripts/function_lengths.py [--limit N] [--top N] [FILE...]
+    clients/scripts/function_lengths.py [--limit N] [--top N] [--lang js|py] [FILE...]
+
+clients/test.sh runs it first in each unit suite (node_unit: --lang js,
+python_unit: --lang py); its last line reads "ok - function lengths: ..."
+or "not ok - function lengths: ...".
 
 Python is measured with its own parser (ast); JavaScript with a small
 tokenizer (strings, template literals, comments and regular expressions
@@ -169,16 +173,17 @@ def js_functions(path: str) -> Iterator[Function]:
                 yield path, start[0], line - start[0] + 1, start[1]
 
 
-def sources(files: List[str]) -> Iterator[str]:
+def sources(files: List[str], lang: Optional[str]) -> Iterator[str]:
     if files:
         yield from files
         return
+    suffix = (".js", ".py") if lang is None else ("." + lang,)
     for sub in ("node", "python", "scripts"):
         for root, dirs, names in os.walk(os.path.join(CLIENTS, sub)):
             dirs[:] = sorted(d for d in dirs if d not in ("node_modules", "__pycache__", "build", "dist")
                              and not d.endswith(".egg-info"))
             for name in sorted(names):
-                if name.endswith((".js", ".py")):
+                if name.endswith(suffix):
                     yield os.path.join(root, name)
 
 
@@ -186,20 +191,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=80)
     ap.add_argument("--top", type=int, default=0, help="also list the N longest functions")
+    ap.add_argument("--lang", choices=("js", "py"), help="only this language's files")
     ap.add_argument("files", nargs="*")
     args = ap.parse_args()
     found: List[Function] = []
-    for path in sources(args.files):
+    for path in sources(args.files, args.lang):
         found.extend(python_functions(path) if path.endswith(".py") else js_functions(path))
     found.sort(key=lambda f: -f[2])
     for f in found[:args.top]:
         print(f"{f[2]:5d} {os.path.relpath(f[0], CLIENTS)}:{f[1]} {f[3]}")
     over = [f for f in found if f[2] > args.limit]
+    sys.stdout.flush()
     for f in over:
         print(f"function_lengths: {os.path.relpath(f[0], CLIENTS)}:{f[1]}: {f[3]} is {f[2]} lines, "
               f"over {args.limit}", file=sys.stderr)
-    print(f"function_lengths: {len(found)} functions, the longest {found[0][2] if found else 0} lines, "
-          f"{len(over)} over {args.limit}")
+    print(f"{'not ok' if over else 'ok'} - function lengths: {len(found)} functions, the longest "
+          f"{found[0][2] if found else 0} lines, {len(over)} over {args.limit}", flush=True)
     return 1 if over else 0
 
 
