@@ -545,6 +545,7 @@ class Attempt {
   }
 
   async run(runner) {
+    this.runner = runner;
     try {
       const c = await this.claimKey();
       if (c) return await this.answerClaim(c);
@@ -662,14 +663,16 @@ class Attempt {
   }
 
   // The handlers' response stored under the key and committed, then sent;
-  // or (storeStatus false: a 5xx by default, the handler's own failure)
-  // rolled back, the key given back so that a retry runs again, and sent.
+  // or (storeStatus false: a 5xx by default, the handler's own failure; an
+  // error answered before any route began) rolled back, the key given back
+  // so that a retry runs again, and sent.
   async storeOrRelease(out) {
     const { client, state, request } = this;
-    if (!this.o.storeStatus(out.status)) {
+    const early = this.answeredBeforeRoute(out);
+    if (early || !this.o.storeStatus(out.status)) {
       this.inTransaction = false;
       await client.query('ROLLBACK');
-      await this.settle(`the handler answered ${out.status}`, true);
+      await this.settle(early ? `answered ${out.status} before any route began` : `the handler answered ${out.status}`, true);
       this.capture.send(out);
       return 'done';
     }
@@ -684,6 +687,18 @@ class Attempt {
     this.capture.send(out);
     this.m.runAfterCommit(this.afterCommit, this.res);
     return 'done';
+  }
+
+  // Whether an error answer came before any route's handler began (Stripe's
+  // rule: results are saved only once the endpoint began executing): the
+  // middleware mounted with app.use hands over with Express's next, and the
+  // request reached no route (req.route, set when Express dispatches to a
+  // route, is not set): the application's error handler answered an error
+  // of its own middleware (a 401 of its authentication, a validator's
+  // 422), or Express's 404 when no route matched.  A handler mounted with
+  // app.use that succeeds is stored as before.
+  answeredBeforeRoute(out) {
+    return !this.runner.repeatable && !this.req.route && out.status >= 400;
   }
 
   // The response's headers as stored: with the names as the handler spelled
