@@ -353,11 +353,13 @@ class Middleware {
         rawKey: parsed === null ? null : String(Array.isArray(values) ? values[0] : values).trim(),
       };
     } catch (err) {
-      if (!(err instanceof KeyError)) return next(err), null;
-      return this.answer(res, 'key_invalid', { message: err.message }), null;
+      if (err instanceof KeyError) this.answer(res, 'key_invalid', { message: err.message });
+      else next(err);
+      return null;
     }
     if (keys.key === null && this.o.required) {
-      return this.answer(res, 'key_missing', { message: 'this request needs an Idempotency-Key header' }), null;
+      this.answer(res, 'key_missing', { message: 'this request needs an Idempotency-Key header' });
+      return null;
     }
     return keys;
   }
@@ -368,9 +370,11 @@ class Middleware {
     try {
       body = await fingerprintBody(req, this.o.limit);
     } catch (err) {
-      if (state.disconnected) return null; // the request was aborted while its body was read
-      if (!(err instanceof BodyError)) return next(err), null;
-      return this.answer(res, 'body_invalid', { message: err.message, code: err.answerCode }), null;
+      // nothing is sent to a request aborted while its body was read
+      if (state.disconnected) return null;
+      if (err instanceof BodyError) this.answer(res, 'body_invalid', { message: err.message, code: err.answerCode });
+      else next(err);
+      return null;
     }
     if (body.parsed !== undefined || req.body === undefined) req.body = body.parsed;
     return body;
@@ -385,8 +389,9 @@ class Middleware {
       if (!endpoint) endpoint = `${req.method} ${routeTemplate(req, o.mountPath)}`;
       return { tenant, endpoint };
     } catch (err) {
-      if (err instanceof ConfigError) return this.notConfigured(res, err), null;
-      return next(err), null;
+      if (err instanceof ConfigError) this.notConfigured(res, err);
+      else next(err);
+      return null;
     }
   }
 
