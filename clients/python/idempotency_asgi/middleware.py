@@ -587,6 +587,13 @@ class IdempotencyMiddleware:
         return self._pool() if callable(self._pool) else self._pool
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request path, in named steps: the requests it covers (its
+        methods), _prepare (read the key, the body's fingerprint, the
+        tenant: at once, or when an opt_in route claims), _run (the attempts,
+        503 when they run out), _Attempt.run (claim, run the application,
+        store or release, send; see _Attempt).  Every answer of the
+        middleware itself is built by _send_answer, a replay by
+        _answer_claim."""
         if scope["type"] != "http" or scope["method"].upper() not in self.methods:
             return await self.app(scope, receive, send)
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
