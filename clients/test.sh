@@ -7,6 +7,8 @@
 # into a fresh application, compiled with tsc --strict;
 # examples/fastapi/run.sh --test: the wheel installed into a fresh virtual
 # environment, checked with mypy --strict; both then served and asked).
+# The unit suites first check that no function of their language in
+# clients/ is over 80 lines (clients/scripts/function_lengths.py).
 # Prints one line "client SUITE ... ok|FAILED" per suite and exits non-zero
 # when one failed.
 #
@@ -90,6 +92,12 @@ fresh_db() {
 # An example's run.sh --test against the suite's database (libpq's variables).
 AS_EXAMPLE='PGHOST=$IDEM_TEST_PGHOST PGPORT=$IDEM_TEST_PGPORT PGUSER=$IDEM_TEST_PGUSER PGDATABASE=$IDEM_TEST_PGDATABASE exec "$0" --test'
 
+# A unit suite's command, its language's function lengths checked first
+# (clients/scripts/function_lengths.py: no function over 80 lines):
+#   bash -c "$LENGTHS_FIRST" "$PY" SCRIPT js|py COMMAND...
+LENGTHS_FIRST='"$0" "$1" --lang "$2" && shift 2 && exec "$@"'
+LENGTHS=$CLIENTS_DIR/scripts/function_lengths.py
+
 PASSED=0
 FAILED=0
 run_suite() {
@@ -112,9 +120,9 @@ run_suite() {
 
 for s in $SUITES; do
     case $s in
-        node_unit) ensure_node; run_suite "$s" node --test --test-concurrency=1 "$CLIENTS_DIR/node/test/unit/" ;;
+        node_unit) ensure_node; run_suite "$s" bash -c "$LENGTHS_FIRST" "$PY" "$LENGTHS" js node --test --test-concurrency=1 "$CLIENTS_DIR/node/test/unit/" ;;
         node_e2e) ensure_node; run_suite "$s" node "$CLIENTS_DIR/node/test/e2e/run.js" ;;
-        python_unit) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" -m unittest discover -v -s "$CLIENTS_DIR/python/tests" -t "$CLIENTS_DIR/python" ;;
+        python_unit) ensure_python; run_suite "$s" bash -c "$LENGTHS_FIRST" "$PY" "$LENGTHS" py env PYTHONPATH="$CLIENTS_DIR/python" "$PY" -m unittest discover -v -s "$CLIENTS_DIR/python/tests" -t "$CLIENTS_DIR/python" ;;
         python_e2e) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" "$CLIENTS_DIR/python/tests/e2e/run.py" ;;
         node_example) ensure_node; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/express/run.sh" ;;
         python_example) ensure_python $PY_PACKAGING; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/fastapi/run.sh" ;;

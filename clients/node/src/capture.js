@@ -11,37 +11,9 @@ function captureResponse(res) {
   // work an application hangs on them happens once, after the commit
   const EVENTS = ['finish', 'close', 'prefinish'];
   const listenersBefore = Object.fromEntries(EVENTS.map((e) => [e, res.listeners(e)]));
-  let chunks = [];
-  let settle = null;
-
-  const toBuffer = (chunk, enc) => (Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, typeof enc === 'string' ? enc : 'utf8'));
-
-  res.writeHead = function writeHead(status, reason, headers) {
-    if (typeof reason !== 'string') headers = reason;
-    res.statusCode = status;
-    if (Array.isArray(headers)) {
-      for (let i = 0; i + 1 < headers.length; i += 2) res.setHeader(headers[i], headers[i + 1]);
-    } else if (headers) {
-      for (const [k, v] of Object.entries(headers)) res.setHeader(k, v);
-    }
-    return res;
-  };
-  res.write = function write(chunk, enc, cb) {
-    if (typeof enc === 'function') { cb = enc; enc = undefined; }
-    if (chunk != null) chunks.push(toBuffer(chunk, enc));
-    if (cb) process.nextTick(cb);
-    return true;
-  };
-  res.end = function end(chunk, enc, cb) {
-    if (typeof chunk === 'function') { cb = chunk; chunk = undefined; } else if (typeof enc === 'function') { cb = enc; enc = undefined; }
-    if (chunk != null) chunks.push(toBuffer(chunk, enc));
-    if (settle) {
-      settle.resolve({ status: res.statusCode, headers: res.getHeaders(), rawNames: res.getRawHeaderNames(), body: Buffer.concat(chunks) });
-    }
-    settle = null;
-    if (cb) process.nextTick(cb);
-    return res;
-  };
+  // what the handlers wrote, and how their run ends (see run)
+  const held = { chunks: [], settle: null };
+  interceptWrites(res, held);
 
   function restore() {
     res.writeHead = saved.writeHead;
@@ -54,15 +26,15 @@ function captureResponse(res) {
     // when they end it, rejects when they pass on an error.
     run(runner) {
       return new Promise((resolve, reject) => {
-        settle = { resolve, reject };
+        held.settle = { resolve, reject };
         try {
           runner.run((err) => {
-            if (settle) settle.reject(err);
-            settle = null;
+            if (held.settle) held.settle.reject(err);
+            held.settle = null;
           });
         } catch (err) {
-          if (settle) settle.reject(err);
-          settle = null;
+          if (held.settle) held.settle.reject(err);
+          held.settle = null;
         }
       });
     },
@@ -81,16 +53,16 @@ function captureResponse(res) {
     restore,
     // ends a run that has not answered yet with this error
     abort(err) {
-      if (settle) settle.reject(err);
-      settle = null;
+      if (held.settle) held.settle.reject(err);
+      held.settle = null;
     },
     // headers the response had before the handlers ran (per delivery, never stored)
     headersBefore,
     // forget what the handlers did: the response is as before they ran
     reset() {
       restore();
-      chunks = [];
-      settle = null;
+      held.chunks = [];
+      held.settle = null;
       for (const name of res.getHeaderNames()) res.removeHeader(name);
       for (const [k, v] of Object.entries(headersBefore)) res.setHeader(k, v);
       res.statusCode = 200;
@@ -100,6 +72,40 @@ function captureResponse(res) {
         }
       }
     },
+  };
+}
+
+// The response's writeHead, write and end replaced: what the handlers write
+// is held (held.chunks), and their end of the response settles the run
+// (held.settle) with status, headers and body.
+function interceptWrites(res, held) {
+  const toBuffer = (chunk, enc) => (Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, typeof enc === 'string' ? enc : 'utf8'));
+
+  res.writeHead = function writeHead(status, reason, headers) {
+    if (typeof reason !== 'string') headers = reason;
+    res.statusCode = status;
+    if (Array.isArray(headers)) {
+      for (let i = 0; i + 1 < headers.length; i += 2) res.setHeader(headers[i], headers[i + 1]);
+    } else if (headers) {
+      for (const [k, v] of Object.entries(headers)) res.setHeader(k, v);
+    }
+    return res;
+  };
+  res.write = function write(chunk, enc, cb) {
+    if (typeof enc === 'function') { cb = enc; enc = undefined; }
+    if (chunk != null) held.chunks.push(toBuffer(chunk, enc));
+    if (cb) process.nextTick(cb);
+    return true;
+  };
+  res.end = function end(chunk, enc, cb) {
+    if (typeof chunk === 'function') { cb = chunk; chunk = undefined; } else if (typeof enc === 'function') { cb = enc; enc = undefined; }
+    if (chunk != null) held.chunks.push(toBuffer(chunk, enc));
+    if (held.settle) {
+      held.settle.resolve({ status: res.statusCode, headers: res.getHeaders(), rawNames: res.getRawHeaderNames(), body: Buffer.concat(held.chunks) });
+    }
+    held.settle = null;
+    if (cb) process.nextTick(cb);
+    return res;
   };
 }
 

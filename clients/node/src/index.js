@@ -277,18 +277,41 @@ function routeTemplate(req, mountPath) {
     "give options.mountPath (the path as written in app.use, e.g. '/accounts/:acct') or options.endpoint");
 }
 
+// idempotent(options, ...handlers): the middleware.  A request goes
+// through named steps, each in a method of its own below:
+//   Middleware.handle:  readKey -> readBody -> readNames -> attempts -> (retries spent) exhausted
+//   Attempt.run:        claimKey -> runHandlers -> storeOrRelease, or failed(err)
+// and every answer of the middleware itself is built in one place,
+// Middleware.answer (a replay in Attempt.answerClaim).
 function idempotent(options, ...handlers) {
   const o = normalize(options);
-  // an answer of the middleware, in the profile's format
-  const problem = (outcome, x = {}) => answer(o.profile, outcome, { ...x, typeBase: o.problemTypeBase });
   handlers = handlers.flat();
   for (const h of handlers) {
     if (typeof h !== 'function') throw new TypeError('idempotent: the handlers after the options are functions');
   }
+  const m = new Middleware(o, handlers);
+  return async function middleware(req, res, next) {
+    return m.request(req, res, next);
+  };
+}
 
-  async function middleware(req, res, next) {
+// What one idempotent() holds: its options and handlers, and the steps of
+// a request before and between its attempts.
+class Middleware {
+  constructor(o, handlers) {
+    this.o = o;
+    this.handlers = handlers;
+  }
+
+  // An answer of the middleware, in the profile's format: sent, and 'done'.
+  answer(res, outcome, x = {}) {
+    sendAnswer(res, answer(this.o.profile, outcome, { ...x, typeBase: this.o.problemTypeBase }));
+    return 'done';
+  }
+
+  async request(req, res, next) {
     // a client that goes away (its connection closed before the response
-    // was sent) ends the handlers' run: see attemptOnce
+    // was sent) ends the handlers' run: see Attempt
     const state = { leaseToken: null, noSideEffect: false, connectFailed: false, disconnected: false, onDisconnect: null };
     const onClose = () => {
       if (res.writableFinished) return;
@@ -297,87 +320,129 @@ function idempotent(options, ...handlers) {
     };
     res.on('close', onClose);
     try {
-      await handle(req, res, next, state);
+      await this.handle(req, res, next, state);
     } finally {
       res.removeListener('close', onClose);
     }
   }
 
-  async function handle(req, res, next, state) {
-    let rawKey;
-    let key;
+  // The request path: each step returns null once the request is answered
+  // (or handed to Express's error handler).
+  async handle(req, res, next, state) {
+    const keys = this.readKey(req, res, next);
+    if (!keys) return;
+    const body = await this.readBody(req, res, next, state);
+    if (!body) return;
+    const names = await this.readNames(req, res, next);
+    if (!names) return;
+    const request = { ...names, ...keys, path: req.originalUrl || req.url, json: body.json };
+    const runner = makeRunner(req, res, next, this.handlers);
+    if (await this.attempts(req, res, next, request, runner, state) === 'retry') await this.exhausted(res, request, state);
+  }
+
+  // The key: { key, rawKey } (both null without the header), or null once answered.
+  readKey(req, res, next) {
+    let keys;
     try {
       // headersDistinct keeps two Idempotency-Key headers apart (headers joins them with ", ")
       const values = req.headersDistinct ? req.headersDistinct['idempotency-key'] : req.headers['idempotency-key'];
       const parsed = parseKeyHeader(values);
-      key = parsed === null ? null : applyKeyPolicy(parsed, o.keyPolicy);
-      // replays echo the header as the client sent it
-      rawKey = parsed === null ? null : String(Array.isArray(values) ? values[0] : values).trim();
+      keys = {
+        key: parsed === null ? null : applyKeyPolicy(parsed, this.o.keyPolicy),
+        // replays echo the header as the client sent it
+        rawKey: parsed === null ? null : String(Array.isArray(values) ? values[0] : values).trim(),
+      };
     } catch (err) {
-      if (!(err instanceof KeyError)) return next(err);
-      return sendAnswer(res, problem('key_invalid', { message: err.message }));
+      if (err instanceof KeyError) this.answer(res, 'key_invalid', { message: err.message });
+      else next(err);
+      return null;
     }
-    if (key === null && o.required) {
-      return sendAnswer(res, problem('key_missing', { message: 'this request needs an Idempotency-Key header' }));
+    if (keys.key === null && this.o.required) {
+      this.answer(res, 'key_missing', { message: 'this request needs an Idempotency-Key header' });
+      return null;
     }
-    let body;
-    try {
-      body = await fingerprintBody(req, o.limit);
-    } catch (err) {
-      if (state.disconnected) return undefined; // the request was aborted while its body was read
-      if (!(err instanceof BodyError)) return next(err);
-      return sendAnswer(res, problem('body_invalid', { message: err.message, code: err.answerCode }));
-    }
-    if (body.parsed !== undefined || req.body === undefined) req.body = body.parsed;
-    let tenant;
-    let endpoint;
-    try {
-      tenant = typeof o.tenant === 'function' ? await o.tenant(req) : o.tenant;
-      endpoint = typeof o.endpoint === 'function' ? await o.endpoint(req) : o.endpoint;
-      if (!endpoint) endpoint = `${req.method} ${routeTemplate(req, o.mountPath)}`;
-    } catch (err) {
-      if (err instanceof ConfigError) return notConfigured(res, err);
-      return next(err);
-    }
-    const request = { tenant, endpoint, key, rawKey, path: req.originalUrl || req.url, json: body.json };
-    const runner = makeRunner(req, res, next, handlers);
-    for (let attempt = 0; ; attempt++) {
-      const outcome = await attemptOnce(req, res, next, request, runner, state);
-      if (outcome !== 'retry') return undefined;
-      if (attempt >= o.retries || !runner.repeatable || state.disconnected) break;
-      await new Promise((r) => setTimeout(r, (5 + Math.random() * 20) * 2 ** attempt));
-    }
-    if (state.leaseToken) await settleLease(request, state, 'retries exhausted');
-    if (state.disconnected) return undefined;
-    if (state.connectFailed) {
-      o.log('database_unavailable: no connection from the pool; check the pool\'s connection settings ' +
-        '(host, port, user, password) and that the server runs and accepts connections');
-    }
-    sendAnswer(res, problem('unavailable',
-      { retryAfter: 1, code: state.connectFailed ? 'database_unavailable' : undefined }));
-    return undefined;
+    return keys;
   }
 
-  async function settleLease(request, state, reason, release = false) {
+  // The body read and fingerprinted (req.body set), or null once answered.
+  async readBody(req, res, next, state) {
+    let body;
+    try {
+      body = await fingerprintBody(req, this.o.limit);
+    } catch (err) {
+      // nothing is sent to a request aborted while its body was read
+      if (state.disconnected) return null;
+      if (err instanceof BodyError) this.answer(res, 'body_invalid', { message: err.message, code: err.answerCode });
+      else next(err);
+      return null;
+    }
+    if (body.parsed !== undefined || req.body === undefined) req.body = body.parsed;
+    return body;
+  }
+
+  // { tenant, endpoint }, or null once answered.
+  async readNames(req, res, next) {
+    const o = this.o;
+    try {
+      const tenant = typeof o.tenant === 'function' ? await o.tenant(req) : o.tenant;
+      let endpoint = typeof o.endpoint === 'function' ? await o.endpoint(req) : o.endpoint;
+      if (!endpoint) endpoint = `${req.method} ${routeTemplate(req, o.mountPath)}`;
+      return { tenant, endpoint };
+    } catch (err) {
+      if (err instanceof ConfigError) this.notConfigured(res, err);
+      else next(err);
+      return null;
+    }
+  }
+
+  // The attempts of a request: 'retry' when the last one asked for another
+  // and none is left.
+  async attempts(req, res, next, request, runner, state) {
+    for (let attempt = 0; ; attempt++) {
+      const outcome = await this.attemptOnce(req, res, next, request, runner, state);
+      if (outcome !== 'retry') return outcome;
+      if (attempt >= this.o.retries || !runner.repeatable || state.disconnected) return 'retry';
+      await new Promise((r) => setTimeout(r, (5 + Math.random() * 20) * 2 ** attempt));
+    }
+  }
+
+  // No attempt completed: the lease settled, 503.
+  async exhausted(res, request, state) {
+    if (state.leaseToken) await this.settleLease(request, state, 'retries exhausted');
+    if (state.disconnected) return;
+    if (state.connectFailed) {
+      this.o.log('database_unavailable: no connection from the pool; check the pool\'s connection settings ' +
+        '(host, port, user, password) and that the server runs and accepts connections');
+    }
+    this.answer(res, 'unavailable', { retryAfter: 1, code: state.connectFailed ? 'database_unavailable' : undefined });
+  }
+
+  async settleLease(request, state, reason, release = false) {
     const { tenant, endpoint, key } = request;
     try {
-      if (release || state.noSideEffect) await o.pool.query(SQL_RELEASE, [tenant, endpoint, key, state.leaseToken]);
-      else await o.pool.query(SQL_FAIL, [tenant, endpoint, key, reason, state.leaseToken]);
+      if (release || state.noSideEffect) await this.o.pool.query(SQL_RELEASE, [tenant, endpoint, key, state.leaseToken]);
+      else await this.o.pool.query(SQL_FAIL, [tenant, endpoint, key, reason, state.leaseToken]);
     } catch (err) {
-      o.log('could not settle the lease (maintenance will mark it unknown when it expires)', err);
+      this.o.log('could not settle the lease (maintenance will mark it unknown when it expires)', err);
     }
     state.leaseToken = null;
   }
 
   // One run of the request.  Returns 'retry' when it should run again,
   // 'done' once something was sent or handed to Express's error handler.
-  async function attemptOnce(req, res, next, request, runner, state) {
-    const { tenant, endpoint, key } = request;
+  async attemptOnce(req, res, next, request, runner, state) {
+    const client = await this.connect(res, state);
+    if (typeof client === 'string') return client;
+    return new Attempt(this, client, { req, res, next, request, state }).run(runner);
+  }
+
+  // A pool client with the options checked, or 'retry' / 'done'.
+  async connect(res, state) {
     let client;
     try {
-      client = await o.pool.connect();
+      client = await this.o.pool.connect();
     } catch (err) {
-      o.log('no database connection', err);
+      this.o.log('no database connection', err);
       state.connectFailed = true;
       return 'retry';
     }
@@ -385,253 +450,27 @@ function idempotent(options, ...handlers) {
     if (state.disconnected) {
       // gone while it waited for a pool connection: nothing claimed yet
       client.release();
-      o.log('client_disconnected: the client disconnected before the claim; nothing was claimed');
+      this.o.log('client_disconnected: the client disconnected before the claim; nothing was claimed');
       return 'done';
     }
     try {
-      await checkOptions(client);
+      await this.checkOptions(client);
     } catch (err) {
       client.release(isConnectionLoss(err) ? err : undefined);
       if (isConnectionLoss(err)) return 'retry';
-      return notConfigured(res, err);
+      return this.notConfigured(res, err);
     }
-    let lostError = null;
-    let capture = null;
-    // a connection lost while the handlers run (a killed backend,
-    // idle_in_transaction_session_timeout while they hang) ends their run at
-    // once: the client goes back to the pool as broken, the request runs again
-    const onClientError = (err) => {
-      lostError = err;
-      o.log('database client lost', err);
-      if (capture) capture.abort(err);
-    };
-    client.on('error', onClientError);
-    // the client back to the pool, once: as broken (closed) after a lost
-    // connection or a run given up.  Done before a lease is settled, which
-    // takes a pool connection of its own (with a pool of one, it would
-    // wait for this one forever)
-    let givenBack = false;
-    const giveBack = () => {
-      if (givenBack) return;
-      givenBack = true;
-      if (heartbeat) { clearInterval(heartbeat); heartbeat = null; }
-      client.off('error', onClientError);
-      if (lostError) {
-        client.on('error', () => {});
-        client.release(lostError);
-      } else {
-        client.release();
-      }
-    };
-    // a run given up (its deadline, its client gone): its backend may still
-    // be running a query (the claim's wait for a duplicate, a handler's
-    // query) and hold the claim meanwhile, since the server notices a
-    // closed socket only when that query ends.  The query is cancelled
-    // first (PostgreSQL's cancel request: the backend's pid and secret key,
-    // on a connection of its own, no pool connection needed), then the
-    // client is closed, not given back as it is: its backend ends and rolls
-    // the transaction back, which frees the claim
-    const giveUp = async (err) => {
-      lostError = err;
-      if (client.processID) {
-        try {
-          await cancelBackend(client);
-        } catch (e) {
-          o.log('could not cancel the query of a run given up; its backend ends when that query does', e);
-        }
-      }
-      giveBack();
-    };
-    let heartbeat = null;
-    let inTransaction = false;
-    try {
-      const claimArgs = () => [tenant, endpoint, key, req.method, request.path, request.json, o.exclude,
-        o.ttlSql, o.leaseSql, o.waitSql];
-      const answerClaim = async (c) => {
-        if (inTransaction) { inTransaction = false; await client.query('ROLLBACK'); }
-        if (c.action === 'replay') {
-          const headers = {};
-          for (const [k, v] of Object.entries(c.response_headers || {})) {
-            if (k.toLowerCase() !== 'idempotency-key') headers[k] = v;
-          }
-          headers['Idempotency-Key'] = request.rawKey;
-          sendStored(res, c.response_status, headers, decodeForClient(req, headers, c.response_body));
-          return 'done';
-        }
-        const outcome = ACTION_OUTCOME[c.action];
-        if (!outcome) throw new Error(`unexpected claim action ${c.action}`);
-        sendAnswer(res, problem(outcome,
-          { code: c.error_code, retryAfter: c.retry_after, mismatch: c.mismatch }));
-        return 'done';
-      };
-      // the client went away: during the claim (the handlers are not run),
-      // or while they run (their run is ended at once)
-      const disconnectError = (ran) => {
-        const err = new Error(ran ? 'the client disconnected while the handlers ran' : 'the client disconnected before the handlers ran');
-        err.idempotencyDisconnect = ran ? 'running' : 'before';
-        return err;
-      };
-      // the fingerprint refuses a body PostgreSQL cannot take (class 22:
-      // a number beyond a double, \u0000): the client's fault, a 400.  A
-      // client that goes away meanwhile (the claim may wait for a duplicate
-      // that runs, up to `wait`) ends the claim at once: its query is
-      // cancelled on the server and its connection closed (giveUp)
-      const claim = async () => {
-        if (state.disconnected) throw disconnectError(false);
-        const query = client.query(SQL_CLAIM, claimArgs());
-        const gone = new Promise((resolve, reject) => { state.onDisconnect = () => reject(disconnectError(false)); });
-        try {
-          return (await Promise.race([query, gone])).rows[0];
-        } catch (err) {
-          if (err.idempotencyDisconnect) {
-            query.catch(() => {}); // it ends cancelled, or with its connection
-            throw err;
-          }
-          if (/^22/.test(sqlstate(err) || '')) err.idempotencyBodyInvalid = true;
-          err.idempotencyOwn = true;
-          throw err;
-        } finally {
-          state.onDisconnect = null;
-        }
-      };
-      if (key !== null && o.leaseSql && state.leaseToken === null) {
-        const c = await claim();
-        if (c.action !== 'execute') return await answerClaim(c);
-        state.leaseToken = c.lease_token;
-      }
-      if (state.leaseToken) {
-        heartbeat = setInterval(() => {
-          o.pool.query(SQL_HEARTBEAT, [tenant, endpoint, key, state.leaseToken, o.leaseSql])
-            .catch((err) => o.log('heartbeat failed', err));
-        }, o.heartbeatMs);
-      }
-      await client.query(o.beginSql);
-      inTransaction = true;
-      // an endpoint whose policy has a lease answers even this claim with a
-      // token: it is finished with it in this same transaction
-      let claimToken = null;
-      if (key !== null && !o.leaseSql) {
-        const c = await claim();
-        if (c.action !== 'execute') return await answerClaim(c);
-        claimToken = c.lease_token;
-      }
-      const afterCommit = [];
-      req.idempotency = {
-        client,
-        key,
-        tenant,
-        endpoint,
-        leaseToken: state.leaseToken,
-        attempt: undefined,
-        noSideEffect() { state.noSideEffect = true; },
-        afterCommit(task) {
-          if (typeof task !== 'function') throw new TypeError('afterCommit takes a function');
-          afterCommit.push(task);
-        },
-        async downstreamKey(step) {
-          if (key === null) throw new Error('no Idempotency-Key: no downstream key');
-          return (await client.query(SQL_DOWNSTREAM, [tenant, endpoint, key, step])).rows[0].key;
-        },
-      };
-      capture = captureResponse(res);
-      if (state.disconnected) throw disconnectError(false);
-      state.onDisconnect = () => capture.abort(disconnectError(true));
-      const out = await runWithDeadline(capture, runner);
-      state.onDisconnect = null;
-      if (lostError) throw lostError;
-      if (!o.storeStatus(out.status)) {
-        inTransaction = false;
-        await client.query('ROLLBACK');
-        // a 5xx is the handler's own failure: not stored, the key given
-        // back so that a retry runs again (lease mode too)
-        if (state.leaseToken) { giveBack(); await settleLease(request, state, `the handler answered ${out.status}`, true); }
-        capture.send(out);
-        return 'done';
-      }
-      if (key !== null) {
-        const headers = {};
-        // stored with the names as the handler spelled them
-        const spelled = new Map((out.rawNames || []).map((n) => [n.toLowerCase(), n]));
-        for (const [k, v] of Object.entries(out.headers)) {
-          if ((NOT_STORED.has(k) && !(k === 'content-length' && req.method === 'HEAD')) || capture.headersBefore[k] === v) continue;
-          headers[spelled.get(k) || k] = Array.isArray(v) ? v.map(String) : String(v);
-        }
-        await client.query(SQL_FINISH, [tenant, endpoint, key, out.status, out.body, headers, state.leaseToken || claimToken])
-          .catch((err) => { err.idempotencyOwn = true; throw err; });
-      }
-      inTransaction = false;
-      await client.query('COMMIT');
-      state.leaseToken = null;
-      capture.send(out);
-      runAfterCommit(afterCommit, res);
-      return 'done';
-    } catch (err) {
-      state.onDisconnect = null;
-      if (heartbeat) { clearInterval(heartbeat); heartbeat = null; }
-      // a run given up may be inside a query: no ROLLBACK queued behind it
-      if (inTransaction && !lostError && !isConnectionLoss(err) && !err.idempotencyDisconnect && !err.idempotencyDeadline) {
-        try { await client.query('ROLLBACK'); } catch (e) { lostError = e; }
-      }
-      if (capture) capture.reset();
-      if (sqlstate(err) === 'IK413') {
-        o.log('response_too_large: the response is larger than idempotency.max_response_bytes (or the endpoint\'s ' +
-          'max_response_bytes) and cannot be stored for replay; its work was rolled back. Answer a smaller body, ' +
-          'raise the limit, or set store_response = false for the endpoint', err);
-        if (state.leaseToken) { giveBack(); await settleLease(request, state, 'response too large', true); }
-        sendAnswer(res, problem('too_large', { code: 'response_too_large' }));
-        return 'done';
-      }
-      if (CONFIG_SQLSTATES.has(sqlstate(err)) && err.idempotencyOwn) {
-        if (state.leaseToken) { giveBack(); await settleLease(request, state, 'not configured', true); }
-        return notConfigured(res, err);
-      }
-      if (err.idempotencyDisconnect) {
-        // nothing can be sent any more.  The handlers may still be using
-        // the client: it is closed, not given back as it is (the server
-        // rolls the transaction back, which frees the claim); in lease mode
-        // the key is released when they had not started or had declared
-        // noSideEffect(), otherwise marked unknown, as after a throw
-        await giveUp(err);
-        o.log(`client_disconnected: ${err.message}; the transaction was rolled back and its connection closed` +
-          (state.leaseToken ? '' : ', the key is free for a retry'));
-        if (state.leaseToken) { await settleLease(request, state, err.message, err.idempotencyDisconnect === 'before'); }
-        return 'done';
-      }
-      if (err.idempotencyDeadline) {
-        // the handler may still be using the client: it is closed and its
-        // backend ended (the claim freed), not given back as it is
-        await giveUp(err);
-        o.log(`handler_timeout: the handlers did not answer within deadlineMs (${o.deadlineMs} ms); the transaction was ` +
-          'rolled back and its connection closed. Find what they wait for, or raise deadlineMs', err);
-        if (state.leaseToken) await settleLease(request, state, err.message);
-        sendAnswer(res, problem('unavailable', { retryAfter: 1, code: 'handler_timeout' }));
-        return 'done';
-      }
-      if (isRetryable(err) || isConnectionLoss(err) || lostError) {
-        o.log('request will be run again', err);
-        return 'retry';
-      }
-      if (err.idempotencyBodyInvalid) {
-        sendAnswer(res, problem('body_invalid', { message: err.message }));
-        return 'done';
-      }
-      if (state.leaseToken) { giveBack(); await settleLease(request, state, `the handler failed: ${err.message}`); }
-      if (capture) capture.restore();
-      next(err);
-      return 'done';
-    } finally {
-      giveBack();
-    }
+    return client;
   }
 
   // Work the handler left for after the commit: started once the response
   // is sent, not awaited (the client goes back to the pool meanwhile), each
   // task on its own; a failure is logged and changes nothing.
-  function runAfterCommit(tasks, res) {
+  runAfterCommit(tasks, res) {
     if (!tasks.length) return;
     const start = () => {
       for (const task of tasks) {
-        Promise.resolve().then(task).catch((err) => o.log('a task after the commit failed', err));
+        Promise.resolve().then(task).catch((err) => this.o.log('a task after the commit failed', err));
       }
     };
     if (res.writableFinished) setImmediate(start);
@@ -639,23 +478,25 @@ function idempotent(options, ...handlers) {
   }
 
   // The handlers' run, given up after deadlineMs (60 s by default, 0: none).
-  function runWithDeadline(capture, runner) {
+  runWithDeadline(capture, runner) {
     const run = capture.run(runner);
-    if (!o.deadlineMs) return run;
+    const { deadlineMs } = this.o;
+    if (!deadlineMs) return run;
     let timer;
     const deadline = new Promise((resolve, reject) => {
       timer = setTimeout(() => {
-        const err = new Error(`the handlers did not answer within ${o.deadlineMs} ms`);
+        const err = new Error(`the handlers did not answer within ${deadlineMs} ms`);
         err.idempotencyDeadline = true;
         reject(err);
-      }, o.deadlineMs);
+      }, deadlineMs);
     });
     return Promise.race([run, deadline]).finally(() => clearTimeout(timer));
   }
 
   // The options' intervals read by the server, once; the heartbeat's
   // period from the lease.
-  async function checkOptions(client) {
+  async checkOptions(client) {
+    const o = this.o;
     if (o.checked) return;
     let row;
     try {
@@ -670,13 +511,329 @@ function idempotent(options, ...handlers) {
     o.checked = true;
   }
 
-  function notConfigured(res, err) {
-    o.log(`idempotency_not_configured: ${err instanceof ConfigError ? err.message : CONFIG_FIX}`, err);
-    sendAnswer(res, problem('not_configured', { code: 'idempotency_not_configured' }));
+  notConfigured(res, err) {
+    this.o.log(`idempotency_not_configured: ${err instanceof ConfigError ? err.message : CONFIG_FIX}`, err);
+    return this.answer(res, 'not_configured', { code: 'idempotency_not_configured' });
+  }
+}
+
+// the client went away: during the claim (the handlers are not run), or
+// while they run (their run is ended at once)
+function disconnectError(ran) {
+  const err = new Error(ran ? 'the client disconnected while the handlers ran' : 'the client disconnected before the handlers ran');
+  err.idempotencyDisconnect = ran ? 'running' : 'before';
+  return err;
+}
+
+// One attempt of a request on one pool client: the key claimed, the
+// handlers run inside the claim's transaction, their response stored and
+// committed (or the key given back), then sent.
+class Attempt {
+  constructor(m, client, { req, res, next, request, state }) {
+    Object.assign(this, { m, o: m.o, client, req, res, next, request, state });
+    this.lostError = null;
+    this.capture = null;
+    this.heartbeat = null;
+    this.inTransaction = false;
+    this.givenBack = false;
+    this.claimToken = null;
+    this.afterCommit = [];
+    // a connection lost while the handlers run (a killed backend,
+    // idle_in_transaction_session_timeout while they hang) ends their run at
+    // once: the client goes back to the pool as broken, the request runs again
+    this.onClientError = (err) => {
+      this.lostError = err;
+      this.o.log('database client lost', err);
+      if (this.capture) this.capture.abort(err);
+    };
+    client.on('error', this.onClientError);
+  }
+
+  async run(runner) {
+    this.runner = runner;
+    try {
+      const c = await this.claimKey();
+      if (c) return await this.answerClaim(c);
+      const out = await this.runHandlers(runner);
+      return await this.storeOrRelease(out);
+    } catch (err) {
+      return await this.failed(err);
+    } finally {
+      this.giveBack();
+    }
+  }
+
+  // The key claimed and the transaction begun: null to run the handlers,
+  // or the claim's answer when it is not execute.  In lease mode the claim
+  // commits on its own before the transaction; otherwise it is inside it.
+  async claimKey() {
+    const { o, state } = this;
+    const { key } = this.request;
+    if (key !== null && o.leaseSql && state.leaseToken === null) {
+      const c = await this.claim();
+      if (c.action !== 'execute') return c;
+      state.leaseToken = c.lease_token;
+    }
+    if (state.leaseToken) this.startHeartbeat();
+    await this.client.query(o.beginSql);
+    this.inTransaction = true;
+    // an endpoint whose policy has a lease answers even this claim with a
+    // token: it is finished with it in this same transaction
+    if (key !== null && !o.leaseSql) {
+      const c = await this.claim();
+      if (c.action !== 'execute') return c;
+      this.claimToken = c.lease_token;
+    }
+    return null;
+  }
+
+  // The claim's query.  The fingerprint refuses a body PostgreSQL cannot
+  // take (class 22: a number beyond a double, \u0000): the client's fault,
+  // a 400.  A client that goes away meanwhile (the claim may wait for a
+  // duplicate that runs, up to `wait`) ends the claim at once: its query is
+  // cancelled on the server and its connection closed (giveUp)
+  async claim() {
+    const { state, request, o } = this;
+    if (state.disconnected) throw disconnectError(false);
+    const query = this.client.query(SQL_CLAIM, [request.tenant, request.endpoint, request.key, this.req.method,
+      request.path, request.json, o.exclude, o.ttlSql, o.leaseSql, o.waitSql]);
+    const gone = new Promise((resolve, reject) => { state.onDisconnect = () => reject(disconnectError(false)); });
+    try {
+      return (await Promise.race([query, gone])).rows[0];
+    } catch (err) {
+      if (err.idempotencyDisconnect) {
+        query.catch(() => {}); // it ends cancelled, or with its connection
+        throw err;
+      }
+      if (/^22/.test(sqlstate(err) || '')) err.idempotencyBodyInvalid = true;
+      err.idempotencyOwn = true;
+      throw err;
+    } finally {
+      state.onDisconnect = null;
+    }
+  }
+
+  // A claim that is not execute: the stored response replayed, or the
+  // conflict, mismatch, pending or expired answer.
+  async answerClaim(c) {
+    if (this.inTransaction) { this.inTransaction = false; await this.client.query('ROLLBACK'); }
+    if (c.action === 'replay') {
+      const headers = {};
+      for (const [k, v] of Object.entries(c.response_headers || {})) {
+        if (k.toLowerCase() !== 'idempotency-key') headers[k] = v;
+      }
+      headers['Idempotency-Key'] = this.request.rawKey;
+      sendStored(this.res, c.response_status, headers, decodeForClient(this.req, headers, c.response_body));
+      return 'done';
+    }
+    const outcome = ACTION_OUTCOME[c.action];
+    if (!outcome) throw new Error(`unexpected claim action ${c.action}`);
+    return this.m.answer(this.res, outcome, { code: c.error_code, retryAfter: c.retry_after, mismatch: c.mismatch });
+  }
+
+  // The handlers run with req.idempotency, their response captured.
+  async runHandlers(runner) {
+    const { state } = this;
+    this.req.idempotency = this.context();
+    this.capture = captureResponse(this.res);
+    if (state.disconnected) throw disconnectError(false);
+    state.onDisconnect = () => this.capture.abort(disconnectError(true));
+    const out = await this.m.runWithDeadline(this.capture, runner);
+    state.onDisconnect = null;
+    if (this.lostError) throw this.lostError;
+    return out;
+  }
+
+  // What the handlers get as req.idempotency.
+  context() {
+    const { client, state, afterCommit } = this;
+    const { key, tenant, endpoint } = this.request;
+    return {
+      client,
+      key,
+      tenant,
+      endpoint,
+      leaseToken: state.leaseToken,
+      attempt: undefined,
+      noSideEffect() { state.noSideEffect = true; },
+      afterCommit(task) {
+        if (typeof task !== 'function') throw new TypeError('afterCommit takes a function');
+        afterCommit.push(task);
+      },
+      async downstreamKey(step) {
+        if (key === null) throw new Error('no Idempotency-Key: no downstream key');
+        return (await client.query(SQL_DOWNSTREAM, [tenant, endpoint, key, step])).rows[0].key;
+      },
+    };
+  }
+
+  // The handlers' response stored under the key and committed, then sent;
+  // or (storeStatus false: a 5xx by default, the handler's own failure; an
+  // error answered before any route began) rolled back, the key given back
+  // so that a retry runs again, and sent.
+  async storeOrRelease(out) {
+    const { client, state, request } = this;
+    const early = this.answeredBeforeRoute(out);
+    if (early || !this.o.storeStatus(out.status)) {
+      this.inTransaction = false;
+      await client.query('ROLLBACK');
+      await this.settle(early ? `answered ${out.status} before any route began` : `the handler answered ${out.status}`, true);
+      this.capture.send(out);
+      return 'done';
+    }
+    if (request.key !== null) {
+      await client.query(SQL_FINISH, [request.tenant, request.endpoint, request.key, out.status, out.body,
+        this.storedHeaders(out), state.leaseToken || this.claimToken])
+        .catch((err) => { err.idempotencyOwn = true; throw err; });
+    }
+    this.inTransaction = false;
+    await client.query('COMMIT');
+    state.leaseToken = null;
+    this.capture.send(out);
+    this.m.runAfterCommit(this.afterCommit, this.res);
     return 'done';
   }
 
-  return middleware;
+  // Whether an error answer came before any route's handler began (Stripe's
+  // rule: results are saved only once the endpoint began executing): the
+  // middleware mounted with app.use hands over with Express's next, and the
+  // request reached no route (req.route, set when Express dispatches to a
+  // route, is not set): the application's error handler answered an error
+  // of its own middleware (a 401 of its authentication, a validator's
+  // 422), or Express's 404 when no route matched.  A handler mounted with
+  // app.use that succeeds is stored as before.
+  answeredBeforeRoute(out) {
+    return !this.runner.repeatable && !this.req.route && out.status >= 400;
+  }
+
+  // The response's headers as stored: with the names as the handler spelled
+  // them, without those of one transmission or set before the handlers ran.
+  storedHeaders(out) {
+    const headers = {};
+    const spelled = new Map((out.rawNames || []).map((n) => [n.toLowerCase(), n]));
+    for (const [k, v] of Object.entries(out.headers)) {
+      if ((NOT_STORED.has(k) && !(k === 'content-length' && this.req.method === 'HEAD')) || this.capture.headersBefore[k] === v) continue;
+      headers[spelled.get(k) || k] = Array.isArray(v) ? v.map(String) : String(v);
+    }
+    return headers;
+  }
+
+  // What an error of the attempt answers: 'retry', or 'done' once answered
+  // (or handed to Express's error handler).
+  async failed(err) {
+    const { state, o } = this;
+    state.onDisconnect = null;
+    this.stopHeartbeat();
+    // a run given up may be inside a query: no ROLLBACK queued behind it
+    if (this.inTransaction && !this.lostError && !isConnectionLoss(err) && !err.idempotencyDisconnect && !err.idempotencyDeadline) {
+      try { await this.client.query('ROLLBACK'); } catch (e) { this.lostError = e; }
+    }
+    if (this.capture) this.capture.reset();
+    if (sqlstate(err) === 'IK413') return this.tooLarge(err);
+    if (CONFIG_SQLSTATES.has(sqlstate(err)) && err.idempotencyOwn) {
+      await this.settle('not configured', true);
+      return this.m.notConfigured(this.res, err);
+    }
+    if (err.idempotencyDisconnect) return this.disconnected(err);
+    if (err.idempotencyDeadline) return this.timedOut(err);
+    if (isRetryable(err) || isConnectionLoss(err) || this.lostError) {
+      o.log('request will be run again', err);
+      return 'retry';
+    }
+    if (err.idempotencyBodyInvalid) return this.m.answer(this.res, 'body_invalid', { message: err.message });
+    await this.settle(`the handler failed: ${err.message}`);
+    if (this.capture) this.capture.restore();
+    this.next(err);
+    return 'done';
+  }
+
+  async tooLarge(err) {
+    this.o.log('response_too_large: the response is larger than idempotency.max_response_bytes (or the endpoint\'s ' +
+      'max_response_bytes) and cannot be stored for replay; its work was rolled back. Answer a smaller body, ' +
+      'raise the limit, or set store_response = false for the endpoint', err);
+    await this.settle('response too large', true);
+    return this.m.answer(this.res, 'too_large', { code: 'response_too_large' });
+  }
+
+  // Nothing can be sent any more.  The handlers may still be using the
+  // client: it is closed, not given back as it is (the server rolls the
+  // transaction back, which frees the claim); in lease mode the key is
+  // released when they had not started or had declared noSideEffect(),
+  // otherwise marked unknown, as after a throw
+  async disconnected(err) {
+    await this.giveUp(err);
+    this.o.log(`client_disconnected: ${err.message}; the transaction was rolled back and its connection closed` +
+      (this.state.leaseToken ? '' : ', the key is free for a retry'));
+    await this.settle(err.message, err.idempotencyDisconnect === 'before');
+    return 'done';
+  }
+
+  // The handler may still be using the client: it is closed and its
+  // backend ended (the claim freed), not given back as it is
+  async timedOut(err) {
+    await this.giveUp(err);
+    this.o.log(`handler_timeout: the handlers did not answer within deadlineMs (${this.o.deadlineMs} ms); the transaction was ` +
+      'rolled back and its connection closed. Find what they wait for, or raise deadlineMs', err);
+    await this.settle(err.message);
+    return this.m.answer(this.res, 'unavailable', { retryAfter: 1, code: 'handler_timeout' });
+  }
+
+  // Lease mode: the client given back first (settling takes a pool
+  // connection of its own), then the key released or marked unknown.
+  async settle(reason, release = false) {
+    if (!this.state.leaseToken) return;
+    this.giveBack();
+    await this.m.settleLease(this.request, this.state, reason, release);
+  }
+
+  startHeartbeat() {
+    const { tenant, endpoint, key } = this.request;
+    this.heartbeat = setInterval(() => {
+      this.o.pool.query(SQL_HEARTBEAT, [tenant, endpoint, key, this.state.leaseToken, this.o.leaseSql])
+        .catch((err) => this.o.log('heartbeat failed', err));
+    }, this.o.heartbeatMs);
+  }
+
+  stopHeartbeat() {
+    if (this.heartbeat) { clearInterval(this.heartbeat); this.heartbeat = null; }
+  }
+
+  // The client back to the pool, once: as broken (closed) after a lost
+  // connection or a run given up.  Done before a lease is settled, which
+  // takes a pool connection of its own (with a pool of one, it would
+  // wait for this one forever)
+  giveBack() {
+    if (this.givenBack) return;
+    this.givenBack = true;
+    this.stopHeartbeat();
+    this.client.off('error', this.onClientError);
+    if (this.lostError) {
+      this.client.on('error', () => {});
+      this.client.release(this.lostError);
+    } else {
+      this.client.release();
+    }
+  }
+
+  // A run given up (its deadline, its client gone): its backend may still
+  // be running a query (the claim's wait for a duplicate, a handler's
+  // query) and hold the claim meanwhile, since the server notices a closed
+  // socket only when that query ends.  The query is cancelled first
+  // (PostgreSQL's cancel request: the backend's pid and secret key, on a
+  // connection of its own, no pool connection needed), then the client is
+  // closed, not given back as it is: its backend ends and rolls the
+  // transaction back, which frees the claim
+  async giveUp(err) {
+    this.lostError = err;
+    if (this.client.processID) {
+      try {
+        await cancelBackend(this.client);
+      } catch (e) {
+        this.o.log('could not cancel the query of a run given up; its backend ends when that query does', e);
+      }
+    }
+    this.giveBack();
+  }
 }
 
 module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs, KeyError };

@@ -587,6 +587,13 @@ class IdempotencyMiddleware:
         return self._pool() if callable(self._pool) else self._pool
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request path, in named steps: the requests it covers (its
+        methods), _prepare (read the key, the body's fingerprint, the
+        tenant: at once, or when an opt_in route claims), _run (the attempts,
+        503 when they run out), _Attempt.run (claim, run the application,
+        store or release, send; see _Attempt).  Every answer of the
+        middleware itself is built by _send_answer, a replay by
+        _answer_claim."""
         if scope["type"] != "http" or scope["method"].upper() not in self.methods:
             return await self.app(scope, receive, send)
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
@@ -852,335 +859,430 @@ class IdempotencyMiddleware:
         """One run of the request; raises _Retry when it should run again.
         box["req"] is the prepared request (None until an opt_in route
         claims)."""
-        conn: Optional[AsyncConn] = None
-        heartbeat: Optional["asyncio.Future[None]"] = None
-        released = {"conn": False}
-        claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False, "gone": False,
-                                   "before_handler": False}
-        watchers: List["asyncio.Future[Any]"] = []
+        await _Attempt(self, scope, receive, send, body, box, state).run()
 
-        # the connection back to the pool, once, and the heartbeat stopped:
-        # before a lease is settled, which takes a pool connection of its own
-        # (with a pool of one it would wait for this one)
-        async def give_back() -> None:
-            nonlocal heartbeat
-            if heartbeat is not None:
-                heartbeat.cancel()
-                heartbeat = None
-            if conn is None or released["conn"]:
-                return
-            released["conn"] = True
-            if not conn.broken and not conn.closed and conn.autocommit:  # a lease claim that failed
-                try:
-                    await conn.set_autocommit(False)
-                except psycopg.Error:
-                    pass
-            await self.pool.putconn(conn)
 
-        # The claim: a pool connection, the key claimed, the transaction the
-        # application writes in.  At once, or (opt_in) when the route asks
-        # for it through idempotency()/claim(), with the route's template.
-        async def claim_now(endpoint: Optional[str]) -> Context:
-            if claimed["ctx"] is not None:
-                ctx: Context = claimed["ctx"]
-                return ctx
-            claimed["started"] = True
-            if claimed["gone"]:
-                claimed["failed"] = True
-                raise _Disconnected("the client disconnected before the application claimed")
-            try:
-                ctx = await claim_steps(endpoint)
-                if claimed["gone"]:
-                    # gone during the claim (its wait): the application does
-                    # not run; nothing happened, so a lease is released
-                    state["no_side_effect"] = True
-                    raise _Disconnected("the client disconnected before the application ran")
-                return ctx
-            except BaseException:
-                # what the application sends after this (a mounted
-                # application's own error page for the exception on its way
-                # out) is dropped: the exception is answered here
-                claimed["failed"] = True
-                raise
+class _Attempt:
+    """One run of a request on one pool connection, in named steps:
 
-        # The claim's query, watched for the client's disconnect: the claim
-        # may wait up to `wait` for a duplicate that runs, and the server
-        # would go on waiting for a client that is gone.  The body was read
-        # whole by then (the fingerprint), so the server's receive() has
-        # nothing but a disconnect to give: on one, the query is cancelled
-        # (PostgreSQL's cancel request) and the application does not run;
-        # the connection is then closed (_give_up), not given back as it is
-        async def claim_watched(c_conn: AsyncConn, req: Dict[str, Any]) -> Dict[str, Any]:
-            query = asyncio.ensure_future(self._claim(c_conn, req))
-            gone_wait = asyncio.ensure_future(body.watch())
-            try:
-                await asyncio.wait({query, gone_wait}, return_when=asyncio.FIRST_COMPLETED)
-                if gone_wait.done() and not gone_wait.cancelled() and gone_wait.exception() is None \
-                        and gone_wait.result():
-                    claimed["gone"] = True
-                    if not query.done():
-                        await self._cancel_query(c_conn)
-                        await asyncio.wait({query}, timeout=CANCEL_TIMEOUT)
-                    if not query.done():  # the cancel did not end it: its connection is closed
-                        query.cancel()
-                await asyncio.wait({query})  # its end (a message other than a disconnect ends the watch)
-                if query.cancelled():
-                    raise _Disconnected(DISCONNECTED_IN_CLAIM)
-                try:
-                    c = query.result()
-                except psycopg.errors.QueryCanceled as err:
-                    if claimed["gone"]:
-                        raise _Disconnected(DISCONNECTED_IN_CLAIM) from err
-                    raise
-                if claimed["gone"] and c["action"] != "execute":
-                    # answered meanwhile (a replay, a conflict): nobody to answer
-                    raise _Disconnected(DISCONNECTED_IN_CLAIM)
-                # executed before the cancel reached it: claim_now gives it up
-                return c
-            finally:
-                gone_wait.cancel()
-                if not query.done():  # this run is given up (its deadline)
-                    query.cancel()
-                    await asyncio.wait({query})
-                if query.done() and not query.cancelled():
-                    query.exception()  # retrieved: asyncio does not log it as never retrieved
+        run: claim_now (at once, or when an opt_in route asks) -> run_app
+             (capture: the response held back) -> complete (store_or_release,
+             then send_captured), or failed(err) for every other end.
 
-        async def claim_steps(endpoint: Optional[str]) -> Context:
-            nonlocal conn, heartbeat
-            req: Optional[Dict[str, Any]] = box["req"]
-            if req is None:
-                request = box["request"]
-                e = endpoint if endpoint is not None else await self._route_endpoint(scope, request["entry"])
-                req = box["req"] = await self._prepare(scope, request, e)
-            try:
-                conn = await self.pool.getconn()
-            except Exception as err:
-                if _never_opened(self.pool, err):
-                    raise _NotConfigured(POOL_NOT_OPENED) from err
-                self.log("no database connection", err)
-                state["connect_failed"] = True
-                raise _Retry() from err
-            state["connect_failed"] = False
-            await self._check_options(conn)
-            key = req["key"]
-            if key is not None and self.lease and state["lease_token"] is None:
-                await conn.set_autocommit(True)
-                c = await claim_watched(conn, req)
-                await conn.set_autocommit(False)
-                if c["action"] != "execute":
-                    raise _Answered(c)
-                state["lease_token"] = c["lease_token"]
-            if state["lease_token"] is not None:
-                heartbeat = asyncio.ensure_future(self._heartbeat(req, state))
-            if self.isolation:
-                await conn.execute(f"SET TRANSACTION ISOLATION LEVEL {self.isolation.upper()}")
-            # an endpoint whose policy has a lease answers even this claim with
-            # a token: it is finished with it in this same transaction
-            if key is not None and not self.lease:
-                c = await claim_watched(conn, req)
-                if c["action"] != "execute":
-                    await conn.rollback()
-                    raise _Answered(c)
-                claimed["token"] = c["lease_token"]
-            else:
-                await conn.execute("SELECT 1")  # opens the transaction the application writes in
-            ctx = Context(conn, key, req["tenant"], req["endpoint"], state)
-            ctx._attempt = claimed
-            scope.setdefault("state", {})["idempotency"] = ctx
-            claimed["ctx"] = ctx
-            return ctx
+    Every answer of the middleware is built by IdempotencyMiddleware's
+    _send_answer (a replay by _answer_claim)."""
 
+    def __init__(self, mw: IdempotencyMiddleware, scope: Scope, receive: Receive, send: Send,
+                 body: _RequestBody, box: Dict[str, Any], state: Dict[str, Any]) -> None:
+        self.mw, self.scope, self.receive, self.send, self.body = mw, scope, receive, send, body
+        self.box, self.state = box, state
+        self.conn: Optional[AsyncConn] = None
+        self.heartbeat: Optional["asyncio.Future[None]"] = None
+        self.released = False
+        self.claimed: Dict[str, Any] = {"ctx": None, "token": None, "started": False, "failed": False,
+                                        "gone": False, "before_handler": False}
+        self.watchers: List["asyncio.Future[Any]"] = []
+        self.captured: Dict[str, Any] = {"status": None, "headers": [], "body": []}
+        self.sent = False
+        self.sent_event = asyncio.Event()
+
+    async def run(self) -> None:
         try:
-            if self.opt_in:
-                scope.setdefault("state", {})[_CLAIM] = claim_now
+            if self.mw.opt_in:
+                self.scope.setdefault("state", {})[_CLAIM] = self.claim_now
             else:
-                await claim_now(box["req"]["endpoint"])
-            captured: Dict[str, Any] = {"status": None, "headers": [], "body": []}
-            done = {"sent": False}
-            sent_event = asyncio.Event()
-
-            # The response is stored and committed, and sent, as soon as the
-            # application has sent its last byte: what the application does
-            # after that (Starlette's and FastAPI's background tasks) runs
-            # after the commit and after the response, and cannot change them.
-            async def complete() -> None:
-                nonlocal heartbeat
-                if captured["status"] is None or conn is None:
-                    raise RuntimeError("the application sent no response")
-                req: Dict[str, Any] = box["req"]
-                key = req["key"]
-                body = b"".join(captured["body"])
-                status = captured["status"]
-                head = scope["method"].upper() == "HEAD"
-                # a HEAD answer: the Content-Length of the body a GET gets
-                # (the application's, or that of what it sent), no body
-                length = str(len(body)).encode()
-                if head:
-                    length = next((v for k, v in captured["headers"] if k.lower() == b"content-length"), length)
-                    body = b""
-                if claimed["before_handler"] or not self.store_status(status):
-                    await conn.rollback()
-                    if state["lease_token"] is not None:
-                        # a 5xx is the handler's own failure: not stored, the key
-                        # given back so that a retry runs again (lease mode too)
-                        await give_back()
-                        await self._settle_lease(req, state, f"the handler answered {status}", release=True)
-                else:
-                    if key is not None:
-                        stored: Dict[str, Any] = {}
-                        for name, value in captured["headers"]:
-                            name = name.decode("latin-1").lower()
-                            if name in NOT_STORED and not (head and name == "content-length"):
-                                continue
-                            value = value.decode("latin-1")
-                            if name in stored:
-                                prev = stored[name]
-                                stored[name] = (prev if isinstance(prev, list) else [prev]) + [value]
-                            else:
-                                stored[name] = value
-                        if head:
-                            stored["content-length"] = length.decode("latin-1")
-                        try:
-                            await conn.execute(SQL_FINISH, (req["tenant"], req["endpoint"], key, status, body,
-                                                            json.dumps(stored), state["lease_token"] or claimed["token"]))
-                        except psycopg.Error as err:
-                            if _sqlstate(err) == "IK413":
-                                raise _TooLarge() from err
-                            if _sqlstate(err) in CONFIG_SQLSTATES:
-                                raise _NotConfigured(CONFIG_FIX) from err
-                            raise
-                    await conn.commit()
-                    state["lease_token"] = None
-                headers = [(k, v) for k, v in captured["headers"] if k.lower() != b"content-length"]
-                headers.append((b"content-length", length))
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": body, "more_body": False})
-                done["sent"] = True
-                sent_event.set()
-                await give_back()
-
-            async def capture(message: Message) -> None:
-                if done["sent"] or claimed["failed"]:
-                    return
-                if not claimed["started"]:
-                    # opt_in: a route that did not ask for the claim passes
-                    # through untouched, without a connection
-                    if message["type"] == "http.response.start":
-                        self._warn_unclaimed(box["request"], message["status"])
-                    await send(message)
-                    if message["type"] == "http.response.body" and not message.get("more_body", False):
-                        done["sent"] = True
-                        sent_event.set()
-                    return
-                if message["type"] == "http.response.start":
-                    captured["status"] = message["status"]
-                    captured["headers"] = list(message.get("headers", []))
-                elif message["type"] == "http.response.body":
-                    captured["body"].append(message.get("body", b""))
-                    if not message.get("more_body", False):
-                        await complete()
-
-            app_task = asyncio.ensure_future(self.app(scope, receive, capture))
-            # Until the response is sent (not over the background tasks after
-            # it): the deadline, and the client's disconnect once the body
-            # was given whole (the server's receive() has nothing else to give
-            # then; the application waiting on it gets the same message)
-            sent_wait = asyncio.ensure_future(sent_event.wait())
-            gone_wait = asyncio.ensure_future(body.watch())
-            watchers.append(gone_wait)
-            waits: Set["asyncio.Future[Any]"] = {app_task, sent_wait, gone_wait}
-            loop = asyncio.get_running_loop()
-            until = loop.time() + self.deadline if self.deadline else None
-            try:
-                while True:
-                    finished, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED,
-                                                     timeout=None if until is None else max(0.0, until - loop.time()))
-                    if not finished:
-                        app_task.cancel()
-                        raise _Deadline(f"the application did not answer within {self.deadline} s")
-                    if app_task in finished or sent_wait in finished:
-                        break
-                    waits -= finished
-                    if not all(f.result() for f in finished):
-                        continue  # not a disconnect: no more watching
-                    # the client went away while the application runs: a
-                    # claim made is given up, one not made yet is refused
-                    claimed["gone"] = True
-                    if claimed["ctx"] is not None and not done["sent"]:
-                        app_task.cancel()
-                        raise _Disconnected("the client disconnected while the application ran")
-            finally:
-                sent_wait.cancel()
-            try:
-                await app_task
-            except Exception as err:
-                if done["sent"]:
-                    self.log("a background task failed after the commit and the response", err)
-                    return
-                raise
-            if not done["sent"]:
-                await complete()
+                await self.claim_now(self.box["req"]["endpoint"])
+            await self.run_app()
         except _Retry:
             raise
-        except _Answered as a:
-            await self._answer_claim(send, box["req"], a.claim)
-        except _Refused as r:
-            await self._send_answer(send, r.outcome, message=r.message, code=r.code)
-        except _BodyRefused as err:
-            if conn is not None:
-                await conn.rollback()
-            await self._send_answer(send, "body_invalid", message=str(err))
-        except _Disconnected as err:
-            # nothing can be sent any more; the application may still hold
-            # the connection inside a query: closed, not rolled back (the
-            # server rolls back and frees the claim).  Lease mode: marked
-            # unknown, or released after no_side_effect(), as after a raise
-            if conn is not None:
-                await self._give_up(conn)
-            self.log(f"client_disconnected: {err}; the transaction was rolled back and its connection closed", None)
-            if state["lease_token"] is not None:
-                await give_back()
-                await self._settle_lease(box["req"], state, str(err))
-        except _Deadline as err:
-            # the application may still hold the connection inside a query:
-            # closed, not rolled back (the server rolls back and frees the claim)
-            if conn is not None:
-                await self._give_up(conn)
-            self.log(f"handler_timeout: the application did not answer within deadline ({self.deadline} s); the "
-                     "transaction was rolled back and its connection closed. Find what it waits for, or raise "
-                     "deadline", err)
-            if state["lease_token"] is not None:
-                await give_back()
-                await self._settle_lease(box["req"], state, str(err))
-            await self._send_answer(send, "unavailable", retry_after=1, code="handler_timeout")
-        except (_NotConfigured, _TooLarge) as err:
-            if conn is not None and not conn.broken:
-                await conn.rollback()
-            if state["lease_token"] is not None:
-                await give_back()
-                await self._settle_lease(box["req"], state, "not stored", release=True)
-            if isinstance(err, _TooLarge):
-                self.log(f"response_too_large: {TOO_LARGE_FIX}", err.__cause__)
-                await self._send_answer(send, "too_large", code="response_too_large")
-            else:
-                self.log(f"idempotency_not_configured: {err}", err.__cause__)
-                await self._send_answer(send, "not_configured", code="idempotency_not_configured")
         except Exception as err:
-            if conn is not None and not conn.broken:
-                try:
-                    await conn.rollback()
-                except Exception:
-                    pass
-            if _is_retryable(err) or _is_connection_loss(err, conn):
-                self.log("request will be run again", err)
-                raise _Retry() from err
-            if state["lease_token"] is not None:
-                await give_back()
-                await self._settle_lease(box["req"], state, f"the handler failed: {err}")
-            raise
+            await self.failed(err)
         finally:
-            for w in watchers:
+            for w in self.watchers:
                 w.cancel()
-            scope.get("state", {}).pop("idempotency", None)
-            scope.get("state", {}).pop(_CLAIM, None)
-            await give_back()
+            self.scope.get("state", {}).pop("idempotency", None)
+            self.scope.get("state", {}).pop(_CLAIM, None)
+            await self.give_back()
+
+    async def give_back(self) -> None:
+        """The connection back to the pool, once, and the heartbeat stopped:
+        before a lease is settled, which takes a pool connection of its own
+        (with a pool of one it would wait for this one)."""
+        if self.heartbeat is not None:
+            self.heartbeat.cancel()
+            self.heartbeat = None
+        conn = self.conn
+        if conn is None or self.released:
+            return
+        self.released = True
+        if not conn.broken and not conn.closed and conn.autocommit:  # a lease claim that failed
+            try:
+                await conn.set_autocommit(False)
+            except psycopg.Error:
+                pass
+        await self.mw.pool.putconn(conn)
+
+    # -- the claim ---------------------------------------------------------
+
+    async def claim_now(self, endpoint: Optional[str]) -> Context:
+        """The claim: a pool connection, the key claimed, the transaction the
+        application writes in.  At once, or (opt_in) when the route asks for
+        it through idempotency()/claim(), with the route's template."""
+        claimed = self.claimed
+        if claimed["ctx"] is not None:
+            ctx: Context = claimed["ctx"]
+            return ctx
+        claimed["started"] = True
+        if claimed["gone"]:
+            claimed["failed"] = True
+            raise _Disconnected("the client disconnected before the application claimed")
+        try:
+            ctx = await self.claim_steps(endpoint)
+            if claimed["gone"]:
+                # gone during the claim (its wait): the application does
+                # not run; nothing happened, so a lease is released
+                self.state["no_side_effect"] = True
+                raise _Disconnected("the client disconnected before the application ran")
+            return ctx
+        except BaseException:
+            # what the application sends after this (a mounted
+            # application's own error page for the exception on its way
+            # out) is dropped: the exception is answered here
+            claimed["failed"] = True
+            raise
+
+    async def claim_steps(self, endpoint: Optional[str]) -> Context:
+        """The request read (key, body, tenant), a connection taken, the key
+        claimed; the Context the application gets."""
+        mw, state = self.mw, self.state
+        req: Optional[Dict[str, Any]] = self.box["req"]
+        if req is None:
+            request = self.box["request"]
+            e = endpoint if endpoint is not None else await mw._route_endpoint(self.scope, request["entry"])
+            req = self.box["req"] = await mw._prepare(self.scope, request, e)
+        conn = await self.connect()
+        await mw._check_options(conn)
+        await self.claim_key(conn, req)
+        ctx = Context(conn, req["key"], req["tenant"], req["endpoint"], state)
+        ctx._attempt = self.claimed
+        self.scope.setdefault("state", {})["idempotency"] = ctx
+        self.claimed["ctx"] = ctx
+        return ctx
+
+    async def connect(self) -> AsyncConn:
+        """A pool connection (self.conn); _Retry when none comes."""
+        mw = self.mw
+        try:
+            self.conn = await mw.pool.getconn()
+        except Exception as err:
+            if _never_opened(mw.pool, err):
+                raise _NotConfigured(POOL_NOT_OPENED) from err
+            mw.log("no database connection", err)
+            self.state["connect_failed"] = True
+            raise _Retry() from err
+        self.state["connect_failed"] = False
+        return self.conn
+
+    async def claim_key(self, conn: AsyncConn, req: Dict[str, Any]) -> None:
+        """The key claimed (_Answered when the claim is not execute) and the
+        transaction begun.  In lease mode the claim commits on its own
+        before the transaction; otherwise it is inside it."""
+        mw, state = self.mw, self.state
+        key = req["key"]
+        if key is not None and mw.lease and state["lease_token"] is None:
+            await conn.set_autocommit(True)
+            c = await self.claim_watched(conn, req)
+            await conn.set_autocommit(False)
+            if c["action"] != "execute":
+                raise _Answered(c)
+            state["lease_token"] = c["lease_token"]
+        if state["lease_token"] is not None:
+            self.heartbeat = asyncio.ensure_future(mw._heartbeat(req, state))
+        if mw.isolation:
+            await conn.execute(f"SET TRANSACTION ISOLATION LEVEL {mw.isolation.upper()}")
+        # an endpoint whose policy has a lease answers even this claim with
+        # a token: it is finished with it in this same transaction
+        if key is not None and not mw.lease:
+            c = await self.claim_watched(conn, req)
+            if c["action"] != "execute":
+                await conn.rollback()
+                raise _Answered(c)
+            self.claimed["token"] = c["lease_token"]
+        else:
+            await conn.execute("SELECT 1")  # opens the transaction the application writes in
+
+    async def claim_watched(self, conn: AsyncConn, req: Dict[str, Any]) -> Dict[str, Any]:
+        """The claim's query, watched for the client's disconnect: the claim
+        may wait up to `wait` for a duplicate that runs, and the server
+        would go on waiting for a client that is gone.  The body was read
+        whole by then (the fingerprint), so the server's receive() has
+        nothing but a disconnect to give: on one, the query is cancelled
+        (PostgreSQL's cancel request) and the application does not run; the
+        connection is then closed (_give_up), not given back as it is."""
+        claimed = self.claimed
+        query = asyncio.ensure_future(self.mw._claim(conn, req))
+        gone_wait = asyncio.ensure_future(self.body.watch())
+        try:
+            await asyncio.wait({query, gone_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if gone_wait.done() and not gone_wait.cancelled() and gone_wait.exception() is None \
+                    and gone_wait.result():
+                claimed["gone"] = True
+                if not query.done():
+                    await self.mw._cancel_query(conn)
+                    await asyncio.wait({query}, timeout=CANCEL_TIMEOUT)
+                if not query.done():  # the cancel did not end it: its connection is closed
+                    query.cancel()
+            await asyncio.wait({query})  # its end (a message other than a disconnect ends the watch)
+            if query.cancelled():
+                raise _Disconnected(DISCONNECTED_IN_CLAIM)
+            try:
+                c = query.result()
+            except psycopg.errors.QueryCanceled as err:
+                if claimed["gone"]:
+                    raise _Disconnected(DISCONNECTED_IN_CLAIM) from err
+                raise
+            if claimed["gone"] and c["action"] != "execute":
+                # answered meanwhile (a replay, a conflict): nobody to answer
+                raise _Disconnected(DISCONNECTED_IN_CLAIM)
+            # executed before the cancel reached it: claim_now gives it up
+            return c
+        finally:
+            gone_wait.cancel()
+            if not query.done():  # this run is given up (its deadline)
+                query.cancel()
+                await asyncio.wait({query})
+            if query.done() and not query.cancelled():
+                query.exception()  # retrieved: asyncio does not log it as never retrieved
+
+    # -- the application's run ---------------------------------------------
+
+    async def run_app(self) -> None:
+        """The application run, its response captured, until it is sent
+        (complete) or the run ends otherwise."""
+        app_task = asyncio.ensure_future(self.mw.app(self.scope, self.receive, self.capture))
+        await self.watch_app(app_task)
+        try:
+            await app_task
+        except Exception as err:
+            if self.sent:
+                self.mw.log("a background task failed after the commit and the response", err)
+                return
+            raise
+        if not self.sent:
+            await self.complete()
+
+    async def watch_app(self, app_task: "asyncio.Future[None]") -> None:
+        """Until the response is sent (not over the background tasks after
+        it): the deadline, and the client's disconnect once the body was
+        given whole (the server's receive() has nothing else to give then;
+        the application waiting on it gets the same message)."""
+        sent_wait = asyncio.ensure_future(self.sent_event.wait())
+        gone_wait = asyncio.ensure_future(self.body.watch())
+        self.watchers.append(gone_wait)
+        waits: Set["asyncio.Future[Any]"] = {app_task, sent_wait, gone_wait}
+        loop = asyncio.get_running_loop()
+        deadline = self.mw.deadline
+        until = loop.time() + deadline if deadline else None
+        try:
+            while True:
+                finished, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED,
+                                                 timeout=None if until is None else max(0.0, until - loop.time()))
+                if not finished:
+                    app_task.cancel()
+                    raise _Deadline(f"the application did not answer within {deadline} s")
+                if app_task in finished or sent_wait in finished:
+                    return
+                waits -= finished
+                if not all(f.result() for f in finished):
+                    continue  # not a disconnect: no more watching
+                # the client went away while the application runs: a
+                # claim made is given up, one not made yet is refused
+                self.claimed["gone"] = True
+                if self.claimed["ctx"] is not None and not self.sent:
+                    app_task.cancel()
+                    raise _Disconnected("the client disconnected while the application ran")
+        finally:
+            sent_wait.cancel()
+
+    async def capture(self, message: Message) -> None:
+        """The application's send(): a claimed run's response held back
+        until complete(); an unclaimed one's passed through."""
+        claimed, captured = self.claimed, self.captured
+        if self.sent or claimed["failed"]:
+            return
+        if not claimed["started"]:
+            # opt_in: a route that did not ask for the claim passes
+            # through untouched, without a connection
+            if message["type"] == "http.response.start":
+                self.mw._warn_unclaimed(self.box["request"], message["status"])
+            await self.send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.sent = True
+                self.sent_event.set()
+            return
+        if message["type"] == "http.response.start":
+            captured["status"] = message["status"]
+            captured["headers"] = list(message.get("headers", []))
+        elif message["type"] == "http.response.body":
+            captured["body"].append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await self.complete()
+
+    # -- the response: stored or released, then sent ------------------------
+
+    async def complete(self) -> None:
+        """The response is stored and committed, and sent, as soon as the
+        application has sent its last byte: what the application does after
+        that (Starlette's and FastAPI's background tasks) runs after the
+        commit and after the response, and cannot change them."""
+        captured = self.captured
+        if captured["status"] is None or self.conn is None:
+            raise RuntimeError("the application sent no response")
+        body = b"".join(captured["body"])
+        status = captured["status"]
+        head = self.scope["method"].upper() == "HEAD"
+        # a HEAD answer: the Content-Length of the body a GET gets (the
+        # application's, or that of what it sent), no body
+        length = str(len(body)).encode()
+        if head:
+            length = next((v for k, v in captured["headers"] if k.lower() == b"content-length"), length)
+            body = b""
+        await self.store_or_release(status, body, length if head else None)
+        await self.send_captured(status, body, length)
+
+    async def store_or_release(self, status: int, body: bytes, head_length: Optional[bytes]) -> None:
+        """Stored under the key and committed; or (before the handler began,
+        or store_status false: a 5xx by default) rolled back, a lease
+        released so that a retry runs again."""
+        conn, state, req = self.conn, self.state, self.box["req"]
+        assert conn is not None
+        if self.claimed["before_handler"] or not self.mw.store_status(status):
+            await conn.rollback()
+            if state["lease_token"] is not None:
+                # a 5xx is the handler's own failure: not stored, the key
+                # given back so that a retry runs again (lease mode too)
+                await self.give_back()
+                await self.mw._settle_lease(req, state, f"the handler answered {status}", release=True)
+            return
+        if req["key"] is not None:
+            stored = self.stored_headers(head_length)
+            try:
+                await conn.execute(SQL_FINISH, (req["tenant"], req["endpoint"], req["key"], status, body,
+                                                json.dumps(stored), state["lease_token"] or self.claimed["token"]))
+            except psycopg.Error as err:
+                if _sqlstate(err) == "IK413":
+                    raise _TooLarge() from err
+                if _sqlstate(err) in CONFIG_SQLSTATES:
+                    raise _NotConfigured(CONFIG_FIX) from err
+                raise
+        await conn.commit()
+        state["lease_token"] = None
+
+    def stored_headers(self, head_length: Optional[bytes]) -> Dict[str, Any]:
+        """The captured headers as stored: those of one transmission left
+        out, a repeated name as a list; a HEAD answer's Content-Length kept."""
+        stored: Dict[str, Any] = {}
+        for name, value in self.captured["headers"]:
+            name = name.decode("latin-1").lower()
+            if name in NOT_STORED and not (head_length is not None and name == "content-length"):
+                continue
+            value = value.decode("latin-1")
+            if name in stored:
+                prev = stored[name]
+                stored[name] = (prev if isinstance(prev, list) else [prev]) + [value]
+            else:
+                stored[name] = value
+        if head_length is not None:
+            stored["content-length"] = head_length.decode("latin-1")
+        return stored
+
+    async def send_captured(self, status: int, body: bytes, length: bytes) -> None:
+        headers = [(k, v) for k, v in self.captured["headers"] if k.lower() != b"content-length"]
+        headers.append((b"content-length", length))
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        self.sent = True
+        self.sent_event.set()
+        await self.give_back()
+
+    # -- every other end of the run -----------------------------------------
+
+    async def failed(self, err: Exception) -> None:
+        """What an end of the run other than a sent response answers."""
+        mw, send, req = self.mw, self.send, self.box["req"]
+        if isinstance(err, _Answered):
+            await mw._answer_claim(send, req, err.claim)
+        elif isinstance(err, _Refused):
+            await mw._send_answer(send, err.outcome, message=err.message, code=err.code)
+        elif isinstance(err, _BodyRefused):
+            if self.conn is not None:
+                await self.conn.rollback()
+            await mw._send_answer(send, "body_invalid", message=str(err))
+        elif isinstance(err, _Disconnected):
+            await self.disconnected(err)
+        elif isinstance(err, _Deadline):
+            await self.timed_out(err)
+        elif isinstance(err, (_NotConfigured, _TooLarge)):
+            await self.not_stored(err)
+        else:
+            await self.unexpected(err)
+
+    async def disconnected(self, err: _Disconnected) -> None:
+        """Nothing can be sent any more; the application may still hold the
+        connection inside a query: closed, not rolled back (the server rolls
+        back and frees the claim).  Lease mode: marked unknown, or released
+        after no_side_effect(), as after a raise."""
+        if self.conn is not None:
+            await self.mw._give_up(self.conn)
+        self.mw.log(f"client_disconnected: {err}; the transaction was rolled back and its connection closed", None)
+        await self.settle(str(err))
+
+    async def timed_out(self, err: _Deadline) -> None:
+        """The application may still hold the connection inside a query:
+        closed, not rolled back (the server rolls back and frees the claim)."""
+        mw = self.mw
+        if self.conn is not None:
+            await mw._give_up(self.conn)
+        mw.log(f"handler_timeout: the application did not answer within deadline ({mw.deadline} s); the "
+               "transaction was rolled back and its connection closed. Find what it waits for, or raise "
+               "deadline", err)
+        await self.settle(str(err))
+        await mw._send_answer(self.send, "unavailable", retry_after=1, code="handler_timeout")
+
+    async def not_stored(self, err: Exception) -> None:
+        """The response cannot be stored (too large) or the middleware is
+        not configured: rolled back, a lease released, 500."""
+        mw = self.mw
+        if self.conn is not None and not self.conn.broken:
+            await self.conn.rollback()
+        await self.settle("not stored", release=True)
+        if isinstance(err, _TooLarge):
+            mw.log(f"response_too_large: {TOO_LARGE_FIX}", err.__cause__)
+            await mw._send_answer(self.send, "too_large", code="response_too_large")
+        else:
+            mw.log(f"idempotency_not_configured: {err}", err.__cause__)
+            await mw._send_answer(self.send, "not_configured", code="idempotency_not_configured")
+
+    async def unexpected(self, err: Exception) -> None:
+        """Rolled back; run again after a serialization failure, deadlock or
+        lost connection (_Retry), otherwise a lease marked unknown and the
+        error raised on to the server."""
+        conn = self.conn
+        if conn is not None and not conn.broken:
+            try:
+                await conn.rollback()
+            except Exception:
+                pass
+        if _is_retryable(err) or _is_connection_loss(err, conn):
+            self.mw.log("request will be run again", err)
+            raise _Retry() from err
+        await self.settle(f"the handler failed: {err}")
+        raise err
+
+    async def settle(self, reason: str, release: bool = False) -> None:
+        """Lease mode: the connection given back first (settling takes a pool
+        connection of its own), then the key released or marked unknown."""
+        if self.state["lease_token"] is None:
+            return
+        await self.give_back()
+        await self.mw._settle_lease(self.box["req"], self.state, reason, release=release)

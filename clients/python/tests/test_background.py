@@ -4,30 +4,25 @@ failing task is logged and changes nothing, a slow one delays nothing.
 Needs IDEM_TEST_PGPORT (clients/test.sh sets it); skipped without it."""
 
 import asyncio
-import os
-import unittest
 import uuid
 from typing import Any, Dict, List, Optional
 
 import httpx
-import psycopg
 from fastapi import BackgroundTasks, Depends, FastAPI, Request
-from psycopg_pool import AsyncConnectionPool
 
 from idempotency_asgi import IdempotencyMiddleware, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
+from .support import DatabaseCase, needs_db
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
-class Background(unittest.IsolatedAsyncioTestCase):
+@needs_db
+class Background(DatabaseCase):
+    # a pool of one connection: a task that held it would block the next request
+    pool_size = 1
+    setup_sql = ("CREATE TABLE IF NOT EXISTS bg_payments (idem_key text)",)
+
     async def asyncSetUp(self) -> None:
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=1, open=False)
-        await self.pool.open()
-        self.admin = await psycopg.AsyncConnection.connect(CONNINFO, autocommit=True)
-        await self.admin.execute("CREATE TABLE IF NOT EXISTS bg_payments (idem_key text)")
+        await super().asyncSetUp()
         self.logged: List[str] = []
         self.task_runs: Dict[str, int] = {}
         self.seen_committed: Dict[str, int] = {}
@@ -63,8 +58,7 @@ class Background(unittest.IsolatedAsyncioTestCase):
     async def asyncTearDown(self) -> None:
         self.release.set()
         await self.client.aclose()
-        await self.pool.close()
-        await self.admin.close()
+        await super().asyncTearDown()
 
     async def count(self, key: str) -> int:
         cur = await self.admin.execute("SELECT count(*) FROM bg_payments WHERE idem_key = %s", (key,))

@@ -8,22 +8,18 @@ claim).  A keyed request that reaches a route that does not claim is
 logged once per route.  Needs IDEM_TEST_PGPORT (clients/test.sh
 sets it); skipped without it."""
 
-import os
 import unittest
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import httpx
-import psycopg
 from fastapi import Depends, FastAPI
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
 from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
+from .support import DatabaseCase, needs_db
 
 
 class Order(BaseModel):
@@ -56,24 +52,10 @@ def build(pool: AsyncConnectionPool, runs: Dict[str, int], **options: Any) -> Fa
     return app
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
-class BeforeHandler(unittest.IsolatedAsyncioTestCase):
-    async def asyncSetUp(self) -> None:
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=4, open=False)
-        await self.pool.open()
-        self.admin = await psycopg.AsyncConnection.connect(CONNINFO, autocommit=True)
-
-    async def asyncTearDown(self) -> None:
-        await self.pool.close()
-        await self.admin.close()
-
+@needs_db
+class BeforeHandler(DatabaseCase):
     def key(self) -> str:
         return f"py-{uuid.uuid4().hex}"
-
-    async def stored(self, key: str) -> Optional[str]:
-        cur = await self.admin.execute("SELECT state::text FROM idempotency.keys WHERE key = %s", (key,))
-        row = await cur.fetchone()
-        return None if row is None else str(row[0])
 
     async def validation_error_then_corrected(self, **options: Any) -> None:
         runs: Dict[str, int] = {}
@@ -82,7 +64,7 @@ class BeforeHandler(unittest.IsolatedAsyncioTestCase):
             bad = await c.post("/v1/orders", json={"amount": "lots"}, headers={"Idempotency-Key": key})
             self.assertEqual(bad.status_code, 422)
             self.assertIn("detail", bad.json())  # FastAPI's own answer, not the middleware's
-            self.assertIsNone(await self.stored(key), "the validation error was stored under the key")
+            self.assertIsNone(await self.key_state(key), "the validation error was stored under the key")
             # the same bad request again is validated again, not replayed
             again = await c.post("/v1/orders", json={"amount": "lots"}, headers={"Idempotency-Key": key})
             self.assertEqual(again.status_code, 422)
@@ -95,12 +77,12 @@ class BeforeHandler(unittest.IsolatedAsyncioTestCase):
                                   headers={"Idempotency-Key": key})
             self.assertEqual((replay.status_code, replay.headers.get("idempotent-replayed")), (201, "true"))
             self.assertEqual(runs[key], 1)
-            self.assertEqual(await self.stored(key), "completed")
+            self.assertEqual(await self.key_state(key), "completed")
             # a path parameter FastAPI refuses (not an int): not stored either
             key2 = self.key()
             r = await c.post("/v1/items/abc", json={}, headers={"Idempotency-Key": key2})
             self.assertEqual(r.status_code, 422)
-            self.assertIsNone(await self.stored(key2))
+            self.assertIsNone(await self.key_state(key2))
 
     async def test_validation_error_not_stored(self) -> None:
         await self.validation_error_then_corrected()
@@ -116,14 +98,14 @@ class BeforeHandler(unittest.IsolatedAsyncioTestCase):
             key = self.key()
             r = await c.post("/v1/orders", json={"amount": 5, "currency": "x" * 200}, headers={"Idempotency-Key": key})
             self.assertEqual((r.status_code, r.json()["error"].get("code")), (400, "request_body_too_large"))
-            self.assertIsNone(await self.stored(key))
+            self.assertIsNone(await self.key_state(key))
             r = await c.post("/v1/orders", json={"amount": 5, "currency": "EUR"}, headers={"Idempotency-Key": key})
             self.assertEqual((r.status_code, r.json()), (201, {"amount": 5, "run": 1}))
             key = self.key()
             r = await c.post("/v1/items/7", content=b"{not json", headers={"Idempotency-Key": key,
                                                                           "Content-Type": "application/json"})
             self.assertEqual(r.status_code, 400)
-            self.assertIsNone(await self.stored(key))
+            self.assertIsNone(await self.key_state(key))
             r = await c.post("/v1/items/7", json={}, headers={"Idempotency-Key": key})
             self.assertEqual((r.status_code, r.json()), (200, {"item": 7}))
 

@@ -9,39 +9,30 @@ once, and the application does not run.  Needs IDEM_TEST_PGPORT
 
 import asyncio
 import logging
-import os
-import unittest
 import uuid
 import warnings
 from typing import Any, Dict, List, Optional
 
 import httpx
-import psycopg
 from fastapi import Depends, FastAPI, Request
 from psycopg_pool import AsyncConnectionPool
 
 from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
+from .support import DatabaseCase, needs_db, new_pool
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
-class Disconnect(unittest.IsolatedAsyncioTestCase):
+@needs_db
+class Disconnect(DatabaseCase):
+    # a pool of one connection: a request after the disconnect needs it back
+    pool_size = 1
+    setup_sql = ("CREATE TABLE IF NOT EXISTS dc_charges (idem_key text)",)
+
     async def asyncSetUp(self) -> None:
-        # a pool of one connection: a request after the disconnect needs it back
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=1, open=False)
-        await self.pool.open()
-        self.admin = await psycopg.AsyncConnection.connect(CONNINFO, autocommit=True)
-        await self.admin.execute("CREATE TABLE IF NOT EXISTS dc_charges (idem_key text)")
+        await super().asyncSetUp()
         self.logged: List[str] = []
         self.runs: Dict[str, int] = {}
         self.started: Dict[str, asyncio.Event] = {}
-
-    async def asyncTearDown(self) -> None:
-        await self.pool.close()
-        await self.admin.close()
 
     def app(self, pool: AsyncConnectionPool, **options: Any) -> FastAPI:
         app = FastAPI()
@@ -97,11 +88,6 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
                  "headers": hdrs, "client": ("127.0.0.1", 1), "server": ("test", 80)}
         return asyncio.ensure_future(app(scope, receive, send)), gone, sent
 
-    async def state(self, key: str) -> Optional[str]:
-        cur = await self.admin.execute("SELECT state FROM idempotency.keys WHERE key = %s", (key,))
-        row = await cur.fetchone()
-        return row[0] if row else None
-
     async def count(self, key: str) -> int:
         cur = await self.admin.execute("SELECT count(*) FROM dc_charges WHERE idem_key = %s", (key,))
         row = await cur.fetchone()
@@ -116,7 +102,7 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(sent, [])
         self.assertTrue(any(m.startswith("client_disconnected: the client disconnected while the application ran")
                             for m in self.logged), self.logged)
-        self.assertIsNone(await self.state(key))
+        self.assertIsNone(await self.key_state(key))
         self.assertEqual(await self.count(key), 0)
         async with httpx.AsyncClient(app=app, base_url="http://test") as c:
             r = await asyncio.wait_for(c.post("/pay", json={}, headers={"Idempotency-Key": key}), 10)
@@ -124,17 +110,17 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(await self.count(key), 1)
 
     async def test_lease_unknown_heartbeat_stopped(self) -> None:
-        pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=3, open=False)
+        pool = new_pool(3)
         await pool.open()
         try:
             app, key = self.app(pool, lease="2 seconds", heartbeat=0.1), f"py-{uuid.uuid4().hex}"
             await self.disconnect_mid_handler(app, key, hold=0.3)
             await asyncio.sleep(0.1)
             self.assertEqual(self.heartbeats(), [])
-            self.assertEqual(await self.state(key), "unknown")
+            self.assertEqual(await self.key_state(key), "unknown")
             k2 = f"py-{uuid.uuid4().hex}"
             await self.disconnect_mid_handler(app, k2, x_no_side_effect="1")
-            self.assertIsNone(await self.state(k2))
+            self.assertIsNone(await self.key_state(k2))
             async with httpx.AsyncClient(app=app, base_url="http://test") as c:
                 r = await c.post("/pay", json={}, headers={"Idempotency-Key": key})
                 self.assertEqual((r.status_code, r.json()["error"]["code"]), (409, "outcome_pending"))
@@ -144,7 +130,7 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
             await pool.close()
 
     async def test_gone_during_the_claims_wait_runs_nothing(self) -> None:
-        pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=3, open=False)
+        pool = new_pool(3)
         await pool.open()
         try:
             app, key = self.app(pool, wait="10 seconds"), f"py-{uuid.uuid4().hex}"
@@ -158,7 +144,7 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
             await asyncio.wait_for(asyncio.gather(first, second), 10)
             self.assertEqual(sent, [])
             self.assertEqual(self.runs[key], 1)
-            self.assertIsNone(await self.state(key))
+            self.assertIsNone(await self.key_state(key))
             self.assertTrue(any("before the application ran" in m for m in self.logged), self.logged)
         finally:
             await pool.close()
@@ -191,7 +177,7 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
         again, the duplicate's connection is given up (the pool of two, one
         held by the first request, serves another request), and once the
         first is given up too the key runs again."""
-        pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=2, open=False)
+        pool = new_pool(2)
         await pool.open()
         app, key = self.app(pool, wait="60 seconds", **options), f"py-{uuid.uuid4().hex}"
         self.started[key] = asyncio.Event()
@@ -231,7 +217,7 @@ class Disconnect(unittest.IsolatedAsyncioTestCase):
                 self.assertEqual((r.status_code, r.json()), (200, {"run": 1}))
                 first_gone.set()
                 await asyncio.wait_for(first, 10)
-                self.assertIsNone(await self.state(key))
+                self.assertIsNone(await self.key_state(key))
                 r = await asyncio.wait_for(c.post("/pay", json={}, headers={"Idempotency-Key": key}), 10)
                 self.assertEqual((r.status_code, r.json()), (200, {"run": 2}))
             self.assertEqual(await self.count(key), 1)

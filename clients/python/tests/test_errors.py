@@ -5,31 +5,25 @@ profile's format with a stable code and logged with the fix.  Needs
 IDEM_TEST_PGPORT (clients/test.sh sets it); skipped without it."""
 
 import logging
-import os
-import unittest
 import uuid
 from typing import Any, Dict, List, Optional
 
 import httpx
-import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from psycopg_pool import AsyncConnectionPool
 
 from idempotency_asgi import IdempotencyMiddleware, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
+from .support import DEAD_CONNINFO, DatabaseCase, needs_db, new_pool
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
-class Errors(unittest.IsolatedAsyncioTestCase):
+@needs_db
+class Errors(DatabaseCase):
+    pool_size = 5
+    setup_sql = ("CREATE TABLE IF NOT EXISTS err_charges (idem_key text)",)
+
     async def asyncSetUp(self) -> None:
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=5, open=False)
-        await self.pool.open()
-        self.admin = await psycopg.AsyncConnection.connect(CONNINFO, autocommit=True)
-        await self.admin.execute("CREATE TABLE IF NOT EXISTS err_charges (idem_key text)")
+        await super().asyncSetUp()
         for e in ("POST /big", "POST /ietf-big"):
             await self.admin.execute("INSERT INTO idempotency.endpoints (endpoint, max_response_bytes) "
                                      "VALUES (%s, 200) ON CONFLICT DO NOTHING", (e,))
@@ -40,8 +34,7 @@ class Errors(unittest.IsolatedAsyncioTestCase):
     async def asyncTearDown(self) -> None:
         for c in self.clients:
             await c.aclose()
-        await self.pool.close()
-        await self.admin.close()
+        await super().asyncTearDown()
 
     def log(self, message: str, err: Optional[BaseException] = None) -> None:
         self.logged.append(f"{message} {err or ''}")
@@ -102,7 +95,7 @@ class Errors(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(r.json()["code"], "response_too_large")
 
     async def test_database_unavailable(self) -> None:
-        dead = AsyncConnectionPool(CONNINFO + " port=1", min_size=0, max_size=1, timeout=2, open=False)
+        dead = new_pool(1, DEAD_CONNINFO, min_size=0, timeout=2)
         await dead.open()
         try:
             r = await self.client(pool=dead, retries=1).post("/x", json={"a": 1},
@@ -130,7 +123,7 @@ class Errors(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(row[0] if row else None, "completed")
 
     async def test_default_log_is_the_logging_module(self) -> None:
-        dead = AsyncConnectionPool(CONNINFO + " port=1", min_size=0, max_size=1, timeout=1, open=False)
+        dead = new_pool(1, DEAD_CONNINFO, min_size=0, timeout=1)
         await dead.open()
         app = FastAPI()
         app.add_middleware(IdempotencyMiddleware, pool=dead, tenant="t", retries=0)

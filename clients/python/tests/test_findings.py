@@ -5,30 +5,23 @@ Latin-1 replayed.  Needs IDEM_TEST_PGPORT (clients/test.sh sets it)."""
 import asyncio
 import base64
 import hashlib
-import os
 import unittest
 import uuid
 from typing import Any, Dict
 
 import httpx
-import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from psycopg_pool import AsyncConnectionPool
 
 from idempotency_asgi import IdempotencyMiddleware, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
+from .support import DatabaseCase, needs_db, new_pool
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
-class Findings(unittest.IsolatedAsyncioTestCase):
+@needs_db
+class Findings(DatabaseCase):
     async def asyncSetUp(self) -> None:
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=4, open=False)
-        await self.pool.open()
-        self.admin = await psycopg.AsyncConnection.connect(CONNINFO, autocommit=True)
+        await super().asyncSetUp()
         self.runs: Dict[str, int] = {}
         app = FastAPI()
         app.add_middleware(IdempotencyMiddleware, pool=self.pool, tenant="t", key_policy="hash")
@@ -43,8 +36,7 @@ class Findings(unittest.IsolatedAsyncioTestCase):
 
     async def asyncTearDown(self) -> None:
         await self.client.aclose()
-        await self.pool.close()
-        await self.admin.close()
+        await super().asyncTearDown()
 
     async def test_sf_string_with_parameters(self) -> None:
         key = f"py-{uuid.uuid4().hex}"
@@ -76,10 +68,10 @@ class Findings(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(raw[b"x-note"].decode("utf-8"), "Zürich → 東京")
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
+@needs_db
 class Deadline(unittest.IsolatedAsyncioTestCase):
     async def test_hung_handler_frees_claim_and_connection(self) -> None:
-        pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=1, open=False)
+        pool = new_pool(1)
         await pool.open()
         logged: list = []
         app = FastAPI()

@@ -3,21 +3,16 @@ httpx, the outcome read back from the database.  Needs IDEM_TEST_PGPORT
 (clients/test.sh sets it); skipped without it."""
 
 import asyncio
-import os
 import unittest
 import uuid
 
 import httpx
-import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from psycopg_pool import AsyncConnectionPool
 
 from idempotency_asgi import IdempotencyMiddleware, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
+from .support import DatabaseCase, needs_db, open_pool
 
 
 def build_app(pool, hooks, runs, admin, **options):
@@ -46,21 +41,20 @@ def build_app(pool, hooks, runs, admin, **options):
     return app
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
-class Middleware(unittest.IsolatedAsyncioTestCase):
+@needs_db
+class Middleware(DatabaseCase):
+    pool_size = 10
+    setup_sql = ("CREATE TABLE IF NOT EXISTS charges (id text PRIMARY KEY, idem_key text, amount int)",)
+
     async def asyncSetUp(self):
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=10, open=False)
-        await self.pool.open()
-        self.admin = await psycopg.AsyncConnection.connect(CONNINFO, autocommit=True)
-        await self.admin.execute("CREATE TABLE IF NOT EXISTS charges (id text PRIMARY KEY, idem_key text, amount int)")
+        await super().asyncSetUp()
         self.hooks, self.runs = {}, {}
         self.clients = {}
 
     async def asyncTearDown(self):
         for c in self.clients.values():
             await c.aclose()
-        await self.pool.close()
-        await self.admin.close()
+        await super().asyncTearDown()
 
     def client(self, **options):
         name = repr(sorted(options.items()))
@@ -142,8 +136,7 @@ class Middleware(unittest.IsolatedAsyncioTestCase):
     async def test_lease_claim_refused_leaves_the_connection_transactional(self):
         # one pooled connection: the lease claim fails in autocommit, the next request is atomic
         await self.pool.close()
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=1, open=False)
-        await self.pool.open()
+        self.pool = await open_pool(1)
         lease, atomic = self.client(lease="5 seconds", exclude=["/x"]), self.client(exclude=["/y"])
         r = await lease.post("/v1/charges", content=b'{"amount": 1e400}',
                              headers={"Idempotency-Key": self.key(), "Content-Type": "application/json"})

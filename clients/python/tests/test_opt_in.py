@@ -6,14 +6,11 @@ request matched, behind the templates of the mounts it went through
 is never refused for its key or its body.  Needs IDEM_TEST_PGPORT
 (clients/test.sh sets it); skipped without it."""
 
-import os
-import unittest
 import uuid
 import warnings
 from typing import Any, Dict
 
 import httpx
-import psycopg
 from fastapi import Depends, FastAPI
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
@@ -23,9 +20,7 @@ from starlette.routing import Mount, Route
 
 from idempotency_asgi import Context, IdempotencyMiddleware, claim, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
+from .support import DEAD_CONNINFO, DatabaseCase, needs_db, new_pool
 
 
 def build(pool: AsyncConnectionPool, runs: Dict[str, int], **options: Any) -> FastAPI:
@@ -70,17 +65,18 @@ def build(pool: AsyncConnectionPool, runs: Dict[str, int], **options: Any) -> Fa
     return app
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
-class OptIn(unittest.IsolatedAsyncioTestCase):
+@needs_db
+class OptIn(DatabaseCase):
+    with_admin = False
+
     async def asyncSetUp(self) -> None:
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=4, open=False)
-        await self.pool.open()
+        await super().asyncSetUp()
         self.runs: Dict[str, int] = {}
         self.client = httpx.AsyncClient(app=build(self.pool, self.runs), base_url="http://test")
 
     async def asyncTearDown(self) -> None:
         await self.client.aclose()
-        await self.pool.close()
+        await super().asyncTearDown()
 
     def key(self) -> str:
         return f"py-{uuid.uuid4().hex}"
@@ -122,7 +118,7 @@ class OptIn(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(r.json()["endpoint"], "POST /legacy/shops/{shop}/refunds/{rid}")
 
     async def test_route_without_opt_in_takes_no_connection(self) -> None:
-        dead = AsyncConnectionPool(CONNINFO + " port=1", min_size=0, max_size=1, timeout=1, open=False)
+        dead = new_pool(1, DEAD_CONNINFO, min_size=0, timeout=1)
         await dead.open()
         try:
             async with httpx.AsyncClient(app=build(dead, {}, required=True, limit=100, retries=0), base_url="http://test") as c:

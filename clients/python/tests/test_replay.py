@@ -7,32 +7,28 @@ IDEM_TEST_PGPORT (clients/test.sh sets it)."""
 
 import gzip
 import json
-import os
-import unittest
 import uuid
 from typing import Any, Dict
 
 import httpx
-import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from psycopg_pool import AsyncConnectionPool
 from starlette.middleware.gzip import GZipMiddleware
 
 from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
+from .support import DatabaseCase, needs_db
+
 
 BIG = {"items": [{"n": i, "label": "an item of the order"} for i in range(100)]}
 
 
-@unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
-class Replay(unittest.IsolatedAsyncioTestCase):
+@needs_db
+class Replay(DatabaseCase):
+    with_admin = False
+
     async def asyncSetUp(self) -> None:
-        self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=4, open=False)
-        await self.pool.open()
+        await super().asyncSetUp()
         self.runs: Dict[str, int] = {}
         app = FastAPI()
         # added first, so inside the idempotency middleware: it compresses what is stored
@@ -61,7 +57,7 @@ class Replay(unittest.IsolatedAsyncioTestCase):
 
     async def asyncTearDown(self) -> None:
         await self.client.aclose()
-        await self.pool.close()
+        await super().asyncTearDown()
 
     async def test_gzip_body_replayed_to_a_client_without_gzip(self) -> None:
         key = f"py-{uuid.uuid4().hex}"

@@ -14,22 +14,18 @@ database (their pool fails the test if asked)."""
 import asyncio
 import json
 import logging
-import os
 import unittest
 import uuid
 import warnings
 from typing import Any, Dict, List, Optional
 
-import psycopg
 from fastapi import Depends, FastAPI, Request
 from psycopg_pool import AsyncConnectionPool
 
 from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
 
-CONNINFO = psycopg.conninfo.make_conninfo(
-    host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
-    user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
-HAVE_DB = bool(os.environ.get("IDEM_TEST_PGPORT"))
+from .support import HAVE_DB, needs_db, open_pool
+
 LIMIT = 1000
 
 
@@ -87,8 +83,7 @@ class Streaming(unittest.IsolatedAsyncioTestCase):
     async def asyncSetUp(self) -> None:
         self.pool: Optional[AsyncConnectionPool] = None
         if HAVE_DB:
-            self.pool = AsyncConnectionPool(CONNINFO, min_size=1, max_size=2, open=False)
-            await self.pool.open()
+            self.pool = await open_pool(2)
         self.first = asyncio.Event()  # the application has a first chunk
         self.logged: List[str] = []
         self.runs: List[int] = []
@@ -181,13 +176,13 @@ class Streaming(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(c.json, {"chunks": [10], "then": "http.disconnect"}, headers)
             self.assertEqual(c.disconnects_given, 1)
 
-    @unittest.skipUnless(HAVE_DB, "IDEM_TEST_PGPORT not set")
+    @needs_db
     async def test_unkeyed_claim_streams(self) -> None:
         c = await self.streamed(self.app(self.pool), "/claims", {})
         self.assertEqual(c.status, 200)
         self.assertEqual(c.json, {"chunks": [600, 600], "key": None})
 
-    @unittest.skipUnless(HAVE_DB, "IDEM_TEST_PGPORT not set")
+    @needs_db
     async def test_unkeyed_body_above_limit_passes(self) -> None:
         body = json.dumps({"pad": "x" * (3 * LIMIT)}).encode()
         for app in (self.app(self.pool), self.app(self.pool, opt_in=False)):
@@ -204,7 +199,7 @@ class Streaming(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(c.status, 200, c.sent)
             self.assertEqual(sum(c.json["chunks"]), len(body))
 
-    @unittest.skipUnless(HAVE_DB, "IDEM_TEST_PGPORT not set")
+    @needs_db
     async def test_keyed_claim_reads_the_body_then_replays_it(self) -> None:
         key = str(uuid.uuid4())
         app = self.app(self.pool)
@@ -231,7 +226,7 @@ class Streaming(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(c.status, 400)
         self.assertEqual(c.json["error"]["code"], "idempotency_key_reuse")
 
-    @unittest.skipUnless(HAVE_DB, "IDEM_TEST_PGPORT not set")
+    @needs_db
     async def test_run_again_with_the_kept_body_only(self) -> None:
         # a keyed request runs again after a deadlock with its body given again
         c = Client(self.app(self.pool), "/deadlocks", {"Idempotency-Key": str(uuid.uuid4())})
@@ -248,7 +243,7 @@ class Streaming(unittest.IsolatedAsyncioTestCase):
         self.assertEqual((c.status, self.runs), (503, [100]))
         self.assertTrue(any("not run again" in m for m in self.logged), self.logged)
 
-    @unittest.skipUnless(HAVE_DB, "IDEM_TEST_PGPORT not set")
+    @needs_db
     async def test_keyed_claim_above_limit_is_refused_without_reading_on(self) -> None:
         c = Client(self.app(self.pool), "/claims", {"Idempotency-Key": str(uuid.uuid4())})
         run = c.start()

@@ -68,12 +68,10 @@ async function stopServer() {
   stopping = false;
 }
 
-async function main() {
-  const started = Date.now();
-  const db = new pg.Client(conn);
-  await db.connect();
-  await db.query('CREATE TABLE charges (id text PRIMARY KEY, idem_key text NOT NULL, amount int NOT NULL)');
-  const port = await freePort();
+// The call phase: CALLS charges by CONCURRENCY workers, the server killed
+// now and then; what was acknowledged, and the calls that failed or were
+// skipped past the time budget.
+async function callPhase(port, started) {
   await startServer(port, 0.2);
   const stripe = new Stripe('sk_test_e2e', {
     host: '127.0.0.1', port, protocol: 'http', maxNetworkRetries: 10, timeout: 2000, telemetry: false,
@@ -111,13 +109,16 @@ async function main() {
   clearInterval(killer);
   await stopServer();
   console.log(`calls done after ${((Date.now() - started) / 1000).toFixed(1)} s`);
+  return { acknowledged, failures, skipped };
+}
 
-  // the replay phase: no faults; every key again, with another (excluded) request_ts
+// The replay phase: no faults; every key again, with another (excluded)
+// request_ts, then one reused with another amount.
+async function replayPhase(port, acknowledged, problems) {
   await startServer(port, 0);
   const replayClient = new Stripe('sk_test_e2e', { host: '127.0.0.1', port, protocol: 'http', maxNetworkRetries: 2, telemetry: false });
   let mismatched = 0;
   let replayedOk = 0;
-  const problems = [];
   for (const [key, a] of acknowledged) {
     try {
       const c = await replayClient.charges.create({ amount: a.amount, currency: 'usd', metadata: { request_ts: 'later' } }, { idempotencyKey: key });
@@ -140,7 +141,11 @@ async function main() {
     reuseRefused = err.type === 'StripeIdempotencyError' && err.statusCode === 400;
   }
   await stopServer();
+  return { mismatched, replayedOk, reuseRefused };
+}
 
+// What the database holds: duplicates, acknowledged charges lost, keys not completed.
+async function checkDatabase(db, acknowledged, problems) {
   const dup = await db.query('SELECT idem_key, count(*) AS n FROM charges GROUP BY idem_key HAVING count(*) > 1');
   const byKey = new Map((await db.query('SELECT idem_key, id FROM charges')).rows.map((r) => [r.idem_key, r.id]));
   let lost = 0;
@@ -148,16 +153,29 @@ async function main() {
     if (byKey.get(key) !== a.id) { lost++; problems.push(`${key}: acknowledged ${a.id}, database has ${byKey.get(key)}`); }
   }
   const pendingKeys = (await db.query("SELECT count(*)::int AS n FROM idempotency.keys WHERE state <> 'completed'")).rows[0].n;
+  return { duplicates: dup.rowCount, lost, pendingKeys };
+}
+
+async function main() {
+  const started = Date.now();
+  const db = new pg.Client(conn);
+  await db.connect();
+  await db.query('CREATE TABLE charges (id text PRIMARY KEY, idem_key text NOT NULL, amount int NOT NULL)');
+  const port = await freePort();
+  const { acknowledged, failures, skipped } = await callPhase(port, started);
+  const problems = [];
+  const { mismatched, replayedOk, reuseRefused } = await replayPhase(port, acknowledged, problems);
+  const { duplicates, lost, pendingKeys } = await checkDatabase(db, acknowledged, problems);
   await db.end();
 
   const faultTotal = Object.values(faults).reduce((s, v) => s + v, 0);
   console.log(`faults: ${JSON.stringify(faults)}`);
   for (const p of problems.slice(0, 20)) console.log(`problem: ${p}`);
   for (const f of failures.slice(0, 10)) console.log(`unacknowledged: ${f}`);
-  const ok = dup.rowCount === 0 && lost === 0 && mismatched === 0 && reuseRefused &&
+  const ok = duplicates === 0 && lost === 0 && mismatched === 0 && reuseRefused &&
     acknowledged.size >= 0.95 * (CALLS - skipped) && faultTotal > 0;
   console.log(`RESULT ${ok ? 'ok' : 'FAILED'}: calls=${CALLS - skipped} acknowledged=${acknowledged.size} unacknowledged=${failures.length} ` +
-    `faults=${faultTotal} server_starts=${starts} duplicates=${dup.rowCount} lost=${lost} mismatched_replays=${mismatched} ` +
+    `faults=${faultTotal} server_starts=${starts} duplicates=${duplicates} lost=${lost} mismatched_replays=${mismatched} ` +
     `replayed=${replayedOk} reuse_refused=${reuseRefused} keys_not_completed=${pendingKeys} seconds=${((Date.now() - started) / 1000).toFixed(1)}`);
   process.exit(ok ? 0 : 1);
 }

@@ -107,17 +107,15 @@ class Server:
         self.thread.join(30)
 
 
-def main():
-    started = time.monotonic()
-    with psycopg.connect(CONNINFO, autocommit=True) as db:
-        db.execute("CREATE TABLE orders (id text PRIMARY KEY, idem_key text NOT NULL, amount int NOT NULL)")
-    port = free_port()
+def call_phase(port, url, started):
+    """CALLS orders by CONCURRENCY threads through urllib3's own retries,
+    the server killed now and then: (acknowledged, failures, skipped,
+    server starts)."""
     server = Server(port, 0.15)
     retry = BoundedRetry(total=12, connect=12, read=12, status=12, other=0, allowed_methods=None,
                   status_forcelist={409, 503}, backoff_factor=0.1, raise_on_status=False,
                   respect_retry_after_header=True)
     http = urllib3.PoolManager(maxsize=CONCURRENCY, retries=retry, timeout=urllib3.Timeout(connect=2, read=2))
-    url = f"http://127.0.0.1:{port}/v1/orders"
 
     def call(i):
         if time.monotonic() - started > TIME_BUDGET:
@@ -147,18 +145,21 @@ def main():
         results = list(ex.map(call, range(CALLS)))
     stop_killer.set()
     server.stop()
-    starts = server.starts
     print(f"calls done after {time.monotonic() - started:.1f} s", flush=True)
-
     acknowledged = {k: v for s, k, v in results if s == "ok"}
     failures = [f"{k}: {v}" for s, k, v in results if s == "failed"]
     skipped = sum(1 for s, _, _ in results if s == "skipped")
+    return acknowledged, failures, skipped, server.starts
 
-    # the replay phase: no faults; every key again, with another (excluded) request_ts, the key bare
+
+def replay_phase(port, url, acknowledged, problems):
+    """No faults; every key again, with another (excluded) request_ts, the
+    key bare; then one reused with another amount: (mismatched, replayed,
+    reuse refused)."""
     server = Server(port, 0)
     plain = urllib3.PoolManager(retries=Retry(total=3, allowed_methods=None, status_forcelist={503}, backoff_factor=0.1),
                                 timeout=urllib3.Timeout(connect=5, read=10))
-    mismatched, replayed, problems = 0, 0, []
+    mismatched, replayed = 0, 0
     for key, (oid, request_id, amount) in acknowledged.items():
         r = plain.request("POST", url, body=json.dumps({"amount": amount, "metadata": {"request_ts": "later"}}),
                           headers={"Content-Type": "application/json", "Idempotency-Key": key})
@@ -174,7 +175,11 @@ def main():
                       headers={"Content-Type": "application/json", "Idempotency-Key": some_key})
     reuse_refused = r.status == 422 and r.headers.get("content-type") == "application/problem+json"
     server.stop()
+    return mismatched, replayed, reuse_refused
 
+
+def check_database(acknowledged, problems):
+    """(duplicates, acknowledged orders lost, keys not completed)."""
     with psycopg.connect(CONNINFO, autocommit=True) as db:
         dup = db.execute("SELECT idem_key FROM orders GROUP BY idem_key HAVING count(*) > 1").fetchall()
         by_key = dict(db.execute("SELECT idem_key, id FROM orders").fetchall())
@@ -184,16 +189,29 @@ def main():
         if by_key.get(key) != oid:
             lost += 1
             problems.append(f"{key}: acknowledged {oid}, database has {by_key.get(key)}")
+    return len(dup), lost, not_completed
+
+
+def main():
+    started = time.monotonic()
+    with psycopg.connect(CONNINFO, autocommit=True) as db:
+        db.execute("CREATE TABLE orders (id text PRIMARY KEY, idem_key text NOT NULL, amount int NOT NULL)")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1/orders"
+    acknowledged, failures, skipped, starts = call_phase(port, url, started)
+    problems = []
+    mismatched, replayed, reuse_refused = replay_phase(port, url, acknowledged, problems)
+    duplicates, lost, not_completed = check_database(acknowledged, problems)
     fault_total = sum(faults.values())
     print(f"faults: {json.dumps(faults)}", flush=True)
     for p in problems[:20]:
         print(f"problem: {p}")
     for f in failures[:10]:
         print(f"unacknowledged: {f}")
-    ok = (not dup and lost == 0 and mismatched == 0 and reuse_refused and fault_total > 0
+    ok = (duplicates == 0 and lost == 0 and mismatched == 0 and reuse_refused and fault_total > 0
           and len(acknowledged) >= 0.95 * (CALLS - skipped))
     print(f"RESULT {'ok' if ok else 'FAILED'}: calls={CALLS - skipped} acknowledged={len(acknowledged)} "
-          f"unacknowledged={len(failures)} faults={fault_total} server_starts={starts} duplicates={len(dup)} "
+          f"unacknowledged={len(failures)} faults={fault_total} server_starts={starts} duplicates={duplicates} "
           f"lost={lost} mismatched_replays={mismatched} replayed={replayed} reuse_refused={reuse_refused} "
           f"keys_not_completed={not_completed} seconds={time.monotonic() - started:.1f}")
     sys.stdout.flush()
