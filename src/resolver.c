@@ -37,9 +37,9 @@
 #include "utils/syscache.h"
 
 #include "compat.h"
-#include "idempotency.h"
 #include "resolver.h"
 #include "schema.h"
+#include "util.h"
 
 static void IdemResolverCheckOwner(Oid resolver, Oid role, const char *endpoint);
 

@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * tombfilter.c
+ * tombstone_filter.c
  *	  Membership filters of tombstone partitions.  A claim of a new key
  *	  must prove that no tombstone of its scope lives; without more
  *	  knowledge that means opening every partition of idempotency.tombstones
@@ -119,10 +119,10 @@
 
 #include "compat.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "schema.h"
-#include "tombfilter.h"
-#include "tombrow.h"
+#include "tombstone_filter.h"
+#include "tombstone_row.h"
+#include "util.h"
 
 #define IDEM_TOMBFILTER_TRANCHE		"idempotency tombstone filters"
 /* generations of one partition's filter: the last is 2^15 times the first */
@@ -249,9 +249,6 @@ static HTAB *tf_hash = NULL;
 static dsa_area *tf_area = NULL;
 static TombFilterLocal tf_local;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
 /* filters to free when the transaction that dropped their partition commits */
 static List *tf_dropped = NIL;
 static bool tf_callback_registered = false;
@@ -264,11 +261,10 @@ IdemTombFilterAreaSize(void)
 	return size < dsa_minimum_size() ? 0 : size;
 }
 
-static void
+/* its part of the shared memory, from shmem.c's request hook */
+void
 IdemTombFilterShmemRequest(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(add_size(add_size(MAXALIGN(sizeof(TombFilterShared)),
 											 IdemTombFilterAreaSize()),
 									hash_estimate_size(idem_tombstone_filter_entries,
@@ -276,15 +272,13 @@ IdemTombFilterShmemRequest(void)
 	RequestNamedLWLockTranche(IDEM_TOMBFILTER_TRANCHE, 1);
 }
 
-static void
+/* its part of the shared memory, from shmem.c's startup hook */
+void
 IdemTombFilterShmemStartup(void)
 {
 	bool		found;
 	HASHCTL		info;
 	Size		area_size = IdemTombFilterAreaSize();
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	tf_shared = ShmemInitStruct("idempotency tombstone filters",
@@ -316,17 +310,6 @@ IdemTombFilterShmemStartup(void)
 							idem_tombstone_filter_entries, idem_tombstone_filter_entries,
 							&info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
-}
-
-void
-IdemTombFilterInit(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = IdemTombFilterShmemRequest;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = IdemTombFilterShmemStartup;
 }
 
 /* The area, attached in this backend; NULL when there is none. */
@@ -946,7 +929,7 @@ typedef struct AddAllState
 
 /*
  * Every hash a row of tombstones stands for (one, or the entries of a run,
- * tombrow.h) into the filter of partoid.
+ * tombstone_row.h) into the filter of partoid.
  */
 static void
 IdemTombFilterAddHashes(Oid parent, Oid partoid, bytea *scope_hash, bytea *fingerprint)
@@ -962,8 +945,9 @@ IdemTombFilterAddHashes(Oid parent, Oid partoid, bytea *scope_hash, bytea *finge
 }
 
 /*
- * The hashes a row version of a tombstone partition stands for (tombrow.h),
- * read from slot by the attribute numbers of scope_hash and fingerprint.
+ * The hashes a row version of a tombstone partition stands for
+ * (tombstone_row.h), read from slot by the attribute numbers of scope_hash
+ * and fingerprint.
  */
 static int
 IdemTombFilterSlotHashes(TupleTableSlot *slot, AttrNumber a_hash, AttrNumber a_fp,

@@ -1,21 +1,26 @@
 /*-------------------------------------------------------------------------
  *
- * tombfilter.h
+ * tombstone_filter.h
  *	  Membership filters of tombstone partitions, in shared memory: a claim
  *	  opens a partition of idempotency.tombstones only when its filter says
  *	  the scope may be there.
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_TOMBFILTER_H
-#define IDEM_TOMBFILTER_H
+#ifndef IDEM_TOMBSTONE_FILTER_H
+#define IDEM_TOMBSTONE_FILTER_H
 
 #include "c.h"
 
 /* what the filters hash: a tombstone's scope_hash */
 #define IDEM_TOMBFILTER_HASH_LEN	16
 
-extern void IdemTombFilterInit(void);
+/*
+ * With shared_preload_libraries: its shared memory, requested and set up by
+ * the extension's one request hook and one startup hook (shmem.c).
+ */
+extern void IdemTombFilterShmemRequest(void);
+extern void IdemTombFilterShmemStartup(void);
 
 /*
  * Of the n partitions partoids of the tombstones table parent, set skip[i]
@@ -50,4 +55,4 @@ extern int	IdemTombFilterCompact(Oid parent);
 
 extern void IdemTombFilterDropped(Oid parent, Oid partoid);
 
-#endif							/* IDEM_TOMBFILTER_H */
+#endif							/* IDEM_TOMBSTONE_FILTER_H */

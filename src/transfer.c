@@ -24,9 +24,9 @@
 #include "utils/typcache.h"
 
 #include "endpoint.h"
-#include "idempotency.h"
 #include "keys.h"
 #include "response.h"
+#include "util.h"
 
 /* the columns of idempotency.keys the checks read, and their types */
 typedef enum IdemImportCol
