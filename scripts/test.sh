@@ -314,7 +314,7 @@ source_check() {
         cat "$OUT/$name.log"
     fi
 }
-source_check include_graph "$PROJECT_DIR/scripts/include_graph.py" "$PROJECT_DIR/src"
+source_check include_graph "$PROJECT_DIR/scripts/include_graph.py" --doc "$PROJECT_DIR/CONTRIBUTING.md" "$PROJECT_DIR/src"
 source_check function_lengths "$PROJECT_DIR/scripts/function_lengths.py" "$PROJECT_DIR/src"
 
 shopt -s nullglob
