@@ -426,21 +426,15 @@ IdemTombstoneLookups(const uint8 *hash, bool runs, Datum *lookups)
 	return n;
 }
 
-bool
-IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
-				  bytea **fingerprint, TimestampTz *expired_at,
-				  MemoryContext cxt)
+/*
+ * One probe for the tombstones of a scope: what it looks up, how it reads,
+ * and the latest tombstone found so far (IdemTombstoneConsider).
+ */
+typedef struct TombstoneSearch
 {
-	bytea	   *hash = IdemTombstoneHashDatum(scope->tenant, scope->endpoint, scope->key);
-	Relation	parent;
-	PartitionDesc pd;
-	PartitionBoundInfo bounds;
-	Snapshot	snapshot;
-	bool		unlocked = IsolationIsSerializable();
+	bytea	   *hash;			/* the scope's hash: lookups[0] */
 	/* no filter in the Citus mode: shards also receive rows by shard moves */
-	bool		filtered = !IdemKeystoreDistributed();
-	bool	   *skip;
-	bool		found = false;
+	bool		filtered;
 
 	/*
 	 * What to look up: the hash, and (outside the Citus mode, where only
@@ -448,116 +442,168 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	 * every width a run may have, made when a partition is first probed.
 	 */
 	Datum		lookups[1 + RUN_NBUCKETKEYS];
-	int			nlookups = 0;
+	int			nlookups;
+	Snapshot	snapshot;
+	bool		unlocked;		/* serializable: SnapshotAny, then snapshot */
+	TimestampTz now;
+	/* the answer */
+	bool		found;
+	bytea	  **fingerprint;
+	TimestampTz *expired_at;
+	MemoryContext cxt;
+} TombstoneSearch;
 
-	lookups[0] = PointerGetDatum(hash);
+/*
+ * The partitions to skip, in one pass over the bounds: those whose range
+ * ended hold only expired tombstones, those whose filter does not know the
+ * scope hold none of it.
+ */
+static bool *
+IdemTombstoneSkips(const TombstoneSearch *s, Relation parent, PartitionDesc pd)
+{
+	PartitionBoundInfo bounds = pd->boundinfo;
+	bool	   *skip = palloc0(sizeof(bool) * Max(pd->nparts, 1));
+
+	for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
+	{
+		if (bounds->indexes[j] >= 0 &&
+			bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
+			DatumGetTimestampTz(bounds->datums[j][0]) <= s->now)
+			skip[bounds->indexes[j]] = true;
+	}
+	if (s->filtered)
+		IdemTombFilterSkip(RelationGetRelid(parent), pd->oids, pd->nparts,
+						   (const uint8 *) VARDATA(s->hash), skip);
+	return skip;
+}
+
+/*
+ * Each lookup in the index on scope_hash of a tombstone partition: a row of
+ * the hash is a tombstone of its own, a row of a bucket a run that may hold
+ * it; each one living at now is considered.
+ */
+static void
+IdemTombstoneScan(TombstoneSearch *s, Relation part, Relation idx,
+				  const TombstoneProbe *probe)
+{
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+
+	/* no predicate locks: see IdemProbeIndex in keystore_direct.c */
+	slot = table_slot_create(part, NULL);
+	scan = IdemIndexBeginscan(part, idx, s->unlocked ? SnapshotAny : s->snapshot, 1, 0);
+	for (int k = 0; k < s->nlookups; k++)
+	{
+		ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
+							   InvalidOid, F_BYTEAEQ, s->lookups[k]);
+		index_rescan(scan, &skey, 1, NULL, 0);
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+			bool		isnull2;
+			TimestampTz expires;
+			TimestampTz expired;
+			bytea	   *fp;
+
+			if (s->unlocked && !table_tuple_satisfies_snapshot(part, slot, s->snapshot))
+				continue;
+			expires = DatumGetTimestampTz(slot_getattr(slot, probe->a_expires, &isnull));
+			expired = DatumGetTimestampTz(slot_getattr(slot, probe->a_expired, &isnull2));
+			if (isnull || isnull2 || expires <= s->now)
+				continue;
+			fp = DatumGetByteaPP(slot_getattr(slot, probe->a_fp, &isnull));
+			if (isnull)
+				continue;
+			if (k == 0)
+				IdemTombstoneConsider(s->now, expired, expires, VARDATA_ANY(fp),
+									  VARSIZE_ANY_EXHDR(fp), &s->found,
+									  s->fingerprint, s->expired_at, s->cxt);
+			else if (VARSIZE_ANY_EXHDR(fp) % IDEM_TOMBSTONE_RUN_ENTRY == 0)
+				IdemTombstoneConsiderRun((const uint8 *) VARDATA(s->hash), fp,
+										 expired, expires, s->now, &s->found,
+										 s->fingerprint, s->expired_at, s->cxt);
+		}
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+}
+
+/*
+ * One tombstone partition not skipped: opened, probed when it holds a
+ * block, and closed.
+ *
+ * As for the keys, a partition without a block holds no row.  Unlike theirs,
+ * the locks of a tombstone partition and its index are given back as soon
+ * as it has been read: nothing the claim does later depends on them (only
+ * maintenance writes or drops the partition, and a tombstone found is
+ * copied out), so a claim holds at most two of them at once, whatever the
+ * filters answer, and none once it has returned.  A lock the transaction
+ * held before is kept: each release undoes only this open's own.
+ */
+static void
+IdemTombstoneProbePartition(TombstoneSearch *s, Oid partoid)
+{
+	Relation	part;
+	Relation	idx;
+	TombstoneProbe probe;
+
+	part = table_open(partoid, AccessShareLock);
+	if (part->rd_rel->relkind != RELKIND_RELATION ||
+		RelationGetNumberOfBlocks(part) == 0)
+	{
+		table_close(part, AccessShareLock);
+		return;
+	}
+	if (s->nlookups == 0)
+		s->nlookups = IdemTombstoneLookups((const uint8 *) VARDATA(s->hash),
+										   s->filtered, s->lookups);
+	/* copied: opening the index may process invalidations */
+	probe = *IdemTombstoneGetProbe(part);
+	idx = index_open(probe.indexoid, AccessShareLock);
+	IdemTombstoneScan(s, part, idx, &probe);
+	index_close(idx, AccessShareLock);
+	table_close(part, AccessShareLock);
+}
+
+bool
+IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
+				  bytea **fingerprint, TimestampTz *expired_at,
+				  MemoryContext cxt)
+{
+	TombstoneSearch s;
+	Relation	parent;
+	PartitionDesc pd;
+	bool	   *skip;
+
+	s.hash = IdemTombstoneHashDatum(scope->tenant, scope->endpoint, scope->key);
+	s.filtered = !IdemKeystoreDistributed();
+	s.lookups[0] = PointerGetDatum(s.hash);
+	s.nlookups = 0;
+	s.unlocked = IsolationIsSerializable();
+	s.now = now;
+	s.found = false;
+	s.fingerprint = fingerprint;
+	s.expired_at = expired_at;
+	s.cxt = cxt;
 
 	/* in the Citus mode, the tenant's shard here (itself partitioned alike) */
 	parent = table_open(IdemTombstonesCitus() ? IdemTombstoneShard(scope->tenant) :
 						IdemTombstoneRelid(), AccessShareLock);
 	/* before the filters are read: a tombstone it sees had its bits set */
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	s.snapshot = RegisterSnapshot(GetLatestSnapshot());
 	pd = RelationGetPartitionDesc(parent, true);
-	bounds = pd->boundinfo;
-
-	/*
-	 * The partitions to skip, in one pass over the bounds: those whose range
-	 * ended hold only expired tombstones, those whose filter does not know
-	 * the scope hold none of it.
-	 */
-	skip = palloc0(sizeof(bool) * Max(pd->nparts, 1));
-	for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
-	{
-		if (bounds->indexes[j] >= 0 &&
-			bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
-			DatumGetTimestampTz(bounds->datums[j][0]) <= now)
-			skip[bounds->indexes[j]] = true;
-	}
-	if (filtered)
-		IdemTombFilterSkip(RelationGetRelid(parent), pd->oids, pd->nparts,
-						   (const uint8 *) VARDATA(hash), skip);
-
+	skip = IdemTombstoneSkips(&s, parent, pd);
 	for (int p = 0; p < pd->nparts; p++)
 	{
-		Relation	part;
-		Relation	idx;
-		TombstoneProbe probe;
-		ScanKeyData skey;
-		IndexScanDesc scan;
-		TupleTableSlot *slot;
-
-		if (skip[p])
-			continue;
-
-		/*
-		 * As for the keys, a partition without a block holds no row.  Unlike
-		 * theirs, the locks of a tombstone partition and its index are given
-		 * back as soon as it has been read: nothing the claim does later
-		 * depends on them (only maintenance writes or drops the partition,
-		 * and a tombstone found is copied out), so a claim holds at most two
-		 * of them at once, whatever the filters answer, and none once it has
-		 * returned.  A lock the transaction held before is kept: each
-		 * release undoes only this open's own.
-		 */
-		part = table_open(pd->oids[p], AccessShareLock);
-		if (part->rd_rel->relkind != RELKIND_RELATION ||
-			RelationGetNumberOfBlocks(part) == 0)
-		{
-			table_close(part, AccessShareLock);
-			continue;
-		}
-		if (nlookups == 0)
-			nlookups = IdemTombstoneLookups((const uint8 *) VARDATA(hash), filtered,
-											lookups);
-		/* copied: opening the index may process invalidations */
-		probe = *IdemTombstoneGetProbe(part);
-		idx = index_open(probe.indexoid, AccessShareLock);
-
-		/* no predicate locks: see IdemProbeIndex in keystore_direct.c */
-		slot = table_slot_create(part, NULL);
-		scan = IdemIndexBeginscan(part, idx, unlocked ? SnapshotAny : snapshot, 1, 0);
-		for (int k = 0; k < nlookups; k++)
-		{
-			ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
-								   InvalidOid, F_BYTEAEQ, lookups[k]);
-			index_rescan(scan, &skey, 1, NULL, 0);
-			while (index_getnext_slot(scan, ForwardScanDirection, slot))
-			{
-				bool		isnull;
-				bool		isnull2;
-				TimestampTz expires;
-				TimestampTz expired;
-				bytea	   *fp;
-
-				if (unlocked && !table_tuple_satisfies_snapshot(part, slot, snapshot))
-					continue;
-				expires = DatumGetTimestampTz(slot_getattr(slot, probe.a_expires, &isnull));
-				expired = DatumGetTimestampTz(slot_getattr(slot, probe.a_expired, &isnull2));
-				if (isnull || isnull2 || expires <= now)
-					continue;
-				fp = DatumGetByteaPP(slot_getattr(slot, probe.a_fp, &isnull));
-				if (isnull)
-					continue;
-				if (k == 0)
-					IdemTombstoneConsider(now, expired, expires, VARDATA_ANY(fp),
-										  VARSIZE_ANY_EXHDR(fp), &found,
-										  fingerprint, expired_at, cxt);
-				else if (VARSIZE_ANY_EXHDR(fp) % IDEM_TOMBSTONE_RUN_ENTRY == 0)
-					IdemTombstoneConsiderRun((const uint8 *) VARDATA(hash), fp,
-											 expired, expires, now, &found,
-											 fingerprint, expired_at, cxt);
-			}
-		}
-		index_endscan(scan);
-		ExecDropSingleTupleTableSlot(slot);
-		index_close(idx, AccessShareLock);
-		table_close(part, AccessShareLock);
+		if (!skip[p])
+			IdemTombstoneProbePartition(&s, pd->oids[p]);
 	}
-	UnregisterSnapshot(snapshot);
+	UnregisterSnapshot(s.snapshot);
 	table_close(parent, NoLock);
-	for (int k = 1; k < nlookups; k++)
-		pfree(DatumGetPointer(lookups[k]));
-	pfree(hash);
+	for (int k = 1; k < s.nlookups; k++)
+		pfree(DatumGetPointer(s.lookups[k]));
+	pfree(s.hash);
 	pfree(skip);
-	return found;
+	return s.found;
 }
