@@ -57,7 +57,7 @@
 #include "maint.h"
 #include "maint_leases.h"
 #include "maint_partitions.h"
-#include "tombstone_filter.h"
+#include "tombstone_filter_learn.h"
 #include "tombstone_probe.h"
 #include "util.h"
 

@@ -35,24 +35,6 @@ extern void IdemTombFilterSkip(Oid parent, const Oid *partoids, int n,
 /* Before a tombstone of hash is written into partition partoid of parent. */
 extern void IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash);
 
-/*
- * For maintenance: learn the filters of the tombstones table parent from
- * its rows (every row version), after a server start, and again for the
- * partitions whose filters missed a tombstone (no room) until each was
- * read; forgets the filters of dropped databases.  Returns how many rows
- * were read, or -1 when nothing was to be learned.  And the filter of a
- * partition dropped by the current transaction is freed at its commit.
- */
-extern int64 IdemTombFilterLearn(Oid parent);
-
-/*
- * For maintenance: each partition of parent whose filter has grown to
- * three generations or more, and that no transaction is writing, gets one
- * generation sized for what it holds, made again from its rows.  Returns
- * how many were compacted, or -1 when the database's filters are not known.
- */
-extern int	IdemTombFilterCompact(Oid parent);
-
 extern void IdemTombFilterDropped(Oid parent, Oid partoid);
 
 #endif							/* IDEM_TOMBSTONE_FILTER_H */
