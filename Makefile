@@ -11,7 +11,10 @@
 #                       STEPS=100 (scripts/model.sh)
 #   make stop           stop the demo cluster started by make run
 #   make include-graph  the modules of src/ in layers, from their #include
-#                       lines (make test fails on a cycle among them)
+#                       lines (make test fails on a cycle among them, and
+#                       when CONTRIBUTING.md's table of them differs)
+#   make function-lengths  the longest functions and files of src/ (make
+#                       test fails on a function over 120 lines)
 #
 # The standard PGXS targets work as for any extension:
 #
@@ -40,8 +43,12 @@ OBJS = $(patsubst %.c,%.o,$(call src_files,src/*.c))
 DATA_built = sql/$(EXTENSION)--$(EXTVERSION).sql
 DATA = $(filter-out $(DATA_built),$(call src_files,sql/$(EXTENSION)--*.sql))
 # A second, small extension for the proxy database of a deployment sharded
-# with PL/Proxy (README "Scaling out"): its control file and script.
+# with PL/Proxy (doc/scaling.md, "Scaling out"): its control file and script.
 DATA += $(call src_files,sql/plproxy/idempotency_plproxy*)
+# The documentation, installed by PGXS into a folder of its own in the
+# extensions' documentation folder: $(pg_config --docdir)/extension/idempotency
+# (docmoduledir, set below PGXS's include: its names would clash there).
+DOCS = $(call src_files,README.md CHANGELOG.md doc/*.md)
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -68,6 +75,14 @@ PROVE_TESTS = $(call src_files,test/t/*.pl)
 
 ifneq ($(PGXS),)
 include $(PGXS)
+docmoduledir := extension/$(EXTENSION)
+# PGXS's uninstall removes DOCS by their paths in the tree (doc/...), not by
+# the names they were installed under: this removes those, and the folder
+uninstall: uninstall-docs
+.PHONY: uninstall-docs
+uninstall-docs:
+	rm -f $(addprefix '$(DESTDIR)$(docdir)/$(docmoduledir)'/, $(notdir $(DOCS)))
+	-rmdir '$(DESTDIR)$(docdir)/$(docmoduledir)' 2>/dev/null
 # the module the TAP tests share (test/perl/IdemTest.pm); prove runs in the
 # source tree
 PG_PROVE_FLAGS += -I test/perl
@@ -117,7 +132,7 @@ dist:
 	git -C $(SRCDIR) archive --format=tar.gz --prefix=$(EXTENSION)-$(EXTVERSION)/ \
 		-o $(CURDIR)/$(EXTENSION)-$(EXTVERSION).tar.gz HEAD
 
-.PHONY: run test test-matrix bench model stop include-graph
+.PHONY: run test test-matrix bench model stop include-graph function-lengths
 run:
 	@$(SRCDIR)/scripts/run.sh
 
@@ -141,3 +156,6 @@ model:
 
 include-graph:
 	@python3 $(SRCDIR)/scripts/include_graph.py --layers $(SRCDIR)/src
+
+function-lengths:
+	@python3 $(SRCDIR)/scripts/function_lengths.py --list $(SRCDIR)/src

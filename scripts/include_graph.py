@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """The module dependency graph of src/, from the #include "..." lines.
 
-A module is a .c file and the .h of the same base name; src/idempotency.h
-belongs to the shared helpers (src/util.c, which it declares), NAME_int.h is
-the private header of module NAME (what its files share), and a header with
-no .c of its name (src/compat.h) is a module of its own.  Module A
-depends on module B when a file of A includes a file of B.  src/idempotency.c
-(_PG_init, which calls each module's init) is the one module allowed to
-depend on every other: it stands above the graph (no header is its own).
+A module is a .c file and the .h of the same base name (src/util.c and
+src/util.h), NAME_int.h is the private header of module NAME (what its
+files share), and a header with no .c of its name (src/compat.h) is a
+module of its own.  Module A depends on module B when a file of A includes
+a file of B.  src/idempotency.c (_PG_init, which calls each module's init)
+has no header: it must be a leaf, on which no module depends.
 
-    include_graph.py [SRCDIR]            check: exit 1, printing each cycle
+    include_graph.py [--doc FILE] [SRCDIR]
+                                         check: exit 1, printing each cycle
                                          (with the #include lines that make
                                          it), if the modules depend on each
-                                         other in a circle
+                                         other in a circle or a module
+                                         depends on _PG_init's; with --doc,
+                                         also if FILE's table of layers
+                                         (the one starting "| layer |") is
+                                         not what --layers prints
     include_graph.py --layers [SRCDIR]   the modules in layers, as a Markdown
                                          table: a module depends only on
                                          modules of lower layers (a cycle's
@@ -21,24 +25,23 @@ depend on every other: it stands above the graph (no header is its own).
 Only includes of files in SRCDIR count (PostgreSQL's headers do not).
 """
 
+import difflib
 import os
 import re
 import sys
 
-# the header of the shared helpers, and the module it belongs to
-HEADER_MODULES = {"idempotency.h": "util"}
-# the module that may depend on every other: _PG_init
+# _PG_init's file, a leaf: no module may depend on it
 ROOT_FILE = "idempotency.c"
 ROOT_MODULE = "idempotency.c (_PG_init)"
+# the first line of the table of layers in a document (--doc)
+TABLE_HEAD = "| layer | modules (each depends only on modules of lower layers) |"
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
 def module_of(name):
-    if name == ROOT_FILE:
+    if os.path.splitext(name)[0] == os.path.splitext(ROOT_FILE)[0]:
         return ROOT_MODULE
-    if name in HEADER_MODULES:
-        return HEADER_MODULES[name]
     stem = os.path.splitext(name)[0]
     # NAME_int.h: the private header of module NAME, shared by its files
     if name.endswith("_int.h"):
@@ -146,40 +149,90 @@ def layers(graph, comps):
     return layer
 
 
+def layer_table(graph):
+    """The Markdown table of layers, as a list of lines."""
+    full = strongly_connected(graph)
+    layer = layers(graph, full)
+    out = [TABLE_HEAD, "| --- | --- |"]
+    for lv in sorted(set(layer.values()), reverse=True):
+        names = []
+        for i in sorted(i for i in layer if layer[i] == lv):
+            c = full[i]
+            names.append(("cycle: " + " + ".join(c)) if len(c) > 1 else c[0])
+        out.append(f"| {lv} | {', '.join(sorted(names))} |")
+    return out
+
+
+def doc_table(path):
+    """The table of layers in the document path: its lines, or None."""
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    if TABLE_HEAD not in lines:
+        return None
+    i = lines.index(TABLE_HEAD)
+    j = i
+    while j < len(lines) and lines[j].startswith("|"):
+        j += 1
+    return lines[i:j]
+
+
 def main(argv):
-    show_layers = "--layers" in argv
-    args = [a for a in argv if a != "--layers"]
-    if any(a.startswith("-") for a in args) or len(args) > 1:
+    show_layers, doc, args = False, None, []
+    it = iter(argv)
+    try:
+        for a in it:
+            if a == "--layers":
+                show_layers = True
+            elif a == "--doc":
+                doc = next(it)
+            elif a.startswith("-") or args:
+                raise ValueError(a)
+            else:
+                args.append(a)
+    except (StopIteration, ValueError):
         sys.stderr.write(__doc__)
         return 2
     srcdir = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     srcdir = os.path.normpath(srcdir)
     graph = read_graph(srcdir)
-    # _PG_init may depend on every module: no header is its own (its
-    # src/idempotency.h is the shared helpers'), so only a module that
-    # included src/idempotency.c itself would close a cycle through it
     checked = graph
     comps = strongly_connected(checked)
     cycles = [c for c in comps if len(c) > 1]
 
     if show_layers:
-        full = strongly_connected(graph)
-        layer = layers(graph, full)
-        print("| layer | modules (each depends only on modules of lower layers) |")
-        print("| --- | --- |")
-        for lv in sorted(set(layer.values()), reverse=True):
-            names = []
-            for i in sorted(i for i in layer if layer[i] == lv):
-                c = full[i]
-                names.append(("cycle: " + " + ".join(c)) if len(c) > 1 else c[0])
-            print(f"| {lv} | {', '.join(sorted(names))} |")
+        print("\n".join(layer_table(graph)))
         return 0
+
+    failed = False
+    # _PG_init's file is a leaf: a module that includes a file of its
+    # (a header of its name) depends on the entry point
+    up = [(m, f, no, line) for m, deps in sorted(checked.items())
+          for d, where in deps.items() if d == ROOT_MODULE for f, no, line in where]
+    if up:
+        failed = True
+        print(f"include graph of {srcdir}: {ROOT_FILE} (_PG_init) is not a leaf; these depend on it:")
+        for m, f, no, line in up:
+            print(f"  {m} -> {ROOT_MODULE}: src/{f}:{no}: {line}")
+    if doc is not None:
+        want = layer_table(graph)
+        have = doc_table(doc)
+        if have != want:
+            failed = True
+            print(f"{doc}: its table of layers is not the include graph's "
+                  f"(make include-graph prints it; replace the table with that):")
+            if have is None:
+                print(f"  no line {TABLE_HEAD!r}")
+            else:
+                for line in difflib.unified_diff(have, want, doc, "make include-graph", lineterm=""):
+                    print("  " + line)
+        else:
+            print(f"{doc}: its table of layers is the include graph's")
 
     modules = len(checked)
     edges = sum(len(d) for d in checked.values())
     if not cycles:
         print(f"include graph of {srcdir}: {modules} modules, {edges} dependencies, no cycle")
-        return 0
+        return 1 if failed else 0
     print(f"include graph of {srcdir}: {modules} modules, {edges} dependencies, "
           f"{len(cycles)} circle(s) of modules that depend on each other:")
     for c in cycles:

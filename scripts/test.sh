@@ -5,9 +5,10 @@
 # preloaded and test/preload.conf, again on one with only the library
 # preloaded (a server's default settings: the tests that depend on
 # preload.conf skip themselves there), the nopreload_* tests on one without
-# it, and "make prove_installcheck" (TAP); before them, the check that the
-# modules of src/ include each other without a cycle (include_graph,
-# scripts/include_graph.py).  Prints the diffs of what failed,
+# it, and "make prove_installcheck" (TAP); before them, the checks of src/:
+# its modules include each other without a cycle (include_graph,
+# scripts/include_graph.py), no function is over 120 lines and no file over
+# 1,000 (function_lengths, scripts/function_lengths.py).  Prints the diffs of what failed,
 # a line naming the security suite's tests and how many of their runs
 # passed, and a closing line "N passed, N failed, N skipped" (a test that skipped
 # itself is counted as skipped, not passed); exits non-zero on any failure.
@@ -19,7 +20,7 @@
 # TEST_PG_CONFIG=/path/to/pg_config (make test PG_CONFIG=...) tests the
 # server of that installation instead of Debian's PostgreSQL 15.
 # TESTS=name1,name2 limits the run to the named tests of every suite
-# (include_graph names the check of src/'s module dependencies).
+# (include_graph and function_lengths name the checks of src/).
 
 . "$(dirname "$0")/common.sh"
 . "$(dirname "$0")/pgcache.sh"
@@ -41,8 +42,8 @@ else
     ensure_deps
     PGC=$SYS_PG_CONFIG
 fi
-# the check of src/'s include graph (scripts/include_graph.py)
-if selected include_graph; then
+# the checks of src/ (scripts/include_graph.py, scripts/function_lengths.py)
+if selected include_graph || selected function_lengths; then
     ensure_deps python3
 fi
 # the driver of the model-based test (test/model/idem_model.py)
@@ -293,22 +294,28 @@ run_tap() {
     fi
 }
 
-# the module dependency graph of src/, from its #include lines: no cycle
-# (scripts/include_graph.py; needs no server)
-if selected include_graph; then
-    say "include_graph: scripts/include_graph.py"
+# the checks of src/ that need no server: its module dependency graph, from
+# its #include lines, has no cycle (include_graph, scripts/include_graph.py);
+# no function over 120 lines and no file over 1,000 (function_lengths,
+# scripts/function_lengths.py)
+source_check() {
+    local name=$1; shift
+    selected "$name" || return 0
+    say "$name: $(basename "$1")"
     set +e
-    python3 "$PROJECT_DIR/scripts/include_graph.py" "$PROJECT_DIR/src" >"$OUT/include_graph.log" 2>&1
-    rc=$?
+    python3 "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
     set -e
     if [ $rc -eq 0 ]; then
         PASSED=$((PASSED + 1))
-        sed 's/^/    /' "$OUT/include_graph.log"
+        sed 's/^/    /' "$OUT/$name.log"
     else
-        FAILED=$((FAILED + 1)); FAILED_NAMES+=("include_graph")
-        cat "$OUT/include_graph.log"
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("$name")
+        cat "$OUT/$name.log"
     fi
-fi
+}
+source_check include_graph "$PROJECT_DIR/scripts/include_graph.py" --doc "$PROJECT_DIR/CONTRIBUTING.md" "$PROJECT_DIR/src"
+source_check function_lengths "$PROJECT_DIR/scripts/function_lengths.py" "$PROJECT_DIR/src"
 
 shopt -s nullglob
 preload_tests=() nopreload_tests=() specs=()

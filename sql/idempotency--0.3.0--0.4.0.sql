@@ -623,7 +623,7 @@ BEGIN
             RAISE NOTICE 'deleted % tombstones written before the Citus mode', gone
                 USING DETAIL = 'They name no tenant, by which Citus places tombstones; those expired keys are no longer refused with another payload.';
         END IF;
-        -- likewise its trigger tombstones_filter (src/tombfilter.c: no
+        -- likewise its trigger tombstones_filter (src/tombstone_filter.c: no
         -- filter is used in the Citus mode)
         PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
         PERFORM pg_catalog.create_distributed_table('idempotency.tombstones', 'tenant',
@@ -683,7 +683,7 @@ CREATE TRIGGER keys_horizon%2$s BEFORE INSERT OR UPDATE ON %1$s
 SELECT idempotency.idem_update_ddl('idempotency.keys', 'ALTER TABLE %1$s ENABLE ALWAYS TRIGGER keys_horizon%2$s');
 
 /*
- * Membership filters of the tombstone partitions (src/tombfilter.c): a
+ * Membership filters of the tombstone partitions (src/tombstone_filter.c): a
  * claim opens a partition only when its filter says the key may be there.
  * Every row written into the table adds its hash to its partition's filter
  * first, from this trigger, which each partition has as a clone; ALWAYS,

@@ -32,8 +32,8 @@
 #include "audit.h"
 #include "compat.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "keygen.h"
+#include "util.h"
 
 /* bytes of the fingerprint shown, as hex */
 #define IDEM_FINGERPRINT_PREFIX_BYTES	4

@@ -34,8 +34,9 @@
  *	  present the token to finish, fail, release or extend the lease.
  *
  *	  Expired keys.  A claim that finds no live row, on an endpoint that
- *	  keeps tombstones (tombstone.c), asks whether the key was used before
- *	  (history.c): as an expired row not yet dropped or as a tombstone.
+ *	  keeps tombstones (tombstone_probe.c), asks whether the key was used
+ *	  before (history.c): as an expired row not yet dropped or as a
+ *	  tombstone.
  *	  Another fingerprint is refused (422), the same one executes or, per
  *	  endpoint, answers 409 key_expired.
  *
@@ -61,17 +62,17 @@
 #include "claim.h"
 #include "claim_pending.h"
 #include "claim_result.h"
+#include "diag.h"
 #include "diag_bound.h"
-#include "diagnostics.h"
 #include "endpoint.h"
 #include "guc.h"
 #include "history.h"
-#include "idempotency.h"
 #include "keys.h"
 #include "keystore.h"
 #include "scope.h"
 #include "stats.h"
-#include "tombstone.h"
+#include "tombstone_probe.h"
+#include "util.h"
 
 /* how long a waiting claim sleeps between two looks at a leased row */
 #define IDEM_LEASE_POLL_MS		20

@@ -26,11 +26,11 @@
 #include "claim_pending.h"
 #include "endpoint.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "keystore.h"
 #include "response.h"
 #include "scope.h"
 #include "stats.h"
+#include "util.h"
 
 /* What a call does to the row of a leased claim. */
 typedef enum IdemLeasedOp

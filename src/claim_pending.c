@@ -21,8 +21,8 @@
 
 #include "claim_pending.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "scope.h"
+#include "util.h"
 
 static PendingClaim *pending_claims = NULL;
 static int	claims_held = 0;	/* entries in pending_claims */

@@ -31,7 +31,7 @@
  *	  of a shard of a partition of idempotency.keys on a worker (the
  *	  coordinator's maintenance dropping the partition) first leaves the
  *	  tombstones of the shard's rows, under the drop's lock
- *	  (IdemTombstonesBeforeShardDrop in tombstone.c).
+ *	  (IdemTombstonesBeforeShardDrop in tombstone_write.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -52,8 +52,8 @@
 
 #include "ddl_guard.h"
 #include "guc.h"
-#include "idempotency.h"
-#include "tombstone.h"
+#include "tombstone_write.h"
+#include "util.h"
 
 /* depth of the extension's own DDL (IdemRunOwnDDL) in this backend */
 static int	own_ddl_depth = 0;
@@ -280,7 +280,7 @@ IdemCheckCreate(EventTriggerData *trigdata, CreateStmt *stmt)
 	}
 }
 
-/* The Citus mode: the tables a DROP TABLE names, to tombstone.c */
+/* The Citus mode: the tables a DROP TABLE names, to tombstone_write.c */
 static void
 IdemCitusDrop(DropStmt *stmt)
 {
@@ -323,7 +323,7 @@ idem_ddl_guard(PG_FUNCTION_ARGS)
 	{
 		/*
 		 * The Citus mode: a shard of a partition of keys dropped on a worker
-		 * leaves the tombstones of its rows first (tombstone.c), whoever
+		 * leaves the tombstones of its rows first (tombstone_write.c), whoever
 		 * drops it and whatever idempotency.ddl_guard says
 		 */
 		if (IsA(parsetree, DropStmt))

@@ -54,9 +54,9 @@
 #include "compat.h"
 #include "diag_bound.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "keygen.h"
 #include "stats.h"
+#include "util.h"
 
 #define IDEM_DIAG_BOUND_TRANCHE	"idempotency_diag_bound"
 
@@ -90,14 +90,10 @@ static HTAB *diag_bound_hash = NULL;
 static HTAB *diag_bound_dbs = NULL;
 static TimestampTz diag_last_reclaim = 0;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
-static void
+/* its part of the shared memory, from shmem.c's request hook */
+void
 IdemDiagBoundShmemRequest(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(hash_estimate_size(idem_diagnostics_tracked_keys,
 											  sizeof(DiagBoundEntry)));
 	/* a database holding no entry has none here: never more than entries */
@@ -106,13 +102,11 @@ IdemDiagBoundShmemRequest(void)
 	RequestNamedLWLockTranche(IDEM_DIAG_BOUND_TRANCHE, 1);
 }
 
-static void
+/* its part of the shared memory, from shmem.c's startup hook */
+void
 IdemDiagBoundShmemStartup(void)
 {
 	HASHCTL		info;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	diag_bound_lock = &(GetNamedLWLockTranche(IDEM_DIAG_BOUND_TRANCHE))->lock;
@@ -131,18 +125,6 @@ IdemDiagBoundShmemStartup(void)
 								   &info,
 								   HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
-}
-
-void
-IdemDiagBoundInit(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = IdemDiagBoundShmemRequest;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = IdemDiagBoundShmemStartup;
 }
 
 /* Remove an entry (the one just returned by a scan may be), under the lock. */

@@ -13,7 +13,12 @@
 
 #include "scope.h"
 
-extern void IdemDiagBoundInit(void);
+/*
+ * With shared_preload_libraries: its shared memory, requested and set up by
+ * the extension's one request hook and one startup hook (shmem.c).
+ */
+extern void IdemDiagBoundShmemRequest(void);
+extern void IdemDiagBoundShmemStartup(void);
 
 /*
  * May this mismatch of scope's key, whose stored row was created at

@@ -20,8 +20,8 @@
 #include "utils/jsonb.h"
 
 #include "canonical_json.h"
-#include "diag_format.h"
-#include "diagnostics.h"
+#include "diag.h"
+#include "diag_int.h"
 
 typedef struct DiagCompare
 {

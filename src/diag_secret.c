@@ -25,12 +25,12 @@
 #include "utils/lsyscache.h"
 
 #include "compat.h"
-#include "diag_format.h"
-#include "idempotency.h"
+#include "diag_int.h"
 #include "keygen.h"
 #include "keys.h"
 #include "schema.h"
 #include "scope.h"
+#include "util.h"
 
 #define IDEM_DIAG_SECRET_LEN	32
 

@@ -37,9 +37,9 @@
 
 #include "canonical_json.h"
 #include "endpoint.h"
-#include "idempotency.h"
 #include "keys.h"
 #include "schema.h"
+#include "util.h"
 
 #define IDEM_ENDPOINT_CACHE_MAX 1000
 

@@ -18,7 +18,7 @@
 #include "utils/jsonb.h"
 #include "utils/resowner.h"
 
-#include "idempotency.h"
+#include "util.h"
 #include "canonical_json.h"
 #include "fingerprint.h"
 #include "number_format.h"

@@ -4,7 +4,7 @@
  *	  Whether an idempotency key was used before, and with which
  *	  fingerprint: the latest expired key of a scope, as a row of
  *	  idempotency.keys not yet dropped (which the key store reads with the
- *	  live row) or as a tombstone (tombstone.c), whichever expired last.
+ *	  live row) or as a tombstone (tombstone_probe.c), whichever expired last.
  *
  *	  The tombstone is read after the rows, with a later snapshot, so that
  *	  a maintenance pass turning rows into tombstones meanwhile is seen on
@@ -17,7 +17,7 @@
 #include "history.h"
 #include "keystore.h"
 #include "scope.h"
-#include "tombstone.h"
+#include "tombstone_probe.h"
 
 IdemKeyHistory
 IdemKeyHistoryFind(const IdemScope *scope, const IdemKeyRow *row,

@@ -79,8 +79,8 @@
 #include "compat.h"
 #include "guc.h"
 #include "horizon.h"
-#include "idempotency.h"
 #include "schema.h"
+#include "util.h"
 
 #define IDEM_HORIZON_TRANCHE	"idempotency horizons"
 
@@ -121,28 +121,22 @@ typedef struct HorizonShared
 static HorizonShared *horizon_shared = NULL;
 static HTAB *horizon_hash = NULL;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
-static void
+/* its part of the shared memory, from shmem.c's request hook */
+void
 IdemHorizonShmemRequest(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(add_size(MAXALIGN(sizeof(HorizonShared)),
 									hash_estimate_size(idem_horizon_entries,
 													   sizeof(HorizonEntry))));
 	RequestNamedLWLockTranche(IDEM_HORIZON_TRANCHE, 1);
 }
 
-static void
+/* its part of the shared memory, from shmem.c's startup hook */
+void
 IdemHorizonShmemStartup(void)
 {
 	bool		found;
 	HASHCTL		info;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	horizon_shared = ShmemInitStruct("idempotency horizons",
@@ -159,17 +153,6 @@ IdemHorizonShmemStartup(void)
 								 idem_horizon_entries, idem_horizon_entries,
 								 &info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
-}
-
-void
-IdemHorizonInit(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = IdemHorizonShmemRequest;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = IdemHorizonShmemStartup;
 }
 
 static uint64

@@ -13,7 +13,12 @@
 #include "datatype/timestamp.h"
 #include "nodes/pg_list.h"
 
-extern void IdemHorizonInit(void);
+/*
+ * With shared_preload_libraries: its shared memory, requested and set up by
+ * the extension's one request hook and one startup hook (shmem.c).
+ */
+extern void IdemHorizonShmemRequest(void);
+extern void IdemHorizonShmemStartup(void);
 
 /*
  * The horizon of endpoint in the table of keys relid: every row of the

@@ -2,46 +2,34 @@
  *
  * idempotency.c
  *	  Entry point of the idempotency extension: module magic and _PG_init,
- *	  which only hands over to each module's initialisation function.  The
- *	  helpers every module shares are in util.c.
+ *	  which only hands over to each module's initialisation function.  No
+ *	  module depends on this file.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "fmgr.h"
-#include "miscadmin.h"
 
-#include "idempotency.h"
 #include "claim.h"
-#include "diag_bound.h"
 #include "guc.h"
-#include "horizon.h"
-#include "scope.h"
-#include "stats.h"
+#include "shmem.h"
 #include "tenant.h"
-#include "tombfilter.h"
+#include "util.h"
 #include "worker.h"
 
 PG_MODULE_MAGIC;
-
-bool		IdemPreloaded = false;
 
 void		_PG_init(void);
 
 void
 _PG_init(void)
 {
-	IdemPreloaded = process_shared_preload_libraries_in_progress;
-
+	IdemUtilInit();
 	IdemGucInit();
 	IdemDefineTenantSetting();
 	IdemGucReservePrefix();
-	IdemStatsInit();
-	IdemHorizonInit();
-	IdemTombFilterInit();
-	IdemDiagBoundInit();
-	IdemScopeInit();
+	IdemShmemInit();
 	IdemClaimInit();
 	IdemWorkerInit();
 }

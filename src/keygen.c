@@ -17,9 +17,9 @@
 #include "utils/uuid.h"
 
 #include "compat.h"
-#include "idempotency.h"
 #include "keygen.h"
 #include "keys.h"
+#include "util.h"
 
 PG_FUNCTION_INFO_V1(idem_uuidv7);
 PG_FUNCTION_INFO_V1(idem_ulid);

@@ -12,9 +12,9 @@
 #include "utils/builtins.h"
 
 #include "compat.h"
-#include "idempotency.h"
 #include "keys.h"
 #include "stats.h"
+#include "util.h"
 
 /* the alphabet of UUIDs, ULIDs and other base32, and base64url */
 static inline bool

@@ -8,7 +8,7 @@
 #ifndef IDEM_KEYS_H
 #define IDEM_KEYS_H
 
-#include "idempotency.h"		/* IDEM_SCOPE_MAX_LEN */
+#include "util.h"		/* IDEM_SCOPE_MAX_LEN */
 
 #define IDEM_KEY_MAX_LEN		255
 #define IDEM_FINGERPRINT_LEN	32

@@ -16,7 +16,7 @@
  *	  expired rows) and maintenance's (stale leases, the default
  *	  partition).  The one statement on key rows elsewhere is maintenance's
  *	  purge of the default partition that leaves tombstones in the same
- *	  statement (tombstone.c).
+ *	  statement (tombstone_write.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -32,8 +32,8 @@
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 
-#include "idempotency.h"
 #include "keystore_int.h"
+#include "util.h"
 
 /* ----------------------------------------------------------------
  *		statements on a scope's rows

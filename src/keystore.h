@@ -179,7 +179,7 @@ extern int64 IdemKeystorePurgeDefault(TimestampTz as_of);
 
 /*
  * The table itself; its statements run as its owner, IdemExtensionOwner()
- * (idempotency.h).
+ * (util.h).
  */
 extern Oid	IdemKeystoreRelid(void);
 

@@ -49,10 +49,10 @@
 #include "utils/rel.h"
 
 #include "compat.h"
-#include "idempotency.h"
 #include "keys.h"
 #include "keystore_int.h"
 #include "schema.h"
+#include "util.h"
 
 /* ----------------------------------------------------------------
  *		the relation, its partitions and their caches
@@ -376,7 +376,7 @@ IdemCitusResolve(const text *tenant)
 		elog(ERROR, "SPI_connect failed");
 	IdemBeginOwnerSection(&section, IdemExtensionOwner(), 0);
 	/*
-	 * With the colocated shard of idempotency.tombstones (tombstone.c),
+	 * With the colocated shard of idempotency.tombstones (tombstone_probe.c),
 	 * where it is distributed: after an update from 0.3.0 the keys may be
 	 * distributed while the tombstones are not yet.
 	 */

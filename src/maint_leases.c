@@ -30,13 +30,13 @@
 #include "audit.h"
 #include "endpoint.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "keygen.h"
 #include "keystore.h"
 #include "maint_leases.h"
 #include "resolver.h"
 #include "response.h"
 #include "stats.h"
+#include "util.h"
 
 typedef enum LeaseOutcome
 {

@@ -9,7 +9,7 @@
  *	  kept short: the rows of a partition being made are moved out of it,
  *	  and expired rows purged (leaving their tombstones).  The rows
  *	  themselves are changed by the key store (keystore.c) and the
- *	  tombstones (tombstone.c), except for the default partition's moves
+ *	  tombstones (tombstone_write.c), except for the default partition's moves
  *	  and counts, which are the same SQL for both tables.
  *
  *	  DDL runs with a short lock_timeout in a subtransaction; a step that
@@ -42,11 +42,12 @@
 
 #include "ddl_guard.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "keystore.h"
 #include "maint_partitions.h"
-#include "tombfilter.h"
-#include "tombstone.h"
+#include "tombstone_filter.h"
+#include "tombstone_probe.h"
+#include "tombstone_write.h"
+#include "util.h"
 
 #define IDEM_SCHEMA		"idempotency"
 

@@ -4,7 +4,7 @@
  *	  What every step of a maintenance pass shares: the pass's state, the
  *	  begin and end of a step (its transaction, SPI and settings), and the
  *	  report of an action.  The steps are in maint_leases.c and
- *	  maint_partitions.c; maintenance.c runs them in order.
+ *	  maint_partitions.c; maint.c runs them in order.
  *
  *-------------------------------------------------------------------------
  */

@@ -37,9 +37,9 @@
 #include "utils/syscache.h"
 
 #include "compat.h"
-#include "idempotency.h"
 #include "resolver.h"
 #include "schema.h"
+#include "util.h"
 
 static void IdemResolverCheckOwner(Oid resolver, Oid role, const char *endpoint);
 
@@ -245,107 +245,65 @@ IdemResolverAttr(HeapTuple tup, TupleDesc desc, int attnum, bool as_text)
 	return TextDatumGetCString(d);
 }
 
-/*
- * BEFORE INSERT OR UPDATE row trigger on idempotency.endpoints.  When a row
- * names a resolver that is new (an INSERT, a changed resolver) or a new
- * resolver_role: the name must name a function, which must have a
- * resolver's signature; resolver_role defaults to the current user, who
- * must have the privileges of the role named and EXECUTE on the function,
- * and so must the role.  The resolver is stored by its canonical name
- * (IdemResolverName), found again at each call.  Without a resolver,
- * resolver_role is NULL.
- */
-Datum
-idem_endpoints_resolver(PG_FUNCTION_ARGS)
+/* The row idem_endpoints_resolver is given, and its columns. */
+typedef struct ResolverRow
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
 	TupleDesc	desc;
 	HeapTuple	newtup;
-	HeapTuple	oldtup = NULL;
+	HeapTuple	oldtup;			/* the row before an UPDATE; NULL */
+	bool		as_text;		/* resolver is text (0.4.0 on), not regprocedure */
 	int			resolver_att;
 	int			role_att;
 	int			endpoint_att;
+} ResolverRow;
+
+/* The trigger's checks of how it was fired, and the row's columns. */
+static void
+IdemResolverReadRow(FunctionCallInfo fcinfo, ResolverRow *row)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	row->newtup = IdemBeforeRowTriggerTuple(fcinfo, "idem_endpoints_resolver",
+											"endpoints", &row->rel);
+	row->oldtup = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ?
+		trigdata->tg_trigtuple : NULL;
+	row->desc = row->rel->rd_att;
+	row->as_text = IdemSchemaHas(IDEM_SCHEMA_RESOLVER_TEXT);
+	row->resolver_att = IdemTriggerColumn(row->rel, "resolver",
+										  row->as_text ? TEXTOID : REGPROCEDUREOID,
+										  true, "idem_endpoints_resolver");
+	row->role_att = IdemTriggerColumn(row->rel, "resolver_role",
+									  REGROLEOID, true, "idem_endpoints_resolver");
+	row->endpoint_att = IdemTriggerColumn(row->rel, "endpoint",
+										  TEXTOID, true, "idem_endpoints_resolver");
+}
+
+/* The endpoint of a row with a resolver: it must have one. */
+static char *
+IdemResolverEndpoint(const ResolverRow *row)
+{
 	bool		isnull;
-	char	   *name;
-	char	   *old_name = NULL;
-	Oid			resolver;
-	bool		as_text;
-	Oid			role;
-	Oid			old_role = InvalidOid;
-	char	   *endpoint;
-	Datum		d;
-	Oid			me = GetUserId();
-	int			cols[2];
-	Datum		values[2];
-	bool		nulls[2];
+	Datum		d = heap_getattr(row->newtup, row->endpoint_att, row->desc, &isnull);
 
-	IdemRequireTriggerCall(fcinfo, "idem_endpoints_resolver", "endpoints");
-	if (!TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
-		!(TRIGGER_FIRED_BY_INSERT(trigdata->tg_event) ||
-		  TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event)))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("function %s must be fired BEFORE INSERT OR UPDATE FOR EACH ROW",
-						"idem_endpoints_resolver")));
-
-	desc = trigdata->tg_relation->rd_att;
-	if (TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
-	{
-		newtup = trigdata->tg_newtuple;
-		oldtup = trigdata->tg_trigtuple;
-	}
-	else
-		newtup = trigdata->tg_trigtuple;
-
-	as_text = IdemSchemaHas(IDEM_SCHEMA_RESOLVER_TEXT);
-	resolver_att = IdemTriggerColumn(trigdata->tg_relation, "resolver",
-									 as_text ? TEXTOID : REGPROCEDUREOID, true,
-									 "idem_endpoints_resolver");
-	role_att = IdemTriggerColumn(trigdata->tg_relation, "resolver_role",
-								 REGROLEOID, true, "idem_endpoints_resolver");
-	endpoint_att = IdemTriggerColumn(trigdata->tg_relation, "endpoint",
-									 TEXTOID, true, "idem_endpoints_resolver");
-
-	name = IdemResolverAttr(newtup, desc, resolver_att, as_text);
-	role = IdemOidAttr(newtup, desc, role_att);
-	if (oldtup != NULL)
-	{
-		old_name = IdemResolverAttr(oldtup, desc, resolver_att, as_text);
-		old_role = IdemOidAttr(oldtup, desc, role_att);
-	}
-
-	cols[0] = role_att;
-	nulls[0] = false;
-	if (name == NULL)
-	{
-		/* no resolver, no role */
-		if (!OidIsValid(role))
-			return PointerGetDatum(newtup);
-		nulls[0] = true;
-		values[0] = (Datum) 0;
-		return PointerGetDatum(heap_modify_tuple_by_cols(newtup, desc, 1, cols, values, nulls));
-	}
-
-	/* an unchanged resolver run by an unchanged role was checked before */
-	if (oldtup != NULL && old_name != NULL && strcmp(name, old_name) == 0 &&
-		role == old_role)
-		return PointerGetDatum(newtup);
-
-	/* a new resolver without a new role runs as whoever set it */
-	if (!OidIsValid(role) || (oldtup != NULL && role == old_role))
-		role = me;
-
-	d = heap_getattr(newtup, endpoint_att, desc, &isnull);
 	if (isnull)
 		ereport(ERROR,
 				(errcode(ERRCODE_NOT_NULL_VIOLATION),
 				 errmsg("an endpoint with a resolver must have a name"),
 				 errdetail("Column \"endpoint\" of table %s is NULL.",
-						   RelationGetRelationName(trigdata->tg_relation))));
-	endpoint = TextDatumGetCString(d);
+						   RelationGetRelationName(row->rel))));
+	return TextDatumGetCString(d);
+}
 
-	/* a name with its argument types, as regprocedure reads it; no OID */
+/*
+ * The function a resolver's name names: a name with its argument types, as
+ * regprocedure reads it; never an OID.
+ */
+static Oid
+IdemResolverFind(const char *name, const char *endpoint)
+{
+	Oid			resolver;
+
 	if (name[0] >= '0' && name[0] <= '9')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -359,7 +317,17 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_UNDEFINED_FUNCTION),
 				 errmsg("resolver \"%s\" of endpoint \"%s\" names no function",
 						name, endpoint)));
+	return resolver;
+}
 
+/*
+ * Whether me, who writes the row, may have resolver run as role: the
+ * function's signature, me's EXECUTE on it, me's privileges of role, and
+ * role's own checks (IdemResolverCheckRole).
+ */
+static void
+IdemResolverCheckSetter(Oid resolver, Oid role, Oid me, const char *endpoint)
+{
 	IdemResolverCheckSignature(resolver, endpoint);
 	if (!IdemProcExecuteAllowed(resolver, me))
 		ereport(ERROR,
@@ -376,12 +344,71 @@ idem_endpoints_resolver(PG_FUNCTION_ARGS)
 						endpoint, GetUserNameFromId(role, false)),
 				 errdetail("Only a role that has the privileges of a role may name it as resolver_role.")));
 	IdemResolverCheckRole(resolver, role, endpoint);
+}
+
+/*
+ * BEFORE INSERT OR UPDATE row trigger on idempotency.endpoints.  When a row
+ * names a resolver that is new (an INSERT, a changed resolver) or a new
+ * resolver_role: the name must name a function, which must have a
+ * resolver's signature; resolver_role defaults to the current user, who
+ * must have the privileges of the role named and EXECUTE on the function,
+ * and so must the role.  The resolver is stored by its canonical name
+ * (IdemResolverName), found again at each call.  Without a resolver,
+ * resolver_role is NULL.
+ */
+Datum
+idem_endpoints_resolver(PG_FUNCTION_ARGS)
+{
+	ResolverRow row;
+	char	   *name;
+	char	   *old_name = NULL;
+	Oid			resolver;
+	Oid			role;
+	Oid			old_role = InvalidOid;
+	char	   *endpoint;
+	int			cols[2];
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	IdemResolverReadRow(fcinfo, &row);
+	name = IdemResolverAttr(row.newtup, row.desc, row.resolver_att, row.as_text);
+	role = IdemOidAttr(row.newtup, row.desc, row.role_att);
+	if (row.oldtup != NULL)
+	{
+		old_name = IdemResolverAttr(row.oldtup, row.desc, row.resolver_att, row.as_text);
+		old_role = IdemOidAttr(row.oldtup, row.desc, row.role_att);
+	}
+
+	cols[0] = row.role_att;
+	if (name == NULL)
+	{
+		/* no resolver, no role */
+		if (!OidIsValid(role))
+			return PointerGetDatum(row.newtup);
+		nulls[0] = true;
+		values[0] = (Datum) 0;
+		return PointerGetDatum(heap_modify_tuple_by_cols(row.newtup, row.desc, 1,
+														 cols, values, nulls));
+	}
+
+	/* an unchanged resolver run by an unchanged role was checked before */
+	if (row.oldtup != NULL && old_name != NULL && strcmp(name, old_name) == 0 &&
+		role == old_role)
+		return PointerGetDatum(row.newtup);
+
+	/* a new resolver without a new role runs as whoever set it */
+	if (!OidIsValid(role) || (row.oldtup != NULL && role == old_role))
+		role = GetUserId();
+
+	endpoint = IdemResolverEndpoint(&row);
+	resolver = IdemResolverFind(name, endpoint);
+	IdemResolverCheckSetter(resolver, role, GetUserId(), endpoint);
 
 	values[0] = ObjectIdGetDatum(role);
-	cols[1] = resolver_att;
-	nulls[1] = false;
-	values[1] = as_text ?
+	cols[1] = row.resolver_att;
+	values[1] = row.as_text ?
 		CStringGetTextDatum(IdemResolverName(resolver)) :
 		ObjectIdGetDatum(resolver);
-	return PointerGetDatum(heap_modify_tuple_by_cols(newtup, desc, 2, cols, values, nulls));
+	return PointerGetDatum(heap_modify_tuple_by_cols(row.newtup, row.desc, 2,
+													 cols, values, nulls));
 }

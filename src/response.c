@@ -34,8 +34,8 @@
 
 #include "canonical_json.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "response.h"
+#include "util.h"
 
 static const char *const body_kind_names[] = {
 	[IDEM_BODY_NONE] = NULL,

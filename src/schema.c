@@ -37,8 +37,8 @@
 #include "utils/fmgroids.h"
 #include "utils/rel.h"
 
-#include "idempotency.h"
 #include "schema.h"
+#include "util.h"
 
 #define IDEM_EXTENSION_NAME		"idempotency"
 

@@ -42,13 +42,13 @@
 #include "utils/timestamp.h"
 
 #include "compat.h"
-#include "idempotency.h"
 #include "keys.h"
 #include "schema.h"
 #include "scope.h"
 #include "siphash.h"
 #include "stats.h"
 #include "tenant.h"
+#include "util.h"
 
 /* the label of the key derived from a database's diagnostics secret */
 #define IDEM_SCOPE_LOCK_LABEL	"idempotency scope lock v1"
@@ -68,24 +68,18 @@ static bool scope_lock_key_valid = false;
 static Oid	scope_secret_relid = InvalidOid;
 static bool scope_callback_registered = false;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
-static void
+/* its part of the shared memory, from shmem.c's request hook */
+void
 IdemScopeShmemRequest(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemScopeShared)));
 }
 
-static void
+/* its part of the shared memory, from shmem.c's startup hook */
+void
 IdemScopeShmemStartup(void)
 {
 	bool		found;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	scope_shared = ShmemInitStruct("idempotency scope lock key",
@@ -97,18 +91,6 @@ IdemScopeShmemStartup(void)
 				 errmsg("could not generate the secret of the idempotency scope locks"),
 				 errdetail("pg_strong_random() failed.")));
 	LWLockRelease(AddinShmemInitLock);
-}
-
-void
-IdemScopeInit(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = IdemScopeShmemRequest;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = IdemScopeShmemStartup;
 }
 
 /* The diagnostics secret's table changed (or every relation did). */

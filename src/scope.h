@@ -19,7 +19,7 @@
  * field is this value, which pg_advisory_lock() never uses (it uses 1 and
  * 2), so that the extension's locks cannot collide with the application's.
  * In pg_locks they show as locktype advisory with objsubid 18756.  (A
- * maintenance pass has a lock space of its own, in maintenance.h.)
+ * maintenance pass has a lock space of its own, in maint.h.)
  */
 #define IDEM_LOCK_SPACE_SCOPE		0x4944
 
@@ -40,8 +40,13 @@ typedef struct IdemScope
 extern void IdemGetScope(FunctionCallInfo fcinfo, IdemScope *scope,
 						 bool count_invalid);
 
-/* With shared_preload_libraries: the secret of the lock tags, at start. */
-extern void IdemScopeInit(void);
+/*
+ * With shared_preload_libraries: its shared memory (the secret of the lock
+ * tags), requested and set up by the extension's one request hook and one
+ * startup hook (shmem.c).
+ */
+extern void IdemScopeShmemRequest(void);
+extern void IdemScopeShmemStartup(void);
 
 /*
  * The lock tag of one scope: a keyed hash of tenant, endpoint and key

@@ -51,8 +51,8 @@
 #include "utils/tuplestore.h"
 
 #include "guc.h"
-#include "idempotency.h"
 #include "stats.h"
+#include "util.h"
 
 #define IDEM_STATS_TRANCHE	"idempotency_stats"
 
@@ -96,9 +96,6 @@ static IdemStatsShared *idem_shared = NULL;
 static HTAB *idem_stats_hash = NULL;
 static TimestampTz idem_stats_last_reclaim = 0;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
 /* endpoints, and two entries for each of as many databases */
 static long
 IdemStatsCapacity(void)
@@ -130,23 +127,20 @@ IdemStatsKeyHash(const void *key, Size keysize)
 									  strnlen(k->endpoint, IDEM_STATS_KEY_LEN)));
 }
 
-static void
+/* its part of the shared memory, from shmem.c's request hook */
+void
 IdemStatsShmemRequest(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(IdemStatsShmemSize());
 	RequestNamedLWLockTranche(IDEM_STATS_TRANCHE, 1);
 }
 
-static void
+/* its part of the shared memory, from shmem.c's startup hook */
+void
 IdemStatsShmemStartup(void)
 {
 	bool		found;
 	HASHCTL		info;
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	idem_shared = ShmemInitStruct("idempotency stats", sizeof(IdemStatsShared),
@@ -168,18 +162,6 @@ IdemStatsShmemStartup(void)
 									&info,
 									HASH_ELEM | HASH_FUNCTION | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
-}
-
-void
-IdemStatsInit(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = IdemStatsShmemRequest;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = IdemStatsShmemStartup;
 }
 
 /* Fail clearly where the counters do not exist. */

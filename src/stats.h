@@ -32,7 +32,12 @@ typedef enum IdemCounter
 	IDEM_COUNT_NUM
 } IdemCounter;
 
-extern void IdemStatsInit(void);
+/*
+ * With shared_preload_libraries: its shared memory, requested and set up by
+ * the extension's one request hook and one startup hook (shmem.c).
+ */
+extern void IdemStatsShmemRequest(void);
+extern void IdemStatsShmemStartup(void);
 
 /*
  * Count one event.  endpoint may be NULL (then only the total moves).  A

@@ -46,9 +46,9 @@
 #include "utils/guc.h"
 #include "utils/rel.h"
 
-#include "idempotency.h"
 #include "keys.h"
 #include "tenant.h"
+#include "util.h"
 
 /* the setting's own value, as guc.c keeps it */
 static char *idem_tenant_setting = NULL;

@@ -24,9 +24,9 @@
 #include "utils/typcache.h"
 
 #include "endpoint.h"
-#include "idempotency.h"
 #include "keys.h"
 #include "response.h"
+#include "util.h"
 
 /* the columns of idempotency.keys the checks read, and their types */
 typedef enum IdemImportCol
@@ -128,34 +128,12 @@ IdemImportSet(IdemImportRow *row, IdemImportCol c, Datum value, bool isnull)
 	row->nulls[row->attno[c]] = isnull;
 }
 
-/*
- * Check one row, field by field (*field names the column being checked),
- * and change what a finish would change: the sensitive headers dropped,
- * the body omitted where the endpoint keeps none.
- */
-static void
-IdemImportCheckRow(IdemImportRow *row, const char **field)
+/* The row's state: one a key may have. */
+static char *
+IdemImportCheckState(IdemImportRow *row)
 {
-	text	   *tenant = IdemImportText(row, COL_TENANT);
-	text	   *endpoint = IdemImportText(row, COL_ENDPOINT);
-	char	   *endpoint_str;
 	char	   *state;
-	TimestampTz created_at;
-	TimestampTz expires_at;
-	IdemResponse resp;
 
-	/* the claim's checks of the scope and the fingerprint */
-	*field = "tenant";
-	IdemCheckScopePart(tenant, true);
-	*field = "endpoint";
-	IdemCheckScopePart(endpoint, false);
-	*field = "key";
-	IdemCheckKey(IdemImportText(row, COL_KEY));
-	*field = "fingerprint";
-	IdemCheckFingerprint(IdemImportIsNull(row, COL_FINGERPRINT) ? NULL :
-						 DatumGetByteaPP(IdemImportValue(row, COL_FINGERPRINT)));
-
-	*field = "state";
 	state = IdemImportIsNull(row, COL_STATE) ? NULL :
 		text_to_cstring(DatumGetTextPP(IdemImportValue(row, COL_STATE)));
 	if (state == NULL ||
@@ -166,6 +144,18 @@ IdemImportCheckRow(IdemImportRow *row, const char **field)
 				 errmsg("state must be in_progress, completed, failed or unknown"),
 				 errdetail(state == NULL ? "The state is NULL." : "The state is \"%s\".",
 						   state)));
+	return state;
+}
+
+/*
+ * The row's created_at and expires_at: both there, finite, and in that
+ * order (*field names the one being checked).
+ */
+static void
+IdemImportCheckTimes(IdemImportRow *row, const char **field)
+{
+	TimestampTz created_at;
+	TimestampTz expires_at;
 
 	*field = "created_at";
 	if (IdemImportIsNull(row, COL_CREATED_AT))
@@ -201,6 +191,36 @@ IdemImportCheckRow(IdemImportRow *row, const char **field)
 				 errdetail("The key was created at %s and would expire at %s; a key expires after its claim.",
 						   created, timestamptz_to_str(expires_at))));
 	}
+}
+
+/*
+ * Check one row, field by field (*field names the column being checked),
+ * and change what a finish would change: the sensitive headers dropped,
+ * the body omitted where the endpoint keeps none.
+ */
+static void
+IdemImportCheckRow(IdemImportRow *row, const char **field)
+{
+	text	   *tenant = IdemImportText(row, COL_TENANT);
+	text	   *endpoint = IdemImportText(row, COL_ENDPOINT);
+	char	   *endpoint_str;
+	char	   *state;
+	IdemResponse resp;
+
+	/* the claim's checks of the scope and the fingerprint */
+	*field = "tenant";
+	IdemCheckScopePart(tenant, true);
+	*field = "endpoint";
+	IdemCheckScopePart(endpoint, false);
+	*field = "key";
+	IdemCheckKey(IdemImportText(row, COL_KEY));
+	*field = "fingerprint";
+	IdemCheckFingerprint(IdemImportIsNull(row, COL_FINGERPRINT) ? NULL :
+						 DatumGetByteaPP(IdemImportValue(row, COL_FINGERPRINT)));
+
+	*field = "state";
+	state = IdemImportCheckState(row);
+	IdemImportCheckTimes(row, field);
 
 	/* the finish's checks of the response */
 	*field = "response_status";

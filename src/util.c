@@ -7,7 +7,7 @@
  *	  sections built on it, and the owner they act as), and the
  *	  extension's one relcache callback, and whether a database was
  *	  dropped.
- *	  Declared in idempotency.h.
+ *	  Declared in util.h.
  *
  *-------------------------------------------------------------------------
  */
@@ -38,7 +38,16 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
-#include "idempotency.h"
+#include "util.h"
+
+bool		IdemPreloaded = false;
+
+/* From _PG_init, first: whether the library is being preloaded. */
+void
+IdemUtilInit(void)
+{
+	IdemPreloaded = process_shared_preload_libraries_in_progress;
+}
 
 bool
 IdemDatabaseDropped(Oid dbid)

@@ -55,8 +55,8 @@
 
 #include "compat.h"
 #include "guc.h"
-#include "idempotency.h"
-#include "maintenance.h"
+#include "maint.h"
+#include "util.h"
 #include "worker.h"
 
 /* seconds before the postmaster restarts a launcher that died */

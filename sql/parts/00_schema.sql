@@ -108,7 +108,7 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.keys_default', '');
  * FOR ALL TABLES, or a Citus shard move, refuses on a table without one.
  * Partitions do not inherit it: each partition of keys names its unique
  * scope index (maintenance does so for the partitions it makes, see
- * src/maintenance.c).  The parent is FULL, so that a publication with
+ * src/maint_partitions.c).  The parent is FULL, so that a publication with
  * publish_via_partition_root marks every column as a key column, which
  * covers each partition's index on the subscriber.
  */

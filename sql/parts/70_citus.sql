@@ -163,7 +163,7 @@ BEGIN
             RAISE NOTICE 'deleted % tombstones written before the Citus mode', gone
                 USING DETAIL = 'They name no tenant, by which Citus places tombstones; those expired keys are no longer refused with another payload.';
         END IF;
-        -- likewise its trigger tombstones_filter (src/tombfilter.c: no
+        -- likewise its trigger tombstones_filter (src/tombstone_filter.c: no
         -- filter is used in the Citus mode)
         PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
         PERFORM pg_catalog.create_distributed_table('idempotency.tombstones', 'tenant',

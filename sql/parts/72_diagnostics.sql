@@ -1,4 +1,4 @@
--- idempotency install script: mismatch diagnostics (src/diagnostics.c).
+-- idempotency install script: mismatch diagnostics (src/diag.c).
 --
 -- A claim may pass the digest of its request (idem_request_digest): keyed
 -- hashes of the members of the canonical body, never their values.  It is

@@ -28,14 +28,14 @@ CREATE INDEX tombstones_default_scope_idx ON idempotency.tombstones_default (sco
 SELECT pg_catalog.pg_extension_config_dump('idempotency.tombstones_default', '');
 -- Replica identity (doc/operations.md): maintenance deletes expired rows of
 -- the default partition.  No unique index: FULL, the four short columns
--- (each partition maintenance makes too, src/maintenance.c).
+-- (each partition maintenance makes too, src/maint_partitions.c).
 ALTER TABLE idempotency.tombstones REPLICA IDENTITY FULL;
 ALTER TABLE idempotency.tombstones_default REPLICA IDENTITY FULL;
 
 REVOKE ALL ON idempotency.tombstones, idempotency.tombstones_default FROM PUBLIC;
 
 /*
- * Membership filters of the tombstone partitions (src/tombfilter.c): a
+ * Membership filters of the tombstone partitions (src/tombstone_filter.c): a
  * claim opens a partition only when its filter says the key may be there.
  * Every row written into the table adds its hash to its partition's filter
  * first, from this trigger, which each partition has as a clone; ALWAYS,

@@ -203,6 +203,13 @@ WHERE endpoint = 'other' RETURNING endpoint, resolver_role;
 -- the trigger functions are no functions to call
 SELECT idempotency.idem_endpoints_changed();
 SELECT idempotency.idem_endpoints_resolver();
+-- nor to fire otherwise than BEFORE INSERT OR UPDATE FOR EACH ROW: the
+-- same error, in the same words, as the extension's other row triggers
+BEGIN;
+CREATE TRIGGER zz_after AFTER INSERT ON idempotency.endpoints
+    FOR EACH ROW EXECUTE FUNCTION idempotency.idem_endpoints_resolver();
+INSERT INTO idempotency.endpoints (endpoint) VALUES ('after');
+ROLLBACK;
 DELETE FROM idempotency.keys WHERE endpoint = 'secret';
 DELETE FROM idempotency.endpoints WHERE endpoint IN ('peek', 'secret', 'other');
 DROP FUNCTION public.peek_keys(text, text, text);

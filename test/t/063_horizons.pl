@@ -67,7 +67,7 @@ is(claim('POST /a', 'long', '1 day'), 'replay', 'after learning: the 20-day key 
 cmp_ok(opened('POST /c'), '<=', 2, 'after learning: a new key of another endpoint opens at most two again');
 cmp_ok(opened('POST /a'), '>=', 20, 'the endpoint of the 20-day key opens its 20 days');
 
-# Tombstone filters across a crash (src/tombfilter.c): a pass as of 30 days
+# Tombstone filters across a crash (src/tombstone_filter.c): a pass as of 30 days
 # ahead drops the keys' partitions and keeps their tombstones; after a
 # restart, until maintenance has learned the filters, every tombstone
 # partition is probed, and afterwards a new key opens none while an expired
@@ -156,7 +156,7 @@ ok($small->log_contains('the tombstone filters are full'), 'a full filter memory
 $small->stop;
 
 # Runs of tombstones across a crash: a drop that leaves 3,000 tombstones
-# writes them as runs (rows of many entries, src/tombstone.c); after a
+# writes them as runs (rows of many entries, src/tombstone_write.c); after a
 # restart, learning puts every entry of every run into the filters, so that
 # each expired key with another payload still answers 422 and a new key
 # opens no tombstone partition.

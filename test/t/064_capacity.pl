@@ -1,4 +1,4 @@
-# The shared tables of tombstone filters (src/tombfilter.c) and of key
+# The shared tables of tombstone filters (src/tombstone_filter.c) and of key
 # horizons (src/horizon.c) at capacity: with a handful of entries
 # (idempotency.tombstone_filter_entries, idempotency.horizon_entries), each
 # is driven past full by several databases, room is freed (passes that drop

@@ -262,7 +262,7 @@ while (($settings_section // '') =~ /^\| `(idempotency\.[a-z_]+)` \| /mg)
 	ok($known{$1}, "the setting $1 in doc/reference.md exists");
 }
 
-# SQLSTATEs: the IK codes of src/idempotency.h and every standard condition
+# SQLSTATEs: the IK codes of src/util.h and every standard condition
 # raised in src/*.c and sql/parts/*.sql, in the tables of errors
 my %codes;
 for my $src (glob('src/*.c'), glob('src/*.h'), glob('sql/parts/*.sql'))

@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * tombfilter.c
+ * tombstone_filter.c
  *	  Membership filters of tombstone partitions.  A claim of a new key
  *	  must prove that no tombstone of its scope lives; without more
  *	  knowledge that means opening every partition of idempotency.tombstones
@@ -16,7 +16,7 @@
  *	  the size of the one before, so that it needs no count in advance.
  *	  Maintenance compacts a filter of three generations or more into one,
  *	  made again from the partition's rows while no transaction writes it
- *	  (IdemTombFilterCompact).
+ *	  (IdemTombFilterCompact, in tombstone_filter_learn.c, with learning).
  *
  *	  The rule: a filter may answer "maybe" for anything, and "no" only for
  *	  what it saw completely.  Filters only gain bits, and what is written
@@ -26,9 +26,9 @@
  *	    the trigger tombstones_filter (enabled ALWAYS), which adds its hash
  *	    before the row is written;
  *	  - rows older than the server are learned by maintenance
- *	    (IdemTombFilterLearn), which reads every row version; until then a
- *	    database's filters are unknown and every partition is probed, as
- *	    without filters.
+ *	    (IdemTombFilterLearn, tombstone_filter_learn.c), which reads every
+ *	    row version; until then a database's filters are unknown and
+ *	    every partition is probed, as without filters.
  *	  A claim takes its snapshot before it reads the filters, so a
  *	  tombstone committed before the snapshot had its bits set before.  A
  *	  row written and rolled back leaves its bits: a false "maybe", never a
@@ -119,26 +119,12 @@
 
 #include "compat.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "schema.h"
-#include "tombfilter.h"
-#include "tombrow.h"
+#include "tombstone_filter_int.h"
+#include "tombstone_row.h"
+#include "util.h"
 
 #define IDEM_TOMBFILTER_TRANCHE		"idempotency tombstone filters"
-/* generations of one partition's filter: the last is 2^15 times the first */
-#define IDEM_TOMBFILTER_MAX_GENS	16
-/*
- * Blocks of 512 bits, 32 hashes a block (16 bits a hash) with 10 bits set
- * by each: about one false "maybe" in a thousand, so that a claim seldom
- * opens a partition for nothing even where dozens of partitions hold
- * tombstones.  The first generation has 64 blocks.
- */
-#define IDEM_TOMBFILTER_MIN_BLOCKS	64
-#define IDEM_TOMBFILTER_BLOCK_WORDS	8
-#define IDEM_TOMBFILTER_PER_BLOCK	32
-#define IDEM_TOMBFILTER_K			10
-/* a block's bytes, and the alignment of a generation's blocks */
-#define IDEM_TOMBFILTER_BLOCK_BYTES	(IDEM_TOMBFILTER_BLOCK_WORDS * sizeof(uint64))
 
 /* a hint that the cache line at p will be read soon, where the compiler has one */
 #if defined(__has_builtin)
@@ -151,51 +137,6 @@
 #ifndef IDEM_PREFETCH
 #define IDEM_PREFETCH(p)	((void) (p))
 #endif
-
-typedef struct TombFilterKey
-{
-	Oid			dbid;
-	Oid			parent;			/* idempotency.tombstones of that database */
-	Oid			partoid;		/* InvalidOid: the database's own entry */
-} TombFilterKey;
-
-typedef struct TombFilterEntry
-{
-	TombFilterKey key;
-	/* the database's own entry: */
-	bool		known;			/* learned since the server started */
-	uint64		misses;			/* tombstones written, since the entry was
-								 * made, into a partition that found no
-								 * entry: while not 0, a partition without
-								 * one is probed */
-	/* a partition's entry: */
-	bool		complete;		/* holds every hash written into the
-								 * partition: may answer "no" */
-	bool		unfiltered;		/* no room for its bits: always probed */
-	int			ngens;
-	dsa_pointer gens[IDEM_TOMBFILTER_MAX_GENS];
-} TombFilterEntry;
-
-typedef struct TombFilterGen
-{
-	uint32		nblocks;		/* a power of two */
-	uint32		count;
-	uint32		capacity;
-	uint32		words_off;		/* bytes from the header to the first block,
-								 * aligned on a cache line */
-	uint64		space[FLEXIBLE_ARRAY_MEMBER];
-} TombFilterGen;
-
-typedef struct TombFilterShared
-{
-	LWLock	   *lock;
-	int			dsa_tranche;
-	Size		area_size;
-	bool		full_logged;	/* the area was found full */
-	bool		entries_logged; /* the table of entries was found full */
-	/* incremented by every change of the layout (see the banner) */
-	pg_atomic_uint64 layout;
-} TombFilterShared;
 
 /*
  * The layout of one partition's filter, as this backend last read it: its
@@ -244,13 +185,10 @@ typedef struct TombFilterLocal
 	bool	   *no;				/* the answers of one probe */
 } TombFilterLocal;
 
-static TombFilterShared *tf_shared = NULL;
-static HTAB *tf_hash = NULL;
-static dsa_area *tf_area = NULL;
+TombFilterShared *tf_shared = NULL;
+HTAB	   *tf_hash = NULL;
+dsa_area   *tf_area = NULL;
 static TombFilterLocal tf_local;
-
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /* filters to free when the transaction that dropped their partition commits */
 static List *tf_dropped = NIL;
@@ -264,11 +202,10 @@ IdemTombFilterAreaSize(void)
 	return size < dsa_minimum_size() ? 0 : size;
 }
 
-static void
+/* its part of the shared memory, from shmem.c's request hook */
+void
 IdemTombFilterShmemRequest(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(add_size(add_size(MAXALIGN(sizeof(TombFilterShared)),
 											 IdemTombFilterAreaSize()),
 									hash_estimate_size(idem_tombstone_filter_entries,
@@ -276,15 +213,13 @@ IdemTombFilterShmemRequest(void)
 	RequestNamedLWLockTranche(IDEM_TOMBFILTER_TRANCHE, 1);
 }
 
-static void
+/* its part of the shared memory, from shmem.c's startup hook */
+void
 IdemTombFilterShmemStartup(void)
 {
 	bool		found;
 	HASHCTL		info;
 	Size		area_size = IdemTombFilterAreaSize();
-
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
 
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	tf_shared = ShmemInitStruct("idempotency tombstone filters",
@@ -318,17 +253,6 @@ IdemTombFilterShmemStartup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
-void
-IdemTombFilterInit(void)
-{
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = IdemTombFilterShmemRequest;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = IdemTombFilterShmemStartup;
-}
-
 /* The area, attached in this backend; NULL when there is none. */
 static dsa_area *
 IdemTombFilterArea(void)
@@ -346,14 +270,14 @@ IdemTombFilterArea(void)
 	return tf_area;
 }
 
-static bool
+bool
 IdemTombFilterUsable(void)
 {
 	return tf_hash != NULL && IdemTombFilterArea() != NULL &&
 		!RecoveryInProgress() && IdemSchemaHas(IDEM_SCHEMA_HORIZONS);
 }
 
-static void
+void
 IdemTombFilterKeyOf(TombFilterKey *key, Oid parent, Oid partoid)
 {
 	memset(key, 0, sizeof(*key));
@@ -418,7 +342,7 @@ IdemTombFilterWords(TombFilterGen *gen)
 	return (uint64 *) ((char *) gen + gen->words_off);
 }
 
-static void
+void
 IdemTombFilterGenSet(TombFilterGen *gen, const uint8 *hash)
 {
 	TombFilterProbe probe;
@@ -432,20 +356,8 @@ IdemTombFilterGenSet(TombFilterGen *gen, const uint8 *hash)
 	gen->count++;
 }
 
-/*
- * The layout changes, under the exclusive lock: before any bit array is
- * freed (a backend reading it without the lock then sees the counter move
- * when it may have read the array after it was reused; the atomic
- * increment is a full barrier).
- */
-static inline void
-IdemTombFilterLayoutChanges(void)
-{
-	Assert(LWLockHeldByMeInMode(tf_shared->lock, LW_EXCLUSIVE));
-	(void) pg_atomic_fetch_add_u64(&tf_shared->layout, 1);
-}
 
-static void
+void
 IdemTombFilterFreeGens(TombFilterEntry *e)
 {
 	if (e->ngens == 0)
@@ -460,7 +372,7 @@ IdemTombFilterFreeGens(TombFilterEntry *e)
  * Blocks for a generation of at least nblocks (a power of two) that holds
  * hint hashes at its capacity.
  */
-static uint32
+uint32
 IdemTombFilterBlocksFor(uint32 nblocks, int64 hint)
 {
 	while (hint > 0 && (int64) nblocks * IDEM_TOMBFILTER_PER_BLOCK < hint &&
@@ -473,7 +385,7 @@ IdemTombFilterBlocksFor(uint32 nblocks, int64 hint)
  * A new, empty generation of nblocks blocks, under the exclusive lock and
  * attached to no entry yet; InvalidDsaPointer when the area is full.
  */
-static dsa_pointer
+dsa_pointer
 IdemTombFilterNewGen(uint32 nblocks)
 {
 	dsa_pointer dp;
@@ -501,7 +413,7 @@ IdemTombFilterNewGen(uint32 nblocks)
  * A new generation of e's filter, for about hint hashes (0: twice the last
  * one); false, the partition unfiltered, when there is no room.
  */
-static bool
+bool
 IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
 {
 	uint32		nblocks = IDEM_TOMBFILTER_MIN_BLOCKS;
@@ -536,7 +448,7 @@ IdemTombFilterGrow(TombFilterEntry *e, int64 hint)
 }
 
 /* The database's own entry of the tombstones table parent, under the lock. */
-static TombFilterEntry *
+TombFilterEntry *
 IdemTombFilterDbEntry(Oid parent)
 {
 	TombFilterKey key;
@@ -551,7 +463,7 @@ IdemTombFilterDbEntry(Oid parent)
  * database's partitions without an entry are probed, until learning has
  * read them again (IdemTombFilterLearn).
  */
-static void
+void
 IdemTombFilterMissed(TombFilterEntry *db)
 {
 	IdemTombFilterLayoutChanges();
@@ -574,7 +486,7 @@ IdemTombFilterMissed(TombFilterEntry *db)
  * as it is: whether every tombstone written into the partition before
  * passed through a filter of the database.
  */
-static TombFilterEntry *
+TombFilterEntry *
 IdemTombFilterNewEntry(Oid parent, Oid partoid, int64 hint, bool complete)
 {
 	TombFilterKey key;
@@ -652,7 +564,7 @@ IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash)
 }
 
 /* The database's entry when its filters are known, under the lock. */
-static TombFilterEntry *
+TombFilterEntry *
 IdemTombFilterKnownLocked(Oid parent)
 {
 	TombFilterEntry *db = IdemTombFilterDbEntry(parent);
@@ -848,105 +760,8 @@ IdemTombFilterSkip(Oid parent, const Oid *partoids, int n, const uint8 *hash,
 }
 
 /*
- * Forget the entries of an earlier tombstones table of this database and
- * of databases that were dropped, their bit arrays with them.  The
- * databases are looked up without the lock; a database's own entry goes
- * with its partitions' (its filters become unknown, never wrong).
- */
-static void
-IdemTombFilterForgetStale(Oid parent)
-{
-	HASH_SEQ_STATUS status;
-	TombFilterEntry *e;
-	Oid		   *dbids;
-	bool	   *gone;
-	int			ndb = 0;
-	int			cap = 16;
-
-	dbids = palloc(sizeof(Oid) * cap);
-	LWLockAcquire(tf_shared->lock, LW_SHARED);
-	hash_seq_init(&status, tf_hash);
-	while ((e = hash_seq_search(&status)) != NULL)
-	{
-		int			i;
-
-		if (e->key.dbid == MyDatabaseId)
-			continue;
-		for (i = 0; i < ndb && dbids[i] != e->key.dbid; i++)
-			;
-		if (i < ndb)
-			continue;
-		if (ndb == cap)
-		{
-			cap *= 2;
-			dbids = repalloc(dbids, sizeof(Oid) * cap);
-		}
-		dbids[ndb++] = e->key.dbid;
-	}
-	LWLockRelease(tf_shared->lock);
-
-	gone = palloc0(sizeof(bool) * Max(ndb, 1));
-	for (int i = 0; i < ndb; i++)
-		gone[i] = !SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dbids[i]));
-
-	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-	hash_seq_init(&status, tf_hash);
-	while ((e = hash_seq_search(&status)) != NULL)
-	{
-		bool		forget = false;
-
-		if (e->key.dbid == MyDatabaseId)
-			forget = e->key.parent != parent;
-		else
-		{
-			for (int i = 0; i < ndb; i++)
-				if (dbids[i] == e->key.dbid)
-					forget = gone[i];
-		}
-		if (forget)
-		{
-			IdemTombFilterLayoutChanges();
-			IdemTombFilterFreeGens(e);
-			(void) hash_search(tf_hash, &e->key, HASH_REMOVE, NULL);
-		}
-	}
-	LWLockRelease(tf_shared->lock);
-	pfree(dbids);
-	pfree(gone);
-}
-
-/*
- * Whether a transaction other than this one holds a lock of relid that
- * conflicts with mode: for mode SHARE, one that may be writing it (a
- * writer holds ROW EXCLUSIVE from before its trigger adds a hash until it
- * ends, by when its row versions are in the file).
- */
-static bool
-IdemTombFilterLockers(Oid relid, LOCKMODE mode)
-{
-	LOCKTAG		tag;
-	VirtualTransactionId *vxids;
-	bool		any;
-
-	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
-	vxids = GetLockConflicts(&tag, mode, NULL);
-	any = VirtualTransactionIdIsValid(vxids[0]);
-	/* in hot standby the array is static; never here (not usable there) */
-	pfree(vxids);
-	return any;
-}
-
-typedef struct AddAllState
-{
-	Oid			parent;
-	Oid			partoid;
-	AttrNumber	a_hash;
-	AttrNumber	a_fp;
-} AddAllState;
-
-/*
  * Every hash a row of tombstones stands for (one, or the entries of a run,
- * tombrow.h) into the filter of partoid.
+ * tombstone_row.h) into the filter of partoid.
  */
 static void
 IdemTombFilterAddHashes(Oid parent, Oid partoid, bytea *scope_hash, bytea *fingerprint)
@@ -959,367 +774,6 @@ IdemTombFilterAddHashes(Oid parent, Oid partoid, bytea *scope_hash, bytea *finge
 					 "a filter reads more of a hash than a tombstone keeps");
 	for (int i = 0; i < n; i++, h += stride)
 		IdemTombFilterAdd(parent, partoid, h);
-}
-
-/*
- * The hashes a row version of a tombstone partition stands for (tombrow.h),
- * read from slot by the attribute numbers of scope_hash and fingerprint.
- */
-static int
-IdemTombFilterSlotHashes(TupleTableSlot *slot, AttrNumber a_hash, AttrNumber a_fp,
-						 const uint8 **first, int *stride)
-{
-	bool		isnull;
-	bool		fp_isnull = true;
-	Datum		h = slot_getattr(slot, a_hash, &isnull);
-	Datum		fp = (Datum) 0;
-
-	if (isnull)
-		return 0;
-	if (a_fp > 0)
-		fp = slot_getattr(slot, a_fp, &fp_isnull);
-	return IdemTombRowHashes(DatumGetByteaPP(h),
-							 fp_isnull ? NULL : DatumGetByteaPP(fp),
-							 first, stride);
-}
-
-static void
-IdemTombFilterAddRow(TupleTableSlot *slot, void *arg)
-{
-	AddAllState *st = arg;
-	const uint8 *first;
-	int			stride;
-	int			n = IdemTombFilterSlotHashes(slot, st->a_hash, st->a_fp, &first, &stride);
-
-	for (int i = 0; i < n; i++)
-		IdemTombFilterAdd(st->parent, st->partoid, first + (Size) i * stride);
-}
-
-/*
- * Learn the filter of one partition from its rows, unless its entry is
- * complete already: its entry is made first (or given bits again, when it
- * was unfiltered), so that every tombstone written from then on passes
- * through it; then, once no transaction that may have written the
- * partition before is left, every row version is read into it, and it is
- * complete.  A partition that holds nothing gets no entry.  Adds the rows
- * read to *n.  Returns false when the partition is left to a later pass:
- * no room for its entry (the database's misses counted) or its bits, or a
- * writer still running.
- */
-static bool
-IdemTombFilterLearnPartition(Oid parent, Oid partoid, int64 *n)
-{
-	AddAllState st;
-	TombFilterKey key;
-	TombFilterEntry *e;
-	BlockNumber nblocks;
-	bool		done = false;
-	Relation	part;
-
-	st.parent = parent;
-	st.partoid = partoid;
-	st.a_hash = get_attnum(partoid, "scope_hash");
-	st.a_fp = get_attnum(partoid, "fingerprint");
-	if (st.a_hash == InvalidAttrNumber)
-		elog(ERROR, "partition %u of idempotency.tombstones lacks scope_hash", partoid);
-	IdemTombFilterKeyOf(&key, parent, partoid);
-
-	LWLockAcquire(tf_shared->lock, LW_SHARED);
-	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-	done = e != NULL && e->complete && !e->unfiltered;
-	LWLockRelease(tf_shared->lock);
-	if (done)
-		return true;
-
-	part = table_open(partoid, AccessShareLock);
-	nblocks = RelationGetNumberOfBlocks(part);
-	table_close(part, NoLock);
-
-	/*
-	 * Nothing in the file and nobody writing: nothing to learn.  A writer
-	 * that comes later makes the entry, or counts a miss.
-	 */
-	if (e == NULL && nblocks == 0 && !IdemTombFilterLockers(partoid, ShareLock))
-		return true;
-
-	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-	if (e == NULL)
-	{
-		/* sized for what the file holds (about 70 tombstones a page) */
-		e = IdemTombFilterNewEntry(parent, partoid, (int64) nblocks * 70, false);
-		if (e == NULL)
-		{
-			TombFilterEntry *db = IdemTombFilterDbEntry(parent);
-
-			if (db != NULL)
-				IdemTombFilterMissed(db);
-			LWLockRelease(tf_shared->lock);
-			return false;
-		}
-	}
-	else if (e->unfiltered && IdemTombFilterGrow(e, (int64) nblocks * 70))
-	{
-		/* bits again: from now on every hash written is added */
-		e->unfiltered = false;
-	}
-	done = !e->unfiltered;
-	LWLockRelease(tf_shared->lock);
-	if (!done || IdemTombFilterLockers(partoid, ShareLock))
-		return false;
-
-	*n += IdemScanRowVersions(partoid, IdemTombFilterAddRow, &st);
-
-	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-	done = e != NULL && !e->unfiltered && e->ngens > 0;
-	if (done)
-	{
-		int64		count = 0;
-
-		for (int g = 0; g < e->ngens; g++)
-			count += ((TombFilterGen *) dsa_get_address(tf_area, e->gens[g]))->count;
-		IdemTombFilterLayoutChanges();
-		if (count == 0)
-		{
-			/* no tombstone: no entry spent on it */
-			IdemTombFilterFreeGens(e);
-			(void) hash_search(tf_hash, &key, HASH_REMOVE, NULL);
-		}
-		else
-			e->complete = true;
-	}
-	LWLockRelease(tf_shared->lock);
-	return done;
-}
-
-int64
-IdemTombFilterLearn(Oid parent)
-{
-	TombFilterKey key;
-	TombFilterEntry *db;
-	HASH_SEQ_STATUS status;
-	TombFilterEntry *e;
-	bool		found;
-	bool		needed;
-	bool		listed;
-	bool		all;
-	uint64		misses;
-	List	   *parts;
-	ListCell   *lc;
-	int64		n = 0;
-
-	if (!IdemTombFilterUsable())
-		return -1;
-	IdemTombFilterForgetStale(parent);
-
-	/*
-	 * The database's entry, made now: from then on a tombstone written into
-	 * a partition goes into its entry or counts as a miss.  Learning is
-	 * needed when the database is not known yet, when a tombstone was
-	 * missed, or when a partition's entry is not complete.
-	 */
-	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-	IdemTombFilterKeyOf(&key, parent, InvalidOid);
-	db = hash_search(tf_hash, &key, HASH_ENTER_NULL, &found);
-	if (db == NULL)
-	{
-		LWLockRelease(tf_shared->lock);
-		return -1;
-	}
-	if (!found)
-	{
-		IdemTombFilterLayoutChanges();
-		db->known = false;
-		db->misses = 0;
-		db->complete = false;
-		db->unfiltered = false;
-		db->ngens = 0;
-	}
-	needed = !db->known || db->misses > 0;
-	misses = db->misses;
-	hash_seq_init(&status, tf_hash);
-	while ((e = hash_seq_search(&status)) != NULL)
-	{
-		if (!needed && e->key.dbid == MyDatabaseId && e->key.parent == parent &&
-			OidIsValid(e->key.partoid) && !e->complete)
-			needed = true;
-	}
-	LWLockRelease(tf_shared->lock);
-	if (!needed)
-		return -1;
-
-	/*
-	 * A partition made or attached by a transaction still running is not in
-	 * the list below, and may hold tombstones written before the database's
-	 * entry was made: the database is not learned while one may be.
-	 */
-	listed = !IdemTombFilterLockers(parent, ShareUpdateExclusiveLock);
-	all = true;
-	parts = find_all_inheritors(parent, AccessShareLock, NULL);
-	foreach(lc, parts)
-	{
-		Oid			partoid = lfirst_oid(lc);
-
-		if (get_rel_relkind(partoid) == RELKIND_RELATION &&
-			!IdemTombFilterLearnPartition(parent, partoid, &n))
-			all = false;
-	}
-	list_free(parts);
-
-	/*
-	 * Known, when every partition was listed: one without an entry was
-	 * found empty, or was made since (its tombstones make its entry, or
-	 * count as misses); one whose entry is not complete is probed.  While
-	 * the database counts misses every partition without an entry is
-	 * probed anyway.  The misses are forgotten only when every partition
-	 * was listed and read, and none was missed meanwhile.
-	 */
-	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-	db = IdemTombFilterDbEntry(parent);
-	if (db != NULL)
-	{
-		IdemTombFilterLayoutChanges();
-		if (listed || db->misses > 0)
-			db->known = true;
-		if (listed && all && db->misses == misses)
-			db->misses = 0;
-	}
-	LWLockRelease(tf_shared->lock);
-	return n;
-}
-
-/*
- * Compaction: a filter grown by doubling answers "maybe" for nothing once
- * per generation (each about one time in a thousand when full), and a
- * claim reads one block per generation.  A partition whose filter has
- * IDEM_TOMBFILTER_COMPACT_GENS generations or more gets one generation
- * sized for all it holds, made from its rows.
- */
-#define IDEM_TOMBFILTER_COMPACT_GENS	3
-
-typedef struct CompactState
-{
-	TombFilterGen *gen;
-	AttrNumber	a_hash;
-	AttrNumber	a_fp;
-} CompactState;
-
-static void
-IdemTombFilterCompactRow(TupleTableSlot *slot, void *arg)
-{
-	CompactState *st = arg;
-	const uint8 *first;
-	int			stride;
-	int			n = IdemTombFilterSlotHashes(slot, st->a_hash, st->a_fp, &first, &stride);
-
-	for (int i = 0; i < n; i++)
-		IdemTombFilterGenSet(st->gen, first + (Size) i * stride);
-}
-
-/*
- * Every hash of the row versions of partoid into the generation dp, which
- * is this backend's alone until it is put in; freed on an error.
- */
-static void
-IdemTombFilterFill(Oid partoid, dsa_pointer dp)
-{
-	CompactState st;
-
-	st.gen = dsa_get_address(tf_area, dp);
-	st.a_hash = get_attnum(partoid, "scope_hash");
-	st.a_fp = get_attnum(partoid, "fingerprint");
-	PG_TRY();
-	{
-		if (st.a_hash == InvalidAttrNumber)
-			elog(ERROR, "partition %u of idempotency.tombstones lacks scope_hash", partoid);
-		(void) IdemScanRowVersions(partoid, IdemTombFilterCompactRow, &st);
-	}
-	PG_CATCH();
-	{
-		dsa_free(tf_area, dp);
-		PG_RE_THROW();
-	}
-	PG_END_TRY();
-}
-
-int
-IdemTombFilterCompact(Oid parent)
-{
-	List	   *parts;
-	ListCell   *lc;
-	bool		known;
-	int			compacted = 0;
-
-	if (!IdemTombFilterUsable())
-		return -1;
-	LWLockAcquire(tf_shared->lock, LW_SHARED);
-	known = IdemTombFilterKnownLocked(parent) != NULL;
-	LWLockRelease(tf_shared->lock);
-	if (!known)
-		return -1;
-
-	parts = find_all_inheritors(parent, AccessShareLock, NULL);
-	foreach(lc, parts)
-	{
-		Oid			partoid = lfirst_oid(lc);
-		TombFilterKey key;
-		TombFilterEntry *e;
-		dsa_pointer dp = InvalidDsaPointer;
-
-		if (get_rel_relkind(partoid) != RELKIND_RELATION)
-			continue;
-
-		/*
-		 * No writer of the partition is left, nor can one begin, while the
-		 * rows are read: every hash added to the filter before is in a row
-		 * version of the file by then (a writer holds ROW EXCLUSIVE from
-		 * before its trigger adds the hash until its transaction ends).
-		 * Claims, which only read, go on.  A partition being written is
-		 * left for a later pass.
-		 */
-		if (!ConditionalLockRelationOid(partoid, ShareLock))
-			continue;
-
-		IdemTombFilterKeyOf(&key, parent, partoid);
-		LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-		if (e != NULL && !e->unfiltered && e->ngens >= IDEM_TOMBFILTER_COMPACT_GENS)
-		{
-			int64		count = 0;
-
-			for (int g = 0; g < e->ngens; g++)
-				count += ((TombFilterGen *) dsa_get_address(tf_area, e->gens[g]))->count;
-			/* a quarter more: room for what comes next before it grows */
-			dp = IdemTombFilterNewGen(IdemTombFilterBlocksFor(IDEM_TOMBFILTER_MIN_BLOCKS,
-															  count + count / 4));
-		}
-		LWLockRelease(tf_shared->lock);
-
-		if (DsaPointerIsValid(dp))
-		{
-			IdemTombFilterFill(partoid, dp);
-			LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
-			e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-			if (e != NULL && !e->unfiltered && e->ngens > 0)
-			{
-				/* the layout changes before the old arrays are freed */
-				IdemTombFilterFreeGens(e);
-				e->gens[0] = dp;
-				e->ngens = 1;
-				/* read whole while nobody could write: it holds every hash */
-				IdemTombFilterLayoutChanges();
-				e->complete = true;
-				compacted++;
-			}
-			else
-				dsa_free(tf_area, dp);
-			LWLockRelease(tf_shared->lock);
-		}
-		UnlockRelationOid(partoid, ShareLock);
-	}
-	list_free(parts);
-	return compacted;
 }
 
 static void

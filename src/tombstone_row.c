@@ -1,16 +1,17 @@
 /*-------------------------------------------------------------------------
  *
- * tombrow.c
- *	  The rows of idempotency.tombstones (tombrow.h): the bucket of a hash,
- *	  and the hashes a row stands for, which the filters (tombfilter.c)
- *	  and the tombstones' reader and writer (tombstone.c) share.
+ * tombstone_row.c
+ *	  The rows of idempotency.tombstones (tombstone_row.h): the bucket of a
+ *	  hash, and the hashes a row stands for, which the filters
+ *	  (tombstone_filter.c) and the tombstones' reader and writer
+ *	  (tombstone_probe.c, tombstone_write.c) share.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "compat.h"
-#include "tombrow.h"
+#include "tombstone_row.h"
 
 int
 IdemTombRowBucket(const uint8 *hash, int bits, uint8 *out)

@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
- * diag_format.h
+ * diag_int.h
  *	  The format of a request digest, shared by the files of mismatch
- *	  diagnostics (diagnostics.c makes and reads digests, diag_secret.c
+ *	  diagnostics (diag.c makes and reads digests, diag_secret.c
  *	  keys them, diag_compare.c compares two); not used elsewhere.
  *
  *	  Format (version 1):
@@ -19,8 +19,8 @@
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_DIAG_FORMAT_H
-#define IDEM_DIAG_FORMAT_H
+#ifndef IDEM_DIAG_INT_H
+#define IDEM_DIAG_INT_H
 
 #include "postgres.h"
 
@@ -82,4 +82,4 @@ extern void IdemDiagScopeKey(const IdemScope *scope,
 							 uint8 key[PG_SHA256_DIGEST_LENGTH],
 							 uint8 tag[IDEM_DIAG_MAC_LEN]);
 
-#endif							/* IDEM_DIAG_FORMAT_H */
+#endif							/* IDEM_DIAG_INT_H */

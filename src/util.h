@@ -1,14 +1,14 @@
 /*-------------------------------------------------------------------------
  *
- * idempotency.h
+ * util.h
  *	  Declarations shared by every module of the idempotency extension:
  *	  the extension's own SQLSTATEs, and the helpers of util.c (the preload
  *	  check, subtransactions, acting as another role).
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEMPOTENCY_H
-#define IDEMPOTENCY_H
+#ifndef IDEM_UTIL_H
+#define IDEM_UTIL_H
 
 /* the longest tenant and endpoint */
 #define IDEM_SCOPE_MAX_LEN		255
@@ -38,8 +38,12 @@
 #define ERRCODE_IDEM_UNFINISHED_CLAIM		MAKE_SQLSTATE('I','K','5','0','0')
 #define ERRCODE_IDEM_DECRYPTION_FAILED		MAKE_SQLSTATE('I','K','5','0','1')
 
-/* true when the library was loaded through shared_preload_libraries */
+/*
+ * true when the library was loaded through shared_preload_libraries (util.c,
+ * set by IdemUtilInit from _PG_init)
+ */
 extern bool IdemPreloaded;
+extern void IdemUtilInit(void);
 
 /* one statement through SPI, checked (util.c) */
 extern uint64 IdemSpiExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
@@ -163,4 +167,4 @@ extern void IdemEndOwnerSection(IdemOwnerSection *section);
 /* the owner of the extension's tables (of idempotency.keys): whom they run as */
 extern Oid	IdemExtensionOwner(void);
 
-#endif							/* IDEMPOTENCY_H */
+#endif							/* IDEM_UTIL_H */

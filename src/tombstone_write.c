@@ -1,580 +1,61 @@
 /*-------------------------------------------------------------------------
  *
- * tombstone.c
- *	  Tombstones of expired keys: idempotency.tombstones, the one table of
- *	  this file.  A tombstone keeps of an expired key only a keyed hash of
- *	  its scope and its fingerprint, so that a claim of the key with another
- *	  payload still answers 422 after the key's row is gone.
+ * tombstone_write.c
+ *	  Tombstones of expired keys (idempotency.tombstones), the writer's
+ *	  side: the statements that make tombstones of expired key rows, its
+ *	  default partition's purge, and the tombstone_ttl in use (the probe
+ *	  and the scope hash are in tombstone_probe.c).
  *
  *	  Tombstones are written off the request path, by maintenance, from the
- *	  rows of a partition of idempotency.keys about to be dropped and from
- *	  the expired rows purged from its default partition (in the same
- *	  statement as the purge).  They are partitioned by their own expiry and
- *	  leave by whole partitions too (maint_partitions.c).  A claim that finds
- *	  no live row probes the scope_hash index of every tombstone partition
- *	  whose range has not ended, whose filter may hold the scope
- *	  (tombfilter.c) and that holds a block.
+ *	  rows of a partition of idempotency.keys about to be dropped (as runs,
+ *	  rows of many tombstones, when they are many: tombstone_row.h) and
+ *	  from the expired rows purged from its default partition (in the same
+ *	  statement as the purge).  They are partitioned by their own expiry
+ *	  and leave by whole partitions too (maint_partitions.c).
  *
- *	  In the Citus mode (doc/scaling.md) the table is distributed by tenant,
- *	  colocated with idempotency.keys: a claim, on the worker of its
- *	  tenant's shard, probes the local shard of tombstones colocated with
- *	  it; the purge of the default partition writes, on each worker, into
- *	  the shard colocated with the purged one; and a partition of keys that
- *	  the coordinator's maintenance drops leaves its tombstones on each
- *	  worker from the DROP of its shard, under the lock of that drop
+ *	  In the Citus mode (doc/scaling.md) the purge of the default partition
+ *	  writes, on each worker, into the shard of tombstones colocated with
+ *	  the purged one; and a partition of keys that the coordinator's
+ *	  maintenance drops leaves its tombstones on each worker from the DROP
+ *	  of its shard, under the lock of that drop
  *	  (IdemTombstonesBeforeShardDrop, called by the DDL guard's event
  *	  trigger), so that every row the drop removes leaves one.  All of it
- *	  reads and writes shards by name, never through Citus's executor.
- *
- *	  scope_hash is the first IDEM_TOMBSTONE_HASH_LEN bytes of a SHA-256
- *	  over a label, idempotency.encryption_key when it is set, and the
- *	  tenant, endpoint and key, each framed by its length.  With a key set,
- *	  a reader of the table cannot test guesses of low-entropy keys (an
- *	  order number) without it; without one, they can, as they could with
- *	  idem_key_hash.  A change of the key makes the tombstones written
- *	  before unreachable (they expire as usual).
+ *	  writes shards by name, never through Citus's executor.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
-#include "access/genam.h"
 #include "access/heaptoast.h"
-#include "access/htup_details.h"
-#include "access/table.h"
-#include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/partition.h"
-#include "catalog/pg_am.h"
-#include "catalog/pg_index.h"
-#include "catalog/pg_namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
-#include "executor/tuptable.h"
 #include "port/pg_bswap.h"
-#include "fmgr.h"
-#include "partitioning/partbounds.h"
-#include "partitioning/partdesc.h"
-#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
-#include "utils/hsearch.h"
-#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/partcache.h"
-#include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
-#include "compat.h"
 #include "guc.h"
-#include "idempotency.h"
-#include "keygen.h"
-#include "keystore.h"
 #include "schema.h"
-#include "tombfilter.h"
-#include "tombstone.h"
-
-#define TOMBSTONE_LABEL "idempotency tombstone"
-
-static Oid	tombstones_relid = InvalidOid;
-static bool tombstone_callback_registered = false;
+#include "tombstone_probe.h"
+#include "tombstone_write.h"
+#include "util.h"
 
 /*
- * What a probe needs of a tombstone partition, cached per backend and
- * forgotten at any relcache invalidation of the partition.
- */
-typedef struct TombstoneProbe
-{
-	Oid			partoid;		/* hash key */
-	Oid			indexoid;		/* its index on scope_hash */
-	AttrNumber	a_fp;
-	AttrNumber	a_expired;
-	AttrNumber	a_expires;
-} TombstoneProbe;
-
-static HTAB *tombstone_probes = NULL;
-
-/* Citus mode: whether idempotency.tombstones is distributed (unknown, no, yes). */
-static int	tombstones_distributed = -1;
-
-static void
-IdemTombstoneInvalidate(Datum arg, Oid relid)
-{
-	if (!OidIsValid(relid) || relid == tombstones_relid)
-	{
-		tombstones_relid = InvalidOid;
-		tombstones_distributed = -1;
-	}
-	if (tombstone_probes != NULL)
-	{
-		if (OidIsValid(relid))
-			(void) hash_search(tombstone_probes, &relid, HASH_REMOVE, NULL);
-		else
-		{
-			hash_destroy(tombstone_probes);
-			tombstone_probes = NULL;
-		}
-	}
-}
-
-/* idempotency.tombstones, or InvalidOid where it does not exist */
-static Oid
-IdemTombstoneRelidIfAny(void)
-{
-	if (!tombstone_callback_registered)
-	{
-		IdemRegisterRelcacheCallback(IdemTombstoneInvalidate);
-		tombstone_callback_registered = true;
-	}
-	if (!OidIsValid(tombstones_relid))
-		tombstones_relid = get_relname_relid("tombstones",
-											 get_namespace_oid("idempotency", false));
-	return tombstones_relid;
-}
-
-Oid
-IdemTombstoneRelid(void)
-{
-	{
-		Oid			relid = IdemTombstoneRelidIfAny();
-
-		if (!OidIsValid(relid))
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_TABLE),
-					 errmsg("table idempotency.tombstones does not exist"),
-					 errhint("Update the extension: ALTER EXTENSION idempotency UPDATE.")));
-		return relid;
-	}
-}
-
-/*
- * Citus mode: whether idempotency.tombstones is a Citus distributed table
- * (citus_distribute of 0.4.0 on makes it one); learnt once per backend and
- * description of the table.
- */
-static bool
-IdemTombstonesDistributed(void)
-{
-	Oid			relid = IdemTombstoneRelidIfAny();
-
-	if (!OidIsValid(relid))
-		return false;
-	if (tombstones_distributed < 0)
-	{
-		int			result = 0;
-
-		if (OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)))
-		{
-			if (SPI_connect() != SPI_OK_CONNECT)
-				elog(ERROR, "SPI_connect failed");
-			if (SPI_execute_with_args("SELECT 1 FROM pg_catalog.pg_dist_partition"
-									  " WHERE logicalrelid OPERATOR(pg_catalog.=) $1",
-									  1, (Oid[]) {OIDOID},
-									  (Datum[]) {ObjectIdGetDatum(relid)},
-									  NULL, true, 1) != SPI_OK_SELECT)
-				elog(ERROR, "reading pg_dist_partition failed");
-			result = SPI_processed > 0 ? 1 : 0;
-			SPI_finish();
-		}
-		/* a description forgotten meanwhile learns it again */
-		if (relid == tombstones_relid)
-			tombstones_distributed = result;
-		return result > 0;
-	}
-	return tombstones_distributed > 0;
-}
-
-/*
- * Whether tombstones are kept at all: the schema has them (0.3.0 on), and
- * where idempotency.keys is distributed by Citus, so are they (colocated
- * with the keys: citus_distribute of 0.4.0 on; a database distributed by
- * 0.3.0 keeps none until citus_distribute is called again).
- */
-bool
-IdemTombstonesActive(void)
-{
-	return IdemSchemaHas(IDEM_SCHEMA_TOMBSTONES) &&
-		(!IdemKeystoreDistributed() || IdemTombstonesDistributed());
-}
-
-/* In the Citus mode, whether tombstones are distributed and so kept. */
-static bool
-IdemTombstonesCitus(void)
-{
-	return IdemKeystoreDistributed() && IdemTombstonesDistributed();
-}
-
-bool
-IdemTombstonesOn(const IdemEndpointPolicy *policy)
-{
-	if (policy->has_tombstone_ttl ? !policy->tombstones_on : idem_tombstone_ttl <= 0)
-		return false;
-	return IdemTombstonesActive();
-}
-
-static void
-IdemTombstoneHash(const text *tenant, const text *endpoint, const text *key,
-				  uint8 out[IDEM_TOMBSTONE_HASH_LEN])
-{
-	const char *parts[4];
-	int			lens[4];
-	uint8		digest[PG_SHA256_DIGEST_LENGTH];
-
-	parts[0] = idem_encryption_key ? idem_encryption_key : "";
-	lens[0] = strlen(parts[0]);
-	parts[1] = VARDATA_ANY(tenant);
-	lens[1] = VARSIZE_ANY_EXHDR(tenant);
-	parts[2] = VARDATA_ANY(endpoint);
-	lens[2] = VARSIZE_ANY_EXHDR(endpoint);
-	parts[3] = VARDATA_ANY(key);
-	lens[3] = VARSIZE_ANY_EXHDR(key);
-	IdemFramedSha256(TOMBSTONE_LABEL, 4, parts, lens, digest);
-	memcpy(out, digest, IDEM_TOMBSTONE_HASH_LEN);
-}
-
-static bytea *
-IdemTombstoneHashDatum(const text *tenant, const text *endpoint, const text *key)
-{
-	bytea	   *h = palloc(VARHDRSZ + IDEM_TOMBSTONE_HASH_LEN);
-
-	SET_VARSIZE(h, VARHDRSZ + IDEM_TOMBSTONE_HASH_LEN);
-	IdemTombstoneHash(tenant, endpoint, key, (uint8 *) VARDATA(h));
-	return h;
-}
-
-/*
- * Entries per run (tombrow.h): as many as keep the row under the size at
- * which it would be compressed or moved out of line, so that a row is read
- * in place.
+ * Entries per run (tombstone_row.h): as many as keep the row under the size
+ * at which it would be compressed or moved out of line, so that a row is
+ * read in place.
  */
 #define RUN_MAX_ENTRIES ((TOAST_TUPLE_THRESHOLD - 64) / IDEM_TOMBSTONE_RUN_ENTRY)
-#define RUN_NBUCKETKEYS	(IDEM_TOMBROW_MAX_BITS / IDEM_TOMBROW_MIN_BITS)
 
 StaticAssertDecl(RUN_MAX_ENTRIES >= 8, "a run holds too few entries for this block size");
-
-PG_FUNCTION_INFO_V1(idem_tombstone_hash);
-
-/*
- * idem_tombstone_hash(tenant text, endpoint text, key text) RETURNS bytea
- */
-Datum
-idem_tombstone_hash(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BYTEA_P(IdemTombstoneHashDatum(PG_GETARG_TEXT_PP(0),
-											 PG_GETARG_TEXT_PP(1),
-											 PG_GETARG_TEXT_PP(2)));
-}
-
-/* The index on scope_hash of a tombstone partition; InvalidOid if none. */
-static Oid
-IdemTombstoneIndex(Relation part, AttrNumber hash_attnum)
-{
-	List	   *indexes = RelationGetIndexList(part);
-	ListCell   *lc;
-	Oid			result = InvalidOid;
-
-	foreach(lc, indexes)
-	{
-		Relation	idx = index_open(lfirst_oid(lc), AccessShareLock);
-		Form_pg_index form = idx->rd_index;
-
-		if (form->indisvalid && form->indisready &&
-			form->indkey.values[0] == hash_attnum &&
-			idx->rd_rel->relam == BTREE_AM_OID &&
-			RelationGetIndexPredicate(idx) == NIL)
-			result = RelationGetRelid(idx);
-		index_close(idx, AccessShareLock);
-		if (OidIsValid(result))
-			break;
-	}
-	list_free(indexes);
-	if (!OidIsValid(result))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("partition \"%s\" of idempotency.tombstones has no index on scope_hash",
-						RelationGetRelationName(part)),
-				 errhint("Every partition needs that index; partitions made by idem_maintenance() have it.")));
-	return result;
-}
-
-/* The probe of a tombstone partition the caller has opened and locked. */
-static TombstoneProbe *
-IdemTombstoneGetProbe(Relation part)
-{
-	Oid			partoid = RelationGetRelid(part);
-	TombstoneProbe *probe = NULL;
-	TombstoneProbe built;
-	bool		found;
-
-	if (tombstone_probes != NULL)
-		probe = hash_search(tombstone_probes, &partoid, HASH_FIND, NULL);
-	if (probe != NULL)
-		return probe;
-
-	/* opening indexes may process invalidations: build first, then enter */
-	built.partoid = partoid;
-	built.a_fp = get_attnum(partoid, "fingerprint");
-	built.a_expired = get_attnum(partoid, "expired_at");
-	built.a_expires = get_attnum(partoid, "expires_at");
-	built.indexoid = IdemTombstoneIndex(part, get_attnum(partoid, "scope_hash"));
-	if (tombstone_probes == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = sizeof(Oid);
-		ctl.entrysize = sizeof(TombstoneProbe);
-		ctl.hcxt = CacheMemoryContext;
-		tombstone_probes = hash_create("idempotency tombstone probes", 16, &ctl,
-									   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
-	probe = hash_search(tombstone_probes, &partoid, HASH_ENTER, &found);
-	*probe = built;
-	return probe;
-}
-
-/*
- * Citus mode: the shard of idempotency.tombstones on this node that holds
- * the tombstones of tenant, colocated with the tenant's shard of keys and
- * resolved with it (keystore_rel.c).
- */
-static Oid
-IdemTombstoneShard(const text *tenant)
-{
-	Oid			relid = IdemKeystoreTombstoneShard(tenant);
-
-	if (!OidIsValid(relid))
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_SHARD_NOT_LOCAL),
-				 errmsg("the tombstones of tenant \"%s\" are not on this node",
-						text_to_cstring(tenant)),
-				 errdetail("idempotency.tombstones is a Citus distributed table colocated with idempotency.keys, and the shard that holds the tenant's tombstones has no placement on this node."),
-				 errhint("Call the function on the coordinator as a statement of its own, so that Citus delegates it to the tenant's node; see doc/scaling.md, \"Citus: which calls are delegated\".")));
-	return relid;
-}
-
-/* A tombstone found: kept when it lives at now and is the latest so far. */
-static void
-IdemTombstoneConsider(TimestampTz now, TimestampTz expired, TimestampTz expires,
-					  const char *fp, int fplen, bool *found,
-					  bytea **fingerprint, TimestampTz *expired_at,
-					  MemoryContext cxt)
-{
-	bytea	   *copy;
-
-	if (expires <= now || (*found && expired <= *expired_at))
-		return;
-	*found = true;
-	*expired_at = expired;
-	copy = MemoryContextAlloc(cxt, VARHDRSZ + fplen);
-	SET_VARSIZE(copy, VARHDRSZ + fplen);
-	memcpy(VARDATA(copy), fp, fplen);
-	*fingerprint = copy;
-}
-
-/*
- * The entries for hash of a run (a row whose scope_hash is the bucket of
- * hash), by binary search: each is considered.
- */
-static void
-IdemTombstoneConsiderRun(const uint8 *hash, bytea *packed,
-						 TimestampTz row_expired, TimestampTz row_expires,
-						 TimestampTz now, bool *found, bytea **fingerprint,
-						 TimestampTz *expired_at, MemoryContext cxt)
-{
-	const uint8 *entries = (const uint8 *) VARDATA_ANY(packed);
-	int			n = VARSIZE_ANY_EXHDR(packed) / IDEM_TOMBSTONE_RUN_ENTRY;
-	int			lo = 0;
-	int			hi = n;
-
-	/* the first entry not below hash */
-	while (lo < hi)
-	{
-		int			mid = lo + (hi - lo) / 2;
-
-		if (memcmp(entries + (Size) mid * IDEM_TOMBSTONE_RUN_ENTRY, hash,
-				   IDEM_TOMBSTONE_HASH_LEN) < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	for (; lo < n; lo++)
-	{
-		const uint8 *e = entries + (Size) lo * IDEM_TOMBSTONE_RUN_ENTRY;
-		uint32		back_expired;
-		uint32		back_expires;
-
-		if (memcmp(e, hash, IDEM_TOMBSTONE_HASH_LEN) != 0)
-			break;
-		memcpy(&back_expired, e + IDEM_TOMBSTONE_HASH_LEN + IDEM_TOMBSTONE_FP_LEN, 4);
-		memcpy(&back_expires, e + IDEM_TOMBSTONE_HASH_LEN + IDEM_TOMBSTONE_FP_LEN + 4, 4);
-		IdemTombstoneConsider(now,
-							  row_expired - (TimestampTz) pg_ntoh32(back_expired) * USECS_PER_SEC,
-							  row_expires - (TimestampTz) pg_ntoh32(back_expires) * USECS_PER_SEC,
-							  (const char *) e + IDEM_TOMBSTONE_HASH_LEN,
-							  IDEM_TOMBSTONE_FP_LEN, found, fingerprint, expired_at, cxt);
-	}
-}
-
-/*
- * After lookups[0] (the hash), with runs its bucket at every width a run
- * may have (tombrow.h); returns how many lookups there are.
- */
-static int
-IdemTombstoneLookups(const uint8 *hash, bool runs, Datum *lookups)
-{
-	int			n = 1;
-
-	for (int bits = IDEM_TOMBROW_MIN_BITS; runs && bits <= IDEM_TOMBROW_MAX_BITS;
-		 bits += IDEM_TOMBROW_MIN_BITS)
-	{
-		bytea	   *b = palloc(VARHDRSZ + IDEM_TOMBROW_BUCKET_MAX);
-
-		SET_VARSIZE(b, VARHDRSZ + IdemTombRowBucket(hash, bits, (uint8 *) VARDATA(b)));
-		lookups[n++] = PointerGetDatum(b);
-	}
-	return n;
-}
-
-bool
-IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
-				  bytea **fingerprint, TimestampTz *expired_at,
-				  MemoryContext cxt)
-{
-	bytea	   *hash = IdemTombstoneHashDatum(scope->tenant, scope->endpoint, scope->key);
-	Relation	parent;
-	PartitionDesc pd;
-	PartitionBoundInfo bounds;
-	Snapshot	snapshot;
-	bool		unlocked = IsolationIsSerializable();
-	/* no filter in the Citus mode: shards also receive rows by shard moves */
-	bool		filtered = !IdemKeystoreDistributed();
-	bool	   *skip;
-	bool		found = false;
-
-	/*
-	 * What to look up: the hash, and (outside the Citus mode, where only
-	 * maintenance's drops of whole partitions write runs) its bucket at
-	 * every width a run may have, made when a partition is first probed.
-	 */
-	Datum		lookups[1 + RUN_NBUCKETKEYS];
-	int			nlookups = 0;
-
-	lookups[0] = PointerGetDatum(hash);
-
-	/* in the Citus mode, the tenant's shard here (itself partitioned alike) */
-	parent = table_open(IdemTombstonesCitus() ? IdemTombstoneShard(scope->tenant) :
-						IdemTombstoneRelid(), AccessShareLock);
-	/* before the filters are read: a tombstone it sees had its bits set */
-	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	pd = RelationGetPartitionDesc(parent, true);
-	bounds = pd->boundinfo;
-
-	/*
-	 * The partitions to skip, in one pass over the bounds: those whose range
-	 * ended hold only expired tombstones, those whose filter does not know
-	 * the scope hold none of it.
-	 */
-	skip = palloc0(sizeof(bool) * Max(pd->nparts, 1));
-	for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
-	{
-		if (bounds->indexes[j] >= 0 &&
-			bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE &&
-			DatumGetTimestampTz(bounds->datums[j][0]) <= now)
-			skip[bounds->indexes[j]] = true;
-	}
-	if (filtered)
-		IdemTombFilterSkip(RelationGetRelid(parent), pd->oids, pd->nparts,
-						   (const uint8 *) VARDATA(hash), skip);
-
-	for (int p = 0; p < pd->nparts; p++)
-	{
-		Relation	part;
-		Relation	idx;
-		TombstoneProbe probe;
-		ScanKeyData skey;
-		IndexScanDesc scan;
-		TupleTableSlot *slot;
-
-		if (skip[p])
-			continue;
-
-		/*
-		 * As for the keys, a partition without a block holds no row.  Unlike
-		 * theirs, the locks of a tombstone partition and its index are given
-		 * back as soon as it has been read: nothing the claim does later
-		 * depends on them (only maintenance writes or drops the partition,
-		 * and a tombstone found is copied out), so a claim holds at most two
-		 * of them at once, whatever the filters answer, and none once it has
-		 * returned.  A lock the transaction held before is kept: each
-		 * release undoes only this open's own.
-		 */
-		part = table_open(pd->oids[p], AccessShareLock);
-		if (part->rd_rel->relkind != RELKIND_RELATION ||
-			RelationGetNumberOfBlocks(part) == 0)
-		{
-			table_close(part, AccessShareLock);
-			continue;
-		}
-		if (nlookups == 0)
-			nlookups = IdemTombstoneLookups((const uint8 *) VARDATA(hash), filtered,
-											lookups);
-		/* copied: opening the index may process invalidations */
-		probe = *IdemTombstoneGetProbe(part);
-		idx = index_open(probe.indexoid, AccessShareLock);
-
-		/* no predicate locks: see IdemProbeIndex in keystore_direct.c */
-		slot = table_slot_create(part, NULL);
-		scan = IdemIndexBeginscan(part, idx, unlocked ? SnapshotAny : snapshot, 1, 0);
-		for (int k = 0; k < nlookups; k++)
-		{
-			ScanKeyEntryInitialize(&skey, 0, 1, BTEqualStrategyNumber, InvalidOid,
-								   InvalidOid, F_BYTEAEQ, lookups[k]);
-			index_rescan(scan, &skey, 1, NULL, 0);
-			while (index_getnext_slot(scan, ForwardScanDirection, slot))
-			{
-				bool		isnull;
-				bool		isnull2;
-				TimestampTz expires;
-				TimestampTz expired;
-				bytea	   *fp;
-
-				if (unlocked && !table_tuple_satisfies_snapshot(part, slot, snapshot))
-					continue;
-				expires = DatumGetTimestampTz(slot_getattr(slot, probe.a_expires, &isnull));
-				expired = DatumGetTimestampTz(slot_getattr(slot, probe.a_expired, &isnull2));
-				if (isnull || isnull2 || expires <= now)
-					continue;
-				fp = DatumGetByteaPP(slot_getattr(slot, probe.a_fp, &isnull));
-				if (isnull)
-					continue;
-				if (k == 0)
-					IdemTombstoneConsider(now, expired, expires, VARDATA_ANY(fp),
-										  VARSIZE_ANY_EXHDR(fp), &found,
-										  fingerprint, expired_at, cxt);
-				else if (VARSIZE_ANY_EXHDR(fp) % IDEM_TOMBSTONE_RUN_ENTRY == 0)
-					IdemTombstoneConsiderRun((const uint8 *) VARDATA(hash), fp,
-											 expired, expires, now, &found,
-											 fingerprint, expired_at, cxt);
-			}
-		}
-		index_endscan(scan);
-		ExecDropSingleTupleTableSlot(slot);
-		index_close(idx, AccessShareLock);
-		table_close(part, AccessShareLock);
-	}
-	UnregisterSnapshot(snapshot);
-	table_close(parent, NoLock);
-	for (int k = 1; k < nlookups; k++)
-		pfree(DatumGetPointer(lookups[k]));
-	pfree(hash);
-	pfree(skip);
-	return found;
-}
 
 /*
  * The statements that make tombstones of key rows: a FROM and WHERE clause
@@ -1051,10 +532,10 @@ IdemTombstonesCount(const char *source, int nargs, Oid *argtypes, Datum *args,
 }
 
 /*
- * The tombstones of the expired rows of a partition of keys (tombstone.h):
- * written, or with count_only counted.  The rows are written as snapshot
- * sees them (the count reads with the statement's own); tids, when not NIL,
- * limits them to the rows at those ItemPointers.
+ * The tombstones of the expired rows of a partition of keys
+ * (tombstone_write.h): written, or with count_only counted.  The rows are
+ * written as snapshot sees them (the count reads with the statement's own);
+ * tids, when not NIL, limits them to the rows at those ItemPointers.
  */
 int64
 IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,

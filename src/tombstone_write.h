@@ -1,40 +1,18 @@
 /*-------------------------------------------------------------------------
  *
- * tombstone.h
- *	  Tombstones of expired keys (idempotency.tombstones): what is kept of
- *	  a key once its row is gone, so that a claim can still refuse the key
- *	  with another payload.
+ * tombstone_write.h
+ *	  Tombstones of expired keys (idempotency.tombstones), the writer's
+ *	  side: maintenance's statements that make them, and the purge of
+ *	  their default partition.
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_TOMBSTONE_H
-#define IDEM_TOMBSTONE_H
+#ifndef IDEM_TOMBSTONE_WRITE_H
+#define IDEM_TOMBSTONE_WRITE_H
 
 #include "datatype/timestamp.h"
 #include "nodes/pg_list.h"
 #include "utils/snapshot.h"
-
-#include "endpoint.h"
-#include "scope.h"
-#include "tombrow.h"
-
-/*
- * Whether claims of the endpoint honour tombstones (never in a schema
- * older than 0.3.0, which has no table of them, nor in the Citus mode
- * while idempotency.tombstones is not distributed).
- */
-extern bool IdemTombstonesActive(void);
-extern bool IdemTombstonesOn(const IdemEndpointPolicy *policy);
-
-/*
- * The latest tombstone of a scope not yet expired at now (latest by the
- * expiry of the key it stands for): true, with its fingerprint (in cxt)
- * and the key's expiry; false when there is none.  Reads with the latest
- * snapshot and takes no predicate lock.
- */
-extern bool IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
-							  bytea **fingerprint, TimestampTz *expired_at,
-							  MemoryContext cxt);
 
 /*
  * For maintenance, the tombstones of expired key rows whose endpoint keeps
@@ -60,12 +38,11 @@ extern int64 IdemTombstonePurgeKeysDefault(TimestampTz as_of,
 extern void IdemTombstonesBeforeShardDrop(Oid relid);
 
 /*
- * For maintenance: the table, the distinct tombstone_ttl in use (the
- * setting's and the endpoints'), and the delete of the default partition's
- * rows whose expires_at is at most as_of (returns how many).
+ * For maintenance: the distinct tombstone_ttl in use (the setting's and the
+ * endpoints'), and the delete of the default partition's rows whose
+ * expires_at is at most as_of (returns how many).
  */
-extern Oid	IdemTombstoneRelid(void);
 extern int	IdemTombstoneTtls(int64 **ttls);
 extern int64 IdemTombstonePurgeDefault(TimestampTz as_of);
 
-#endif							/* IDEM_TOMBSTONE_H */
+#endif							/* IDEM_TOMBSTONE_WRITE_H */

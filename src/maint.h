@@ -1,13 +1,13 @@
 /*-------------------------------------------------------------------------
  *
- * maintenance.h
+ * maint.h
  *	  One maintenance pass over idempotency.keys: stale leases, expired rows
  *	  of the default partition, premade partitions, dropped partitions.
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_MAINTENANCE_H
-#define IDEM_MAINTENANCE_H
+#ifndef IDEM_MAINT_H
+#define IDEM_MAINT_H
 
 #include "datatype/timestamp.h"
 
@@ -36,4 +36,4 @@ extern bool IdemMaintenancePass(TimestampTz as_of, bool own_xacts,
 extern void IdemMaintenancePreview(TimestampTz as_of, IdemMaintEmit emit,
 								   void *arg);
 
-#endif							/* IDEM_MAINTENANCE_H */
+#endif							/* IDEM_MAINT_H */

@@ -1,10 +1,10 @@
 /*-------------------------------------------------------------------------
  *
- * diagnostics.c
+ * diag.c
  *	  Mismatch diagnostics: request digests, made (idem_request_digest)
  *	  and read (a claim checks the one it is given).  The comparison of
  *	  two is in diag_compare.c, the keys in diag_secret.c, the format in
- *	  diag_format.h.
+ *	  diag_int.h.
  *
  *	  A request digest is a structural summary of the canonical request:
  *	  one entry per JSON Pointer of the body, down to a bounded depth, in
@@ -48,12 +48,12 @@
 #include "utils/jsonb.h"
 
 #include "canonical_json.h"
-#include "diag_format.h"
-#include "diagnostics.h"
+#include "diag.h"
+#include "diag_int.h"
 #include "endpoint.h"
 #include "guc.h"
-#include "idempotency.h"
 #include "scope.h"
+#include "util.h"
 
 /* ----------------------------------------------------------------
  *		building a digest from canonical JSON text

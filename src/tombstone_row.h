@@ -1,13 +1,13 @@
 /*-------------------------------------------------------------------------
  *
- * tombrow.h
+ * tombstone_row.h
  *	  The rows of idempotency.tombstones: a tombstone of its own, or a run
  *	  of many (doc/tombstones.md, "How tombstones are stored").
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_TOMBROW_H
-#define IDEM_TOMBROW_H
+#ifndef IDEM_TOMBSTONE_ROW_H
+#define IDEM_TOMBSTONE_ROW_H
 
 #include "c.h"
 
@@ -46,4 +46,4 @@ extern int	IdemTombRowBucket(const uint8 *hash, int bits, uint8 *out);
 extern int	IdemTombRowHashes(bytea *scope_hash, bytea *fingerprint,
 							  const uint8 **first, int *stride);
 
-#endif							/* IDEM_TOMBROW_H */
+#endif							/* IDEM_TOMBSTONE_ROW_H */

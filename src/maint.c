@@ -1,13 +1,13 @@
 /*-------------------------------------------------------------------------
  *
- * maintenance.c
+ * maint.c
  *	  One maintenance pass over idempotency.keys (and the tombstones of its
  *	  expired keys, idempotency.tombstones), and the SQL function
  *	  idem_maintenance() that runs it: the pass's lock, its steps in order,
  *	  and the preview.  The steps are in maint_leases.c (1) and
  *	  maint_partitions.c (2 to 6); what they share in maint_pass.c.  The
  *	  rows they read and change are read and changed by the key store
- *	  (keystore.c) and the tombstones (tombstone.c).
+ *	  (keystore.c) and the tombstones (tombstone_write.c).
  *
  *	  A pass, in this order:
  *	  1. stale leases: in_progress rows past locked_until (and not expired)
@@ -16,7 +16,7 @@
  *	  2. premake of idempotency.tombstones (as in 3), so that the
  *	     tombstones written next land in dated partitions;
  *	  3. purge: expired rows leave the default partition, leaving their
- *	     tombstones (tombstone.c) in the same statement;
+ *	     tombstones (tombstone_write.c) in the same statement;
  *	  4. premake: dated partitions cover from as_of to as_of + max_ttl + one
  *	     partition_interval; rows of a new partition's range are first moved
  *	     out of the default partition;
@@ -53,13 +53,13 @@
 #include "utils/timestamp.h"
 
 #include "horizon.h"
-#include "idempotency.h"
 #include "keystore.h"
+#include "maint.h"
 #include "maint_leases.h"
 #include "maint_partitions.h"
-#include "maintenance.h"
-#include "tombfilter.h"
-#include "tombstone.h"
+#include "tombstone_filter_learn.h"
+#include "tombstone_probe.h"
+#include "util.h"
 
 /* ---------------------------------------------------------------------
  * The pass
@@ -124,7 +124,7 @@ IdemSubscription(IdemMaintPass *p)
 
 /*
  * Learn the key horizons (horizon.c) and the tombstone filters
- * (tombfilter.c) of this database when the server has not yet: once per
+ * (tombstone_filter.c) of this database when the server has not yet: once per
  * server start, a read of every row, in a step of its own.  Not in a
  * preview, not in the Citus mode (neither is used there).
  */
@@ -148,7 +148,7 @@ IdemMaintLearnHorizons(IdemMaintPass *p)
 
 /*
  * Compact the tombstone filters that grew by several generations
- * (tombfilter.c), in a step of its own at the end of a pass, once this
+ * (tombstone_filter.c), in a step of its own at the end of a pass, once this
  * pass's tombstones are written.  Not in a preview, not in the Citus mode.
  */
 static void

@@ -1,21 +1,26 @@
 /*-------------------------------------------------------------------------
  *
- * tombfilter.h
+ * tombstone_filter.h
  *	  Membership filters of tombstone partitions, in shared memory: a claim
  *	  opens a partition of idempotency.tombstones only when its filter says
  *	  the scope may be there.
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_TOMBFILTER_H
-#define IDEM_TOMBFILTER_H
+#ifndef IDEM_TOMBSTONE_FILTER_H
+#define IDEM_TOMBSTONE_FILTER_H
 
 #include "c.h"
 
 /* what the filters hash: a tombstone's scope_hash */
 #define IDEM_TOMBFILTER_HASH_LEN	16
 
-extern void IdemTombFilterInit(void);
+/*
+ * With shared_preload_libraries: its shared memory, requested and set up by
+ * the extension's one request hook and one startup hook (shmem.c).
+ */
+extern void IdemTombFilterShmemRequest(void);
+extern void IdemTombFilterShmemStartup(void);
 
 /*
  * Of the n partitions partoids of the tombstones table parent, set skip[i]
@@ -30,24 +35,6 @@ extern void IdemTombFilterSkip(Oid parent, const Oid *partoids, int n,
 /* Before a tombstone of hash is written into partition partoid of parent. */
 extern void IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash);
 
-/*
- * For maintenance: learn the filters of the tombstones table parent from
- * its rows (every row version), after a server start, and again for the
- * partitions whose filters missed a tombstone (no room) until each was
- * read; forgets the filters of dropped databases.  Returns how many rows
- * were read, or -1 when nothing was to be learned.  And the filter of a
- * partition dropped by the current transaction is freed at its commit.
- */
-extern int64 IdemTombFilterLearn(Oid parent);
-
-/*
- * For maintenance: each partition of parent whose filter has grown to
- * three generations or more, and that no transaction is writing, gets one
- * generation sized for what it holds, made again from its rows.  Returns
- * how many were compacted, or -1 when the database's filters are not known.
- */
-extern int	IdemTombFilterCompact(Oid parent);
-
 extern void IdemTombFilterDropped(Oid parent, Oid partoid);
 
-#endif							/* IDEM_TOMBFILTER_H */
+#endif							/* IDEM_TOMBSTONE_FILTER_H */

@@ -1,14 +1,14 @@
 /*-------------------------------------------------------------------------
  *
- * diagnostics.h
+ * diag.h
  *	  Mismatch diagnostics: a keyed structural digest of a request, kept
  *	  with its key, and the comparison that names the members in which a
  *	  reused key's request differs, without any value being stored.
  *
  *-------------------------------------------------------------------------
  */
-#ifndef IDEM_DIAGNOSTICS_H
-#define IDEM_DIAGNOSTICS_H
+#ifndef IDEM_DIAG_H
+#define IDEM_DIAG_H
 
 #include "utils/jsonb.h"
 
@@ -36,4 +36,4 @@ extern void IdemDiagnosticsCheck(const IdemScope *scope, const bytea *digest);
 extern Jsonb *IdemDiagnose(const bytea *stored, const bytea *given,
 						   const IdemDiagRedaction *redact);
 
-#endif							/* IDEM_DIAGNOSTICS_H */
+#endif							/* IDEM_DIAG_H */
