@@ -83,7 +83,7 @@ SELECT outcome, rows FROM idempotency.idem_import_keys(
 WHERE rows > 0;
 SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h4', 'h4-a', regress.fp('a'));
 
--- Tombstone filters (src/tombstone.c, src/tombfilter.c): a pass as of 30
+-- Tombstone filters (src/tombstone_probe.c, src/tombstone_filter.c): a pass as of 30
 -- days ahead drops every partition of keys and keeps a tombstone of each
 -- key; a claim of a new key reads none of the tombstone partitions, and a
 -- claim of an expired key with another payload still finds its tombstone.
@@ -195,7 +195,7 @@ SELECT tableoid::regclass <> 'idempotency.tombstones_default'::regclass AS moved
 WHERE scope_hash = idempotency.idem_tombstone_hash('t', 'POST /h6', 'h6-a');
 SELECT action FROM idempotency.idem_claim('t', 'POST /h6', 'h6-a', regress.fp('b'));
 
--- A backend's copy of the layout of the filters (src/tombfilter.c) is read
+-- A backend's copy of the layout of the filters (src/tombstone_filter.c) is read
 -- again when the layout changed after the copy was made: a claim reads the
 -- filters without the lock while a shared counter has not moved.  First a
 -- claim makes the copy; then a tombstone is written into a dated partition

@@ -121,7 +121,7 @@ WHERE i.inhparent IN ('idempotency.keys'::regclass, 'idempotency.tombstones'::re
 GROUP BY 1, 2 ORDER BY 1, 2;
 
 -- and every partition, dated or default, has the trigger that keeps its
--- horizons or filters (src/horizon.c, src/tombfilter.c), fired ALWAYS
+-- horizons or filters (src/horizon.c, src/tombstone_filter.c), fired ALWAYS
 SELECT c.relname ~ '^keys' AS of_keys, count(*) > 0 AS some,
        count(*) FILTER (WHERE t.tgenabled = 'A') = count(*) AS all_have_it
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
