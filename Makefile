@@ -71,6 +71,14 @@ include $(PGXS)
 # the module the TAP tests share (test/perl/IdemTest.pm); prove runs in the
 # source tree
 PG_PROVE_FLAGS += -I test/perl
+# pg_regress counts a test that skipped itself (its output the notice
+# "skipped: ...", matched by expected/NAME_1.out) as passed: "make
+# installcheck" runs it through scripts/installcheck-summary.sh, which
+# prints after it each such test with its reason and the line
+# "installcheck: N passed, M skipped, F failed".
+IDEM_PG_REGRESS := $$(top_builddir)/src/test/regress/pg_regress
+IDEM_PG_REGRESS_INSTALLCHECK := $(subst $(IDEM_PG_REGRESS),$$(SRCDIR)/scripts/installcheck-summary.sh $(IDEM_PG_REGRESS),$(value pg_regress_installcheck))
+$(eval pg_regress_installcheck = $(IDEM_PG_REGRESS_INSTALLCHECK))
 else
 # A new machine has no PostgreSQL yet: make run / make test install it first.
 all install:

@@ -166,6 +166,7 @@ count_regress() {
     local log=$1 suite=$2 strict=${3:-} line name result
     local results=${log%/*}/results
     local before=$((PASSED + FAILED + SKIPPED))
+    RUN_PASSED=0 RUN_SKIPPED=0 RUN_FAILED=0
     while IFS= read -r line; do
         if [[ $line =~ ^(test)?[[:space:]]+([A-Za-z0-9_]+)[[:space:]]+\.\.\.[[:space:]]+(ok|FAILED|failed) ]]; then
             name=${BASH_REMATCH[2]} result=${BASH_REMATCH[3]}
@@ -179,11 +180,12 @@ count_regress() {
             # pg_regress says "ok" for it: the reason is printed here
             echo "    $suite/$name: $(grep -m 1 '^skipped: ' "$results/$name.out")"
             count_skip "$suite/$name" "$strict"
+            RUN_SKIPPED=$((RUN_SKIPPED + 1))
         elif [ "$result" = ok ]; then
-            PASSED=$((PASSED + 1))
+            PASSED=$((PASSED + 1)); RUN_PASSED=$((RUN_PASSED + 1))
             count_security passed "$name"
         else
-            FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite/$name")
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite/$name"); RUN_FAILED=$((RUN_FAILED + 1))
             count_security failed "$name"
         fi
     done <"$log"
@@ -221,6 +223,16 @@ run_installcheck() {
     if ! count_regress "$dir/run.log" "$suite" "${STRICT:-}" || { [ $rc -ne 0 ] && ! grep -qE 'FAILED|failed|^not ok' "$dir/run.log"; }; then
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite (driver)")
         tail -n 30 "$dir/run.log"
+    elif [ "$kind" = regress ]; then
+        # the line scripts/installcheck-summary.sh prints after pg_regress's
+        # own (which counts skips as passes) must agree with the count here
+        local want="installcheck: $RUN_PASSED passed, $RUN_SKIPPED skipped, $RUN_FAILED failed" got
+        got=$(grep -m 1 '^installcheck: ' "$dir/run.log" || true)
+        echo "    ${got:-(no line \"installcheck: ...\" after pg_regress)}"
+        if [ "${got%% (*}" != "$want" ]; then
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite (installcheck's summary)")
+            echo "    make installcheck's summary does not say \"$want\""
+        fi
     fi
     if [ -s "$dir/regression.diffs" ]; then
         echo "---- $suite: regression.diffs ----"
