@@ -76,9 +76,10 @@ PG_PROVE_FLAGS += -I test/perl
 # installcheck" runs it through scripts/installcheck-summary.sh, which
 # prints after it each such test with its reason and the line
 # "installcheck: N passed, M skipped, F failed".
-IDEM_PG_REGRESS := $$(top_builddir)/src/test/regress/pg_regress
-IDEM_PG_REGRESS_INSTALLCHECK := $(subst $(IDEM_PG_REGRESS),$$(SRCDIR)/scripts/installcheck-summary.sh $(IDEM_PG_REGRESS),$(value pg_regress_installcheck))
-$(eval pg_regress_installcheck = $(IDEM_PG_REGRESS_INSTALLCHECK))
+# (Expanded here, where what it names is known: PGXS's definition of
+# 18 holds a "#", which an $(eval) of its unexpanded text would cut.)
+IDEM_PG_REGRESS := $(top_builddir)/src/test/regress/pg_regress
+pg_regress_installcheck := $(subst $(IDEM_PG_REGRESS),bash $(SRCDIR)/scripts/installcheck-summary.sh $(IDEM_PG_REGRESS),$(pg_regress_installcheck))
 else
 # A new machine has no PostgreSQL yet: make run / make test install it first.
 all install:
