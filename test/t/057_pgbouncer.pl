@@ -7,9 +7,10 @@
 # connection works; SET LOCAL binds the server connection for good, so the
 # next client of the pool, another tenant, is refused; a session-level SET
 # leaks to the next client or is lost); protocol-level prepared statements
-# (named ones break before PgBouncer 1.21, unnamed ones work); and one keyed
-# request through each HTTP client's middleware (when node and the Python
-# packages are there).  Skips when pgbouncer is not installed.
+# (named ones break before PgBouncer 1.21, unnamed ones work; so do
+# psycopg's own unless prepare_threshold=None); and one keyed request
+# through each HTTP client's middleware (when node and the Python packages
+# are there).  Skips when pgbouncer is not installed.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -264,10 +265,10 @@ SKIP:
 }
 SKIP:
 {
-	skip 'the Python client: no clients/ folder named by IDEM_CLIENTS_DIR', 3
+	skip 'the Python client: no clients/ folder named by IDEM_CLIENTS_DIR', 5
 	  unless $clients && -d "$clients/python";
-	skip "the Python client: $ENV{IDEM_SKIP_PYTHON}", 3 if $ENV{IDEM_SKIP_PYTHON};
-	skip 'the Python client: python3-psycopg-pool, python3-starlette or python3-httpx is missing', 3
+	skip "the Python client: $ENV{IDEM_SKIP_PYTHON}", 5 if $ENV{IDEM_SKIP_PYTHON};
+	skip 'the Python client: python3-psycopg-pool, python3-starlette or python3-httpx is missing', 5
 	  unless system('/usr/bin/python3 -c "import psycopg_pool, starlette, httpx" 2>/dev/null') == 0;
 	my ($out, $err) = ('', '');
 	IPC::Run::run([ '/usr/bin/python3', "$pooler/client.py", connstr('acme') ],
@@ -278,6 +279,22 @@ SKIP:
 	$body //= 'none';
 	like($out, qr/^retry 201 \Q$body\E$/m, 'its retry replays the same answer');
 	like($out, qr/^runs 1$/m, 'the handler ran once');
+
+	# psycopg's own prepared statements: what the README's prepare_threshold=None avoids
+	($out, $err) = ('', '');
+	IPC::Run::run([ '/usr/bin/python3', "$pooler/prepare_threshold.py", connstr('two') ], '>', \$out, '2>', \$err);
+	if ($protocol_prepared)
+	{
+		like($out, qr/^default: ok$/m, "psycopg's prepared statements work with PgBouncer ${bversion}'s max_prepared_statements")
+		  or diag("$out$err");
+	}
+	else
+	{
+		like($out, qr/^default: InvalidSqlStatementName: prepared statement "_pg3_\d+" does not exist$/m,
+			"psycopg's prepared statement (prepare_threshold 5) is missing on the next server connection")
+		  or diag("$out$err");
+	}
+	like($out, qr/^none: ok$/m, 'with prepare_threshold=None nothing is prepared, and it works') or diag("$out$err");
 }
 
 $bouncer->kill_kill;
