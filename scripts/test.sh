@@ -50,6 +50,47 @@ fi
 if selected 062_model; then
     ensure_deps "python3-psycopg python3-hypothesis"
 fi
+# Install the Debian packages $1 when missing, where this is root or may
+# sudo; else (or when that fails) return 1 with SKIP_REASON set: the TAP
+# test that needs them skips with that reason.
+try_deps() {
+    local missing=() p
+    for p in $1; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if is_root || { command -v sudo >/dev/null && sudo -n true 2>/dev/null; }; then
+        (ensure_deps "${missing[*]}") && return 0
+        SKIP_REASON="installing ${missing[*]} failed"
+    else
+        SKIP_REASON="${missing[*]} not installed, and this is not root (sudo apt-get install -y ${missing[*]})"
+    fi
+    return 1
+}
+# 057_pgbouncer: PgBouncer, and for its keyed requests through the HTTP
+# clients node with clients/node's packages and the Python client's
+SKIP_PGBOUNCER= SKIP_NODE= SKIP_PYTHON=
+if selected 057_pgbouncer; then
+    SKIP_REASON=
+    try_deps pgbouncer || SKIP_PGBOUNCER=$SKIP_REASON
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+        try_deps "nodejs npm" || SKIP_NODE=$SKIP_REASON
+    fi
+    if [ -z "$SKIP_NODE" ] && [ ! -d "$PROJECT_DIR/clients/node" ]; then
+        SKIP_NODE="no clients/ in this tree"
+    elif [ -z "$SKIP_NODE" ] && [ ! -f "$PROJECT_DIR/clients/node/node_modules/.package-lock.json" ]; then
+        say "npm ci (clients/node)"
+        (cd "$PROJECT_DIR/clients/node" && npm ci --no-audit --no-fund --loglevel=error) >/dev/null ||
+            SKIP_NODE="npm ci in clients/node failed"
+    fi
+    try_deps "python3-psycopg python3-psycopg-pool python3-starlette python3-httpx" || SKIP_PYTHON=$SKIP_REASON
+fi
+# 058_exporter: Debian's postgres_exporter
+SKIP_EXPORTER=
+if selected 058_exporter; then
+    SKIP_REASON=
+    try_deps prometheus-postgres-exporter || SKIP_EXPORTER=$SKIP_REASON
+fi
 build_local_install "$PGC"
 # what the scale-out TAP tests need besides the extension, when they run:
 # copied into the private copy, or a reason to skip, which they print
@@ -167,6 +208,7 @@ count_regress() {
     local log=$1 suite=$2 strict=${3:-} line name result
     local results=${log%/*}/results
     local before=$((PASSED + FAILED + SKIPPED))
+    RUN_PASSED=0 RUN_SKIPPED=0 RUN_FAILED=0
     while IFS= read -r line; do
         if [[ $line =~ ^(test)?[[:space:]]+([A-Za-z0-9_]+)[[:space:]]+\.\.\.[[:space:]]+(ok|FAILED|failed) ]]; then
             name=${BASH_REMATCH[2]} result=${BASH_REMATCH[3]}
@@ -180,11 +222,12 @@ count_regress() {
             # pg_regress says "ok" for it: the reason is printed here
             echo "    $suite/$name: $(grep -m 1 '^skipped: ' "$results/$name.out")"
             count_skip "$suite/$name" "$strict"
+            RUN_SKIPPED=$((RUN_SKIPPED + 1))
         elif [ "$result" = ok ]; then
-            PASSED=$((PASSED + 1))
+            PASSED=$((PASSED + 1)); RUN_PASSED=$((RUN_PASSED + 1))
             count_security passed "$name"
         else
-            FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite/$name")
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite/$name"); RUN_FAILED=$((RUN_FAILED + 1))
             count_security failed "$name"
         fi
     done <"$log"
@@ -222,6 +265,16 @@ run_installcheck() {
     if ! count_regress "$dir/run.log" "$suite" "${STRICT:-}" || { [ $rc -ne 0 ] && ! grep -qE 'FAILED|failed|^not ok' "$dir/run.log"; }; then
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite (driver)")
         tail -n 30 "$dir/run.log"
+    elif [ "$kind" = regress ]; then
+        # the line scripts/installcheck-summary.sh prints after pg_regress's
+        # own (which counts skips as passes) must agree with the count here
+        local want="installcheck: $RUN_PASSED passed, $RUN_SKIPPED skipped, $RUN_FAILED failed" got
+        got=$(grep -m 1 '^installcheck: ' "$dir/run.log" || true)
+        echo "    ${got:-(no line \"installcheck: ...\" after pg_regress)}"
+        if [ "${got%% (*}" != "$want" ]; then
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("$suite (installcheck's summary)")
+            echo "    make installcheck's summary does not say \"$want\""
+        fi
     fi
     if [ -s "$dir/regression.diffs" ]; then
         echo "---- $suite: regression.diffs ----"
@@ -255,6 +308,8 @@ run_tap() {
         IDEM_SKIP_PLPROXY="$SKIP_PLPROXY" IDEM_SKIP_CITUS="$SKIP_CITUS" \
         IDEM_PG_UPGRADE_BINDIR="$PG_UPGRADE_BINDIR" IDEM_SKIP_PG_UPGRADE="$SKIP_PG_UPGRADE" \
         IDEM_FAIL_PG_UPGRADE="$FAIL_PG_UPGRADE" CI="${CI:-}" \
+        IDEM_SKIP_PGBOUNCER="$SKIP_PGBOUNCER" IDEM_SKIP_NODE="$SKIP_NODE" IDEM_SKIP_PYTHON="$SKIP_PYTHON" \
+        IDEM_SKIP_EXPORTER="$SKIP_EXPORTER" IDEM_CLIENTS_DIR="$PROJECT_DIR/clients" \
         make -C "$SUITE" --no-print-directory PG_CONFIG="$PGC" bindir="$PGBIN" \
         PROVE_TESTS="${tests[*]}" prove_installcheck >"$dir/run.log" 2>&1
     set -e
