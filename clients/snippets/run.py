@@ -26,7 +26,10 @@ Markdown is rendered; CONTRIBUTING.md, "Examples in the documentation"):
                               the top of the tree): it must be found there
                               line for line; PATH is tested by its own suite
 
-Any other block runs to its end and must exit 0 (within 60 s).  A program
+Any other block runs to its end and must exit 0 (within 60 s); a block
+that makes a web application (express(), FastAPI(), Starlette()) without
+a serves or fragment marker fails, as an application never asked proves
+nothing.  A program
 gets DATABASE_URL and PGHOST, PGPORT, PGDATABASE, PGUSER naming the file's
 database (a superuser), and PORT; JavaScript finds `@idempotency/express`,
 `express` and `pg` (clients/node and its node_modules); TypeScript is
@@ -58,6 +61,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 LANGS = {"js": "node", "javascript": "node", "ts": "node", "typescript": "node",
          "python": "python", "py": "python"}
 PY = "/usr/bin/python3"
+# a block that makes a web application must be asked (serves) or be a fragment
+APP = re.compile(r"\bexpress\(\)|\b(FastAPI|Starlette)\(")
 
 
 class DocError(Exception):
@@ -290,6 +295,7 @@ def main():
     if lang == "node":
         node_env(work_root)
     counts = {"ran": 0, "served": 0, "quoted": 0, "fragments": 0, "failed": 0}
+    found = 0
     try:
         for fileno, path in enumerate(files, 1):
             try:
@@ -301,6 +307,7 @@ def main():
             mine = [s for s in steps if s["kind"] == "code" and LANGS[s["fence"]] == lang]
             if not mine:
                 continue
+            found += len(mine)
             db = f"snippets_{lang}_{fileno}"
             ok, out = psql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE);\nCREATE DATABASE {db};")
             if not ok:
@@ -343,9 +350,14 @@ def main():
                         sql = ""
                         continue
                     sql, sql_from = "", None
+                serves = marker[2] if marker and marker[0] == "serves" else None
+                if not serves and APP.search(s["text"]):
+                    print(f"not ok - {where} ({s['fence']}): it makes a web application: give it a serves "
+                          "marker (and a listen on PORT) or a fragment marker")
+                    counts["failed"] += 1
+                    continue
                 tag = f"f{fileno}_l{s['line']}"
                 argv, err = prepare(lang, s["fence"], s["text"], work_root, tag)
-                serves = marker[2] if marker and marker[0] == "serves" else None
                 if not err:
                     env = dict(os.environ, **conn_env(db), PORT=str(free_port()),
                                PYTHONPATH=os.path.join(ROOT, "clients/python"))
@@ -361,9 +373,9 @@ def main():
         shutil.rmtree(work_root, ignore_errors=True)
     print(f"RESULT {lang} snippets: {counts['ran']} ran, {counts['served']} served, {counts['quoted']} quoted, "
           f"{counts['fragments']} fragments (not run), {counts['failed']} failed")
-    # the parser found the snippets: none run would mean it missed them
-    if counts["ran"] + counts["served"] < 2:
-        print(f"not ok - fewer than 2 {lang} snippets were run: the extraction missed them")
+    # the parser found the snippets: fewer would mean it missed them
+    if found < 4:
+        print(f"not ok - only {found} {lang} blocks were found: the extraction missed some")
         counts["failed"] += 1
     sys.exit(1 if counts["failed"] else 0)
 
