@@ -189,7 +189,7 @@ def prepare(lang, fence, text, work, tag):
         with open(os.path.join(proj, "tsconfig.json"), "w") as f:
             json.dump({"compilerOptions": {
                 "target": "ES2022", "module": "node16", "moduleResolution": "node16", "strict": True,
-                "noEmitOnError": True, "esModuleInterop": True, "preserveSymlinks": True,
+                "noEmitOnError": True, "esModuleInterop": True, "preserveSymlinks": True, "skipLibCheck": True,
                 "outDir": "dist", "rootDir": "src", "types": ["node"]}, "include": ["src"]}, f)
         tsc = os.path.join(HERE, "node_modules", ".bin", "tsc")
         if not os.path.exists(tsc):
@@ -288,6 +288,7 @@ def quoted(path, text):
 
 
 def main():
+    begun = time.monotonic()
     if len(sys.argv) < 2 or sys.argv[1] not in ("node", "python"):
         sys.exit(__doc__)
     lang, files = sys.argv[1], sys.argv[2:] or default_files()
@@ -356,6 +357,7 @@ def main():
                           "marker (and a listen on PORT) or a fragment marker")
                     counts["failed"] += 1
                     continue
+                started = time.monotonic()
                 tag = f"f{fileno}_l{s['line']}"
                 argv, err = prepare(lang, s["fence"], s["text"], work_root, tag)
                 if not err:
@@ -367,12 +369,13 @@ def main():
                     counts["failed"] += 1
                 else:
                     what = f"served {serves} and replayed it" if serves else "ran"
-                    print(f"ok - {where} ({s['fence']}): {what}")
+                    print(f"ok - {where} ({s['fence']}): {what} ({time.monotonic() - started:.1f} s)")
                     counts["served" if serves else "ran"] += 1
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
     print(f"RESULT {lang} snippets: {counts['ran']} ran, {counts['served']} served, {counts['quoted']} quoted, "
-          f"{counts['fragments']} fragments (not run), {counts['failed']} failed")
+          f"{counts['fragments']} fragments (not run), {counts['failed']} failed "
+          f"({time.monotonic() - begun:.0f} s)")
     # the parser found the snippets: fewer would mean it missed them
     if found < 4:
         print(f"not ok - only {found} {lang} blocks were found: the extraction missed some")
