@@ -205,6 +205,14 @@ def prepare(lang, fence, text, work, tag):
     return ["node", path], None
 
 
+def relocate(text, program, path, fence_line):
+    """The program's own file and line in a message, as the Markdown's."""
+    def at(m):
+        return f"{path}:{fence_line + int(m.group(1))}"
+    text = re.sub(re.escape(program) + r":(\d+)(?::\d+)?", at, text)
+    return re.sub(r'File "' + re.escape(program) + r'", line (\d+)', lambda m: f'File "{at(m)}"', text)
+
+
 def ask(port, method, path, body, key):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     c.request(method, path, body=body, headers={"Idempotency-Key": key, "Content-Type": "application/json"})
@@ -365,6 +373,8 @@ def main():
                                PYTHONPATH=os.path.join(ROOT, "clients/python"))
                     err = run_program(argv, env, serves, work_root)
                 if err:
+                    if argv:
+                        err = relocate(err, argv[-1], path, s["line"])
                     print(f"not ok - {where} ({s['fence']}): {err}")
                     counts["failed"] += 1
                 else:
