@@ -134,7 +134,7 @@ for s in $SUITES; do
         python_e2e) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" "$CLIENTS_DIR/python/tests/e2e/run.py" ;;
         node_example) ensure_node; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/express/run.sh" ;;
         python_example) ensure_python $PY_PACKAGING; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/fastapi/run.sh" ;;
-        node_snippets) ensure_node; ensure_npm_dir "$CLIENTS_DIR/snippets"; ensure_python
+        node_snippets) ensure_node; ensure_npm_dir "$CLIENTS_DIR/snippets"
             run_suite "$s" "$PY" "$CLIENTS_DIR/snippets/run.py" node ;;
         python_snippets) ensure_python; run_suite "$s" "$PY" "$CLIENTS_DIR/snippets/run.py" python ;;
         node_orm) ensure_node; ensure_npm_dir "$PROJECT_DIR/examples/orm/node"
