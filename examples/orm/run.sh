@@ -43,6 +43,7 @@ case $LANG_ in
 esac
 
 failed=0
+begun=$EPOCHREALTIME
 for r in $RECIPES; do
     start=$EPOCHREALTIME
     if out=$(cd "$DIR" && timeout 60 "${RUN[@]}" "$r" 2>&1); then
@@ -54,5 +55,6 @@ for r in $RECIPES; do
         failed=$((failed + 1))
     fi
 done
-echo "RESULT $LANG_ ORM recipes: $(echo $RECIPES | wc -w) run, $failed failed"
+echo "RESULT $LANG_ ORM recipes: $(echo $RECIPES | wc -w) run, $failed failed" \
+    "($(awk -v a="$begun" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s)"
 [ $failed -eq 0 ]
