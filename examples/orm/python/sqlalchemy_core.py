@@ -2,7 +2,7 @@
 the finish are text() statements on its connection, the business write a
 Core insert on the same connection.  A recipe of doc/orm.md, run by
 clients/test.sh python_orm (SQLAlchemy 1.4 on psycopg2, Debian 12's
-python3-sqlalchemy and python3-psycopg2; 2.0 reads the same); PGHOST,
+python3-sqlalchemy and python3-psycopg2, in its 2.0 style); PGHOST,
 PGPORT, PGDATABASE, PGUSER name the database.
 
     python3 examples/orm/python/sqlalchemy_core.py

@@ -1,7 +1,7 @@
 """SQLAlchemy ORM: one Session transaction (session.begin()) holds the
 claim, the mapped object's insert (flushed to get its id) and the finish.
 A recipe of doc/orm.md, run by clients/test.sh python_orm (SQLAlchemy 1.4
-on psycopg2, Debian 12's packages; 2.0 reads the same); PGHOST, PGPORT,
+on psycopg2, Debian 12's packages, in its 2.0 style); PGHOST, PGPORT,
 PGDATABASE, PGUSER name the database.
 
     python3 examples/orm/python/sqlalchemy_orm.py
