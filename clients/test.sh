@@ -15,7 +15,7 @@
 #
 # node_snippets, python_snippets: the client code of the documentation runs
 # as written (clients/snippets/run.py: the markers are in CONTRIBUTING.md,
-# "Examples in the documentation"); node_orm, python_orm: the ORM recipes of
+# "Client code in the documentation"); node_orm, python_orm: the ORM recipes of
 # examples/orm (doc/orm.md), each a program run against the suite's database.
 #
 # With IDEM_TEST_PGPORT (and IDEM_TEST_PGHOST, IDEM_TEST_PGUSER) set, the

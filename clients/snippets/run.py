@@ -10,7 +10,7 @@ comments run first, in that database, in the order they come before each
 snippet (080's markers; <!-- norun: reason --> leaves a ```sql block out).
 
 Markers, HTML comments on the line(s) before a block (hidden when the
-Markdown is rendered; CONTRIBUTING.md, "Examples in the documentation"):
+Markdown is rendered; CONTRIBUTING.md, "Client code in the documentation"):
 
   <!-- fragment: REASON -->   the next block is not a program (a part of
                               one, an outline): it is not run, and is
@@ -63,6 +63,7 @@ LANGS = {"js": "node", "javascript": "node", "ts": "node", "typescript": "node",
 PY = "/usr/bin/python3"
 # a block that makes a web application must be asked (serves) or be a fragment
 APP = re.compile(r"\bexpress\(\)|\b(FastAPI|Starlette)\(")
+CREATE_EXTENSION = re.compile(r"CREATE\s+EXTENSION\s+(IF\s+NOT\s+EXISTS\s+)?idempotency\b", re.I)
 
 
 class DocError(Exception):
@@ -295,101 +296,100 @@ def quoted(path, text):
     return f"not found line for line in {path}"
 
 
+def note(counts, key, line):
+    print(line)
+    counts[key] += 1
+
+
+def run_code(block, lang, path, db, work, counts):
+    """Runs one block of the language (its SQL before it has run)."""
+    where, marker = f"{path}:{block['line']} ({block['fence']})", block["marker"]
+    serves = marker[2] if marker and marker[0] == "serves" else None
+    if not serves and APP.search(block["text"]):
+        return note(counts, "failed", f"not ok - {where}: it makes a web application: give it a serves "
+                    "marker (and a listen on PORT) or a fragment marker")
+    started = time.monotonic()
+    tag = f"{db}_l{block['line']}"
+    argv, err = prepare(lang, block["fence"], block["text"], work, tag)
+    if not err:
+        env = dict(os.environ, **conn_env(db), PORT=str(free_port()),
+                   PYTHONPATH=os.path.join(ROOT, "clients/python"))
+        err = run_program(argv, env, serves, work)
+    if err:
+        return note(counts, "failed", f"not ok - {where}: " + (relocate(err, argv[-1], path, block["line"])
+                                                             if argv else err))
+    what = f"served {serves} and replayed it" if serves else "ran"
+    note(counts, "served" if serves else "ran", f"ok - {where}: {what} ({time.monotonic() - started:.1f} s)")
+
+
+def run_marked(block, path, counts):
+    """A fragment or a quote: True when the block was one."""
+    where, marker = f"{path}:{block['line']} ({block['fence']})", block["marker"]
+    if marker and marker[0] == "fragment":
+        note(counts, "fragments", f"fragment - {where}: {marker[2]}")
+        return True
+    if marker and marker[0] == "from":
+        err = quoted(marker[2], block["text"])
+        if err:
+            note(counts, "failed", f"not ok - {where}: {err}")
+        else:
+            note(counts, "quoted", f"ok - {where}: quoted from {marker[2]}")
+        return True
+    return False
+
+
+def run_file(path, db, lang, work, counts):
+    """The blocks of one file in the language: how many there are."""
+    try:
+        steps = parse(path)
+    except DocError as e:
+        note(counts, "failed", f"not ok - {e}")
+        return 0
+    mine = [s for s in steps if s["kind"] == "code" and LANGS[s["fence"]] == lang]
+    if not mine:
+        return 0
+    ok, out = psql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE);\nCREATE DATABASE {db};")
+    if not ok:
+        raise SystemExit(f"cannot create the database {db}: {out}")
+    sql_steps = [s for s in steps if s["kind"] == "setup"
+                 or (s["kind"] == "sql" and not (s["marker"] and s["marker"][0] == "norun"))]
+    creates = any(s["kind"] == "sql" and CREATE_EXTENSION.search(s["text"]) for s in sql_steps)
+    sql, sql_from = ("", None) if creates else ("CREATE EXTENSION idempotency CASCADE;\n", 1)
+    for s in steps:
+        if s in sql_steps:
+            sql_from = sql_from or s["line"]
+            sql += s["text"] + "\n"
+        elif s in mine and not run_marked(s, path, counts):
+            if sql:
+                ok, out = psql(db, sql)
+                sql, sql_from_was, sql_from = "", sql_from, None
+                if not ok:
+                    note(counts, "failed", f"not ok - {path}:{s['line']} ({s['fence']}): the SQL before it "
+                         f"(from {path}:{sql_from_was}) failed:\n{out}")
+                    continue
+            run_code(s, lang, path, db, work, counts)
+    return len(mine)
+
+
 def main():
     begun = time.monotonic()
     if len(sys.argv) < 2 or sys.argv[1] not in ("node", "python"):
         sys.exit(__doc__)
     lang, files = sys.argv[1], sys.argv[2:] or default_files()
-    work_root = tempfile.mkdtemp(prefix=f"idem-snippets-{lang}-")
+    work = tempfile.mkdtemp(prefix=f"idem-snippets-{lang}-")
     if lang == "node":
-        node_env(work_root)
+        node_env(work)
     counts = {"ran": 0, "served": 0, "quoted": 0, "fragments": 0, "failed": 0}
-    found = 0
     try:
-        for fileno, path in enumerate(files, 1):
-            try:
-                steps = parse(path)
-            except DocError as e:
-                print(f"not ok - {e}")
-                counts["failed"] += 1
-                continue
-            mine = [s for s in steps if s["kind"] == "code" and LANGS[s["fence"]] == lang]
-            if not mine:
-                continue
-            found += len(mine)
-            db = f"snippets_{lang}_{fileno}"
-            ok, out = psql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE);\nCREATE DATABASE {db};")
-            if not ok:
-                raise SystemExit(f"cannot create the database {db}: {out}")
-            sql = "" if any(re.search(r"CREATE\s+EXTENSION\s+(IF\s+NOT\s+EXISTS\s+)?idempotency\b",
-                                      s["text"], re.I) for s in steps if s["kind"] == "sql"
-                            and not (s["marker"] and s["marker"][0] == "norun")) \
-                else "CREATE EXTENSION idempotency CASCADE;\n"
-            sql_from = 1 if sql else None
-            for s in steps:
-                if s["kind"] in ("setup", "sql"):
-                    if s["kind"] == "sql" and s["marker"] and s["marker"][0] == "norun":
-                        continue
-                    sql_from = sql_from or s["line"]
-                    sql += s["text"] + "\n"
-                    continue
-                if s not in mine:
-                    continue
-                where = f"{path}:{s['line']}"
-                marker = s["marker"]
-                if marker and marker[0] == "fragment":
-                    print(f"fragment - {where} ({s['fence']}): {marker[2]}")
-                    counts["fragments"] += 1
-                    continue
-                if marker and marker[0] == "from":
-                    err = quoted(marker[2], s["text"])
-                    if err:
-                        print(f"not ok - {where} ({s['fence']}): {err}")
-                        counts["failed"] += 1
-                    else:
-                        print(f"ok - {where} ({s['fence']}): quoted from {marker[2]}")
-                        counts["quoted"] += 1
-                    continue
-                if sql:
-                    ok, out = psql(db, sql)
-                    if not ok:
-                        print(f"not ok - {where} ({s['fence']}): the SQL before it (from {path}:{sql_from}) "
-                              f"failed:\n{out}")
-                        counts["failed"] += 1
-                        sql = ""
-                        continue
-                    sql, sql_from = "", None
-                serves = marker[2] if marker and marker[0] == "serves" else None
-                if not serves and APP.search(s["text"]):
-                    print(f"not ok - {where} ({s['fence']}): it makes a web application: give it a serves "
-                          "marker (and a listen on PORT) or a fragment marker")
-                    counts["failed"] += 1
-                    continue
-                started = time.monotonic()
-                tag = f"f{fileno}_l{s['line']}"
-                argv, err = prepare(lang, s["fence"], s["text"], work_root, tag)
-                if not err:
-                    env = dict(os.environ, **conn_env(db), PORT=str(free_port()),
-                               PYTHONPATH=os.path.join(ROOT, "clients/python"))
-                    err = run_program(argv, env, serves, work_root)
-                if err:
-                    if argv:
-                        err = relocate(err, argv[-1], path, s["line"])
-                    print(f"not ok - {where} ({s['fence']}): {err}")
-                    counts["failed"] += 1
-                else:
-                    what = f"served {serves} and replayed it" if serves else "ran"
-                    print(f"ok - {where} ({s['fence']}): {what} ({time.monotonic() - started:.1f} s)")
-                    counts["served" if serves else "ran"] += 1
+        found = sum(run_file(path, f"snippets_{lang}_{n}", lang, work, counts) for n, path in enumerate(files, 1))
     finally:
-        shutil.rmtree(work_root, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     print(f"RESULT {lang} snippets: {counts['ran']} ran, {counts['served']} served, {counts['quoted']} quoted, "
           f"{counts['fragments']} fragments (not run), {counts['failed']} failed "
           f"({time.monotonic() - begun:.0f} s)")
     # the parser found the snippets: fewer would mean it missed them
     if found < 4:
-        print(f"not ok - only {found} {lang} blocks were found: the extraction missed some")
-        counts["failed"] += 1
+        note(counts, "failed", f"not ok - only {found} {lang} blocks were found: the extraction missed some")
     sys.exit(1 if counts["failed"] else 0)
 
 
