@@ -13,6 +13,12 @@
 # when one failed.
 #
 #   clients/test.sh [SUITE...]     suites: node_unit node_e2e node_example python_unit python_e2e python_example
+#                                          node_snippets python_snippets node_orm python_orm
+#
+# node_snippets, python_snippets: the client code of the documentation runs
+# as written (clients/snippets/run.py: the markers are in CONTRIBUTING.md,
+# "Client code in the documentation"); node_orm, python_orm: the ORM recipes of
+# examples/orm (doc/orm.md), each a program run against the suite's database.
 #
 # With IDEM_TEST_PGPORT (and IDEM_TEST_PGHOST, IDEM_TEST_PGUSER) set, the
 # tests use that running cluster (its library preloaded, the extension
@@ -23,7 +29,7 @@
 . "$(dirname "$0")/../scripts/common.sh"
 
 CLIENTS_DIR=$PROJECT_DIR/clients
-ALL_SUITES="node_unit node_e2e node_example python_unit python_e2e python_example"
+ALL_SUITES="node_unit node_e2e node_example python_unit python_e2e python_example node_snippets python_snippets node_orm python_orm"
 SUITES=${*:-$ALL_SUITES}
 PY=/usr/bin/python3
 PY_PACKAGES="python3-psycopg python3-psycopg-pool python3-starlette python3-fastapi python3-httpx python3-uvicorn python3-urllib3"
@@ -48,6 +54,16 @@ ensure_node() {
        [ "$CLIENTS_DIR/node/package-lock.json" -nt "$CLIENTS_DIR/node/node_modules/.package-lock.json" ]; then
         say "npm ci (clients/node)"
         (cd "$CLIENTS_DIR/node" && npm ci --no-audit --no-fund --loglevel=error) >/dev/null
+    fi
+}
+
+# npm ci in a folder with its own lock file (the snippets' compiler, the ORM recipes' packages)
+ensure_npm_dir() {
+    local dir=$1
+    if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
+       [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+        say "npm ci (${dir#$PROJECT_DIR/})"
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) >/dev/null
     fi
 }
 
@@ -109,7 +125,7 @@ run_suite() {
     timeout "${SUITE_TIMEOUT:-170}" "$@" >"$log" 2>&1
     rc=$?
     set -e
-    grep -E '^(# (pass|fail)|RESULT|ok - |skipped: |FAILED: |calls done|not ok|ok [0-9]+ - |Ran [0-9]+ tests|OK|FAILED)|\.\.\. (ok|FAIL|ERROR|skipped)' "$log" | sed 's/^/    /' | tail -n 40 || true
+    grep -E '^(# (pass|fail)|RESULT|ok - |fragment - |skipped: |FAILED: |calls done|not ok|ok [0-9]+ - |Ran [0-9]+ tests|OK|FAILED)|\.\.\. (ok|FAIL|ERROR|skipped)' "$log" | sed 's/^/    /' | tail -n 40 || true
     if [ $rc -eq 0 ]; then
         echo "client $name ... ok"; PASSED=$((PASSED + 1))
     else
@@ -126,6 +142,13 @@ for s in $SUITES; do
         python_e2e) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" "$CLIENTS_DIR/python/tests/e2e/run.py" ;;
         node_example) ensure_node; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/express/run.sh" ;;
         python_example) ensure_python $PY_PACKAGING; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/fastapi/run.sh" ;;
+        node_snippets) ensure_node; ensure_npm_dir "$CLIENTS_DIR/snippets"
+            run_suite "$s" "$PY" "$CLIENTS_DIR/snippets/run.py" node ;;
+        python_snippets) ensure_python; run_suite "$s" "$PY" "$CLIENTS_DIR/snippets/run.py" python ;;
+        node_orm) ensure_node; ensure_npm_dir "$PROJECT_DIR/examples/orm/node"
+            run_suite "$s" "$PROJECT_DIR/examples/orm/run.sh" node ;;
+        python_orm) ensure_python python3-sqlalchemy python3-django python3-psycopg2
+            run_suite "$s" "$PROJECT_DIR/examples/orm/run.sh" python ;;
         *) die "unknown suite $s (suites: $ALL_SUITES)" ;;
     esac
 done

@@ -100,20 +100,28 @@ build_local_install() {
     export PERL5LIB="$PGLIB/pgxs/src/test/perl${PERL5LIB:+:$PERL5LIB}"
 }
 
+# examples/ into a folder, without what npm installed there (the ORM
+# recipes' node_modules is hundreds of MB) nor the generated Prisma client
+copy_examples() {
+    (cd "$PROJECT_DIR" && tar -ch --exclude=node_modules --exclude=examples/orm/node/generated -f - examples) |
+        tar -x -C "$1"
+}
+
 # Copy the test inputs where the cluster owner can read them.
 stage_tests() {
     STAGE=$BUILD_DIR/stage
     rm -rf "$STAGE"
     mkdir -p "$STAGE"
     cp -rL "$PROJECT_DIR/test" "$STAGE/test"
-    cp -rL "$PROJECT_DIR/examples" "$STAGE/examples"
+    copy_examples "$STAGE"
     cp -r "$PROJECT_DIR/expected" "$STAGE/expected"
     rm -rf "$STAGE/test/expected"
     ln -s ../expected "$STAGE/test/expected"
     # a copy of the sources, for the test that runs "make run" as a new user
     mkdir -p "$STAGE/project"
     (cd "$PROJECT_DIR" && cp -r Makefile idempotency.control README.md LICENSE CHANGELOG.md \
-        CONTRIBUTING.md doc src sql scripts examples test expected "$STAGE/project/")
+        CONTRIBUTING.md doc src sql scripts test expected "$STAGE/project/")
+    copy_examples "$STAGE/project"
     rm -f "$STAGE"/project/src/*.o "$STAGE"/project/src/*.bc
     own_dir "$STAGE"
 }
