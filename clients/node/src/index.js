@@ -680,3 +680,5 @@ function idempotent(options, ...handlers) {
 }
 
 module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs, KeyError };
+// issue 37: the retry rules, the outbox sender, idempotent functions
+Object.assign(module.exports, require('./retry'), require('./outbox'), require('./function'));
