@@ -26,7 +26,7 @@ by the client rules, until SIGTERM or SIGINT.
   --cap-ms MS             backoff: largest interval (default ${DEFAULTS.capMs})
   --poll-ms MS            pause when nothing is due (default ${DEFAULTS.pollMs})
   --max-response-bytes N  response body kept (default ${DEFAULTS.maxResponseBytes})
-  --quiet                 log warnings and errors only
+  --quiet                 log the start, warnings and errors only
   --help                  this text
 
 Logs go to stderr, one line each; keys are never logged (an operation is
@@ -73,6 +73,10 @@ function main() {
     process.exit(2);
   }
   if (args.help) { process.stdout.write(HELP); return; }
+  // a signal before the sender runs ends the process at once (nothing leased)
+  let stop = () => process.exit(0);
+  process.once('SIGTERM', () => stop('SIGTERM'));
+  process.once('SIGINT', () => stop('SIGINT'));
   const pg = require('pg');
   const concurrency = args.options.concurrency || DEFAULTS.concurrency;
   const pool = new pg.Pool({ connectionString: args.database, max: Math.min(concurrency + 2, 50),
@@ -88,16 +92,14 @@ function main() {
     process.stderr.write(`idempotency-outbox: ${err.message}\nTry idempotency-outbox --help.\n`);
     process.exit(2);
   }
-  logger('info', 'started', { pid: process.pid, concurrency });
-  const stop = (signal) => {
+  logger('notice', 'started', { pid: process.pid, concurrency });
+  stop = (signal) => {
     logger('info', `${signal}: stopping`);
     handle.stop().then(() => pool.end()).then(() => process.exit(0), (err) => {
       logger('error', 'stopping failed', { error: err.message });
       process.exit(1);
     });
   };
-  process.once('SIGTERM', () => stop('SIGTERM'));
-  process.once('SIGINT', () => stop('SIGINT'));
 }
 
 if (require.main === module) main();
