@@ -679,6 +679,10 @@ function idempotent(options, ...handlers) {
   return middleware;
 }
 
-module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs, KeyError };
-// issue 37: the retry rules, the outbox sender, idempotent functions
-Object.assign(module.exports, require('./retry'), require('./outbox'), require('./function'));
+// the retry rules, the outbox sender, idempotent functions (issue 37)
+const { classify, parseRetryAfter, backoffDelay, withRetry } = require('./retry');
+const { runOutbox } = require('./outbox');
+const { idempotentFunction, IdempotentFunctionError } = require('./function');
+
+module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs, KeyError,
+  classify, parseRetryAfter, backoffDelay, withRetry, runOutbox, idempotentFunction, IdempotentFunctionError };

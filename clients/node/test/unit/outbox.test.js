@@ -10,7 +10,8 @@ const assert = require('node:assert/strict');
 const http = require('node:http');
 const pg = require('pg');
 const { conn, skip } = require('../support');
-const { runOutbox, keyHash } = require('../../src/index.js');
+const { runOutbox } = require('../../src/index.js');
+const { keyHash } = require('../../src/outbox.js');
 
 const env = { pool: null, server: null, base: null, requests: [], script: new Map() };
 
