@@ -96,7 +96,12 @@ async function readBounded(res, limit) {
 // error of an attempt without a whole answer in time ({ error }).
 async function sendOnce(o, op) {
   let extra = {};
-  if (o.credentials) extra = (await o.credentials({ refresh: false, operation: publicOp(op) })) || {};
+  try {
+    if (o.credentials) extra = (await o.credentials({ refresh: false, operation: publicOp(op) })) || {};
+  } catch (error) {
+    // not sent: an attempt without an answer, retried within the bounds
+    return { requestId: null, error: new Error(`the credentials hook failed: ${error.message}`, { cause: error }) };
+  }
   const { init, requestId } = requestOf(op, extra, o.timeoutMs);
   try {
     const res = await o.fetch(op.url, init);

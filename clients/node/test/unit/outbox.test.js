@@ -119,6 +119,15 @@ test('Retry-After is followed: the next attempt starts after the answer plus its
   assert.ok(a[1].started_at.getTime() >= a[0].ended_at.getTime() + 1000 - 50, 'recorded in outbox_attempts too');
 });
 
+test('a credentials hook that throws: nothing sent, retried within the bounds', { skip }, async () => {
+  const key = await add('nocreds', [{ status: 200 }]);
+  await runUntilFinished([key], { maxAttempts: 2, credentials: async () => { throw new Error('vault down'); } });
+  assert.equal((await row(key)).state, 'attention');
+  assert.equal(sent('nocreds').length, 0);
+  assert.deepEqual((await attempts(key)).map((a) => a.outcome), ['retry', 'attention']);
+  assert.match((await attempts(key))[0].error, /credentials hook failed: vault down/);
+});
+
 test('401: the credentials hook refreshes, then the same key with the new credentials', { skip }, async () => {
   const key = await add('login', [{ status: 401 }, { status: 200 }]);
   let token = 'old';
@@ -166,6 +175,10 @@ test('a timeout is retried with the same key; stop() gives back what it leased a
   for (let i = 0; i < 6; i++) keys.push(await add(`late${i}`, [{ status: 200 }]));
   const h = runOutbox({ pool: env.pool, concurrency: 2, pollMs: 50, logger: () => {} });
   await h.stop();
-  const { rows } = await env.pool.query("SELECT count(*)::int AS n FROM idempotency.outbox WHERE key = ANY($1) AND state = 'in_flight'", [keys]);
-  assert.equal(rows[0].n, 0);
+  const { rows } = await env.pool.query('SELECT state, attempts FROM idempotency.outbox WHERE key = ANY($1)', [keys]);
+  assert.deepEqual(rows.map((r) => [r.state, r.attempts]), keys.map(() => ['pending', 0]), 'leased, given back, not sent');
+  assert.equal(env.requests.filter((r) => r.name.startsWith('late')).length, 0);
+  const leases = await env.pool.query('SELECT count(*)::int AS n FROM idempotency.outbox_attempts a ' +
+    'JOIN idempotency.outbox o ON o.id = a.outbox_id WHERE o.key = ANY($1)', [keys]);
+  assert.equal(leases.rows[0].n, 0);
 });
