@@ -182,3 +182,19 @@ test('a timeout is retried with the same key; stop() gives back what it leased a
     'JOIN idempotency.outbox o ON o.id = a.outbox_id WHERE o.key = ANY($1)', [keys]);
   assert.equal(leases.rows[0].n, 0);
 });
+
+test('stop() waits for the send in flight and records its outcome', { skip }, async () => {
+  let arrived;
+  const got = new Promise((r) => { arrived = r; });
+  const slow = http.createServer((req, res) => { arrived(); setTimeout(() => res.end('{"late": true}'), 500); });
+  await new Promise((r) => slow.listen(0, '127.0.0.1', r));
+  const key = (await env.pool.query("SELECT idempotency.idem_outbox_add('POST', $1, '{}') AS key",
+    [`http://127.0.0.1:${slow.address().port}/y`])).rows[0].key;
+  const h = runOutbox({ pool: env.pool, pollMs: 50, logger: () => {} });
+  await got;
+  await h.stop();
+  slow.close();
+  const r = await row(key);
+  assert.equal(r.state, 'succeeded');
+  assert.equal(r.response_body, '{"late": true}');
+});
