@@ -51,14 +51,22 @@ function claimError(c, key) {
 function functionOptions(options) {
   const o = { key: (msg) => msg && msg.id, payload: (msg) => msg, tenant: null, ttl: null, lease: null, wait: null,
     heartbeatMs: null, ...options };
-  if (!o.pool || typeof o.pool.connect !== 'function') throw new TypeError('idempotentFunction: options.pool (a pg.Pool) is required');
-  if (typeof o.endpoint !== 'string' || !o.endpoint) throw new TypeError('idempotentFunction: options.endpoint (a string naming the function) is required');
+  if (!o.pool || typeof o.pool.connect !== 'function') {
+    throw new TypeError('idempotentFunction: options.pool (a pg.Pool) is required');
+  }
+  if (typeof o.endpoint !== 'string' || !o.endpoint) {
+    throw new TypeError('idempotentFunction: options.endpoint (a string naming the function) is required');
+  }
   for (const name of ['key', 'payload']) {
-    if (typeof o[name] !== 'function') throw new TypeError(`idempotentFunction: options.${name} is a function of the message`);
+    if (typeof o[name] !== 'function') {
+      throw new TypeError(`idempotentFunction: options.${name} is a function of the message`);
+    }
   }
   for (const name of ['ttl', 'lease', 'wait']) {
     if (typeof o[name] === 'number') o[name] = `${o[name]} seconds`;
-    if (o[name] !== null && typeof o[name] !== 'string') throw new TypeError(`idempotentFunction: options.${name} is an interval`);
+    if (o[name] !== null && typeof o[name] !== 'string') {
+      throw new TypeError(`idempotentFunction: options.${name} is an interval ('30 seconds') or a number of seconds`);
+    }
   }
   return o;
 }
@@ -115,7 +123,9 @@ async function runLeased(o, fn, msg) {
   try {
     t = await termsOf(o, msg, client);
     c = (await client.query(SQL_CLAIM, [t.tenant, o.endpoint, t.key, t.payload, o.ttl, o.lease, o.wait])).rows[0];
-    if (o.heartbeatMs === null) o.heartbeatMs = Math.max(100, Number((await client.query(SQL_LEASE_MS, [o.lease])).rows[0].ms) / 3);
+    if (o.heartbeatMs === null) {
+      o.heartbeatMs = Math.max(100, Number((await client.query(SQL_LEASE_MS, [o.lease])).rows[0].ms) / 3);
+    }
   } finally {
     client.release();
   }
@@ -128,7 +138,8 @@ async function runLeased(o, fn, msg) {
   let sideEffectFree = false;
   let result;
   try {
-    result = await fn(msg, { key: t.key, tenant: t.tenant, leaseToken: c.lease_token, noSideEffect() { sideEffectFree = true; } });
+    const noSideEffect = () => { sideEffectFree = true; };
+    result = await fn(msg, { key: t.key, tenant: t.tenant, leaseToken: c.lease_token, noSideEffect });
   } catch (err) {
     clearInterval(beat);
     if (sideEffectFree) await o.pool.query(SQL_RELEASE, [...args, c.lease_token]).catch(() => {});

@@ -50,7 +50,9 @@ function outboxOptions(options) {
       'recording of its outcome, must end before its lease lapses and another sender takes the operation over)');
   }
   if (typeof o.fetch !== 'function') throw new TypeError('runOutbox: no fetch (Node 18 or later, or options.fetch)');
-  if (o.credentials !== null && typeof o.credentials !== 'function') throw new TypeError('runOutbox: options.credentials is a function');
+  if (o.credentials !== null && typeof o.credentials !== 'function') {
+    throw new TypeError('runOutbox: options.credentials is a function');
+  }
   if (o.stopTimeoutMs === null) o.stopTimeoutMs = o.timeoutMs + 5000;
   return o;
 }
