@@ -68,7 +68,8 @@ function backoffDelay(attempts, options = {}, random = Math.random) {
   return Math.floor(random() * (backoffBound(attempts, options) + 1));
 }
 
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+// setTimeout's largest delay is 2^31 - 1 ms (about 24.8 days)
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, Math.min(ms, 2147483647)));
 
 // The delay before the next attempt, or null when the bounds end the retries
 // (attempts used up, or the delay would go past the total time left).
