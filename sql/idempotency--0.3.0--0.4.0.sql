@@ -807,25 +807,14 @@ REVOKE ALL ON idempotency.outbox, idempotency.outbox_attempts, idempotency.outbo
     FROM PUBLIC;
 
 -- The tenant the session is bound to (idempotency.tenant), NULL when
--- unbound.  Called by the outbox functions, which run as the owner.
+-- unbound, read as the claim functions read it (src/tenant.c): without
+-- shared_preload_libraries too, where a value a role's startup packet gave
+-- the setting is refused and the role's own setting binds.  Called by the
+-- outbox functions, which run as the owner.
 CREATE FUNCTION idempotency.idem_outbox_tenant()
 RETURNS text
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    bound text;
-BEGIN
-    -- loads the library, which defines the setting (without
-    -- shared_preload_libraries it is a placeholder until then)
-    PERFORM idempotency.idem_key_valid(NULL);
-    bound := pg_catalog.current_setting('idempotency.tenant', true);
-    IF bound IS NULL OR bound OPERATOR(pg_catalog.=) '' THEN
-        RETURN NULL;
-    END IF;
-    RETURN bound;
-END
-$$;
+AS 'MODULE_PATHNAME', 'idem_outbox_tenant'
+LANGUAGE C STABLE;
 
 -- The largest body or response body the outbox keeps: the setting
 -- idempotency.max_response_bytes, in bytes.
