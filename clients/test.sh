@@ -12,13 +12,18 @@
 # Prints one line "client SUITE ... ok|FAILED" per suite and exits non-zero
 # when one failed.
 #
-#   clients/test.sh [SUITE...]     suites: node_unit node_e2e node_example python_unit python_e2e python_example
+#   clients/test.sh [SUITE...]     suites: node_unit node_e2e node_outbox node_example python_unit python_e2e python_example
 #                                          node_snippets python_snippets node_orm python_orm
 #
 # node_snippets, python_snippets: the client code of the documentation runs
 # as written (clients/snippets/run.py: the markers are in CONTRIBUTING.md,
 # "Client code in the documentation"); node_orm, python_orm: the ORM recipes of
 # examples/orm (doc/orm.md), each a program run against the suite's database.
+#
+# node_outbox: the Node client's outbox sender (idempotency-outbox
+# processes killed and restarted, against a fault-injecting server) and a
+# queue consumer on idempotentFunction, end to end (test/e2e/outbox.js,
+# test/e2e/consumer.js).
 #
 # With IDEM_TEST_PGPORT (and IDEM_TEST_PGHOST, IDEM_TEST_PGUSER) set, the
 # tests use that running cluster (its library preloaded, the extension
@@ -29,7 +34,7 @@
 . "$(dirname "$0")/../scripts/common.sh"
 
 CLIENTS_DIR=$PROJECT_DIR/clients
-ALL_SUITES="node_unit node_e2e node_example python_unit python_e2e python_example node_snippets python_snippets node_orm python_orm"
+ALL_SUITES="node_unit node_e2e node_outbox node_example python_unit python_e2e python_example node_snippets python_snippets node_orm python_orm"
 SUITES=${*:-$ALL_SUITES}
 PY=/usr/bin/python3
 PY_PACKAGES="python3-psycopg python3-psycopg-pool python3-starlette python3-fastapi python3-httpx python3-uvicorn python3-urllib3"
@@ -138,6 +143,7 @@ for s in $SUITES; do
     case $s in
         node_unit) ensure_node; run_suite "$s" bash -c "$LENGTHS_FIRST" "$PY" "$LENGTHS" js node --test --test-concurrency=1 "$CLIENTS_DIR/node/test/unit/" ;;
         node_e2e) ensure_node; run_suite "$s" node "$CLIENTS_DIR/node/test/e2e/run.js" ;;
+        node_outbox) ensure_node; run_suite "$s" bash -c 'node "$1/outbox.js" && node "$1/consumer.js"' _ "$CLIENTS_DIR/node/test/e2e" ;;
         python_unit) ensure_python; run_suite "$s" bash -c "$LENGTHS_FIRST" "$PY" "$LENGTHS" py env PYTHONPATH="$CLIENTS_DIR/python" "$PY" -m unittest discover -v -s "$CLIENTS_DIR/python/tests" -t "$CLIENTS_DIR/python" ;;
         python_e2e) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" "$CLIENTS_DIR/python/tests/e2e/run.py" ;;
         node_example) ensure_node; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/express/run.sh" ;;

@@ -25,6 +25,10 @@
  *	  6. retention of idempotency.tombstones, and expired tombstones leave
  *	     its default partition.
  *
+ *	  Between 3 and 4, the outbox: operations that finished longer than
+ *	  idempotency.outbox_retention before as_of leave it (maint_outbox.c; on
+ *	  every node in the Citus mode, where it is a local table).
+ *
  *	  Steps 2 to 6 serve both partitioned tables alike.
  *
  *	  A preview reports what a pass as of a given time would do, and does
@@ -56,6 +60,7 @@
 #include "keystore.h"
 #include "maint.h"
 #include "maint_leases.h"
+#include "maint_outbox.h"
 #include "maint_partitions.h"
 #include "tombstone_filter_learn.h"
 #include "tombstone_probe.h"
@@ -197,6 +202,8 @@ IdemRunSteps(IdemMaintPass *p)
 	if (node != IDEM_KEYS_CITUS_WORKER)
 		IdemMaintPremake(p, IDEM_PARTITIONED_TOMBSTONES);
 	IdemMaintPurgeKeysDefault(p);
+	/* every node's own outbox */
+	IdemMaintOutbox(p);
 	/* a Citus worker: the coordinator makes and drops the partitions */
 	if (node == IDEM_KEYS_CITUS_WORKER)
 		return;

@@ -43,6 +43,22 @@ SHOW idempotency.tenant;
 SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', sha256('g'))$$) AS claim_after_startup_packet;
 SHOW idempotency.tenant;
 
+-- the outbox's functions take no tenant: they read the same binding, the
+-- role's, even when the startup packet's value was refused and nothing
+-- else ran before them
+\c - :su
+INSERT INTO idempotency.outbox (tenant, key, method, url, body, next_attempt_at)
+VALUES ('globex', 'g-op', 'POST', 'https://a.example/', '{}', now());
+\c "dbname=contrib_regression user=regress_tbn_acme options='-c idempotency.tenant=globex'"
+SELECT key FROM idempotency.idem_outbox_lease() AS leased_first_thing;
+SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{}', key => 'a-op');
+\c "dbname=contrib_regression user=regress_tbn_acme options='-c idempotency.tenant=globex'"
+SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{}', key => 'a-op-2');
+SELECT key FROM idempotency.idem_outbox_lease();
+\c - :su
+SELECT tenant, key, state FROM idempotency.outbox ORDER BY key;
+DELETE FROM idempotency.outbox;
+
 \c - :su
 DELETE FROM idempotency.keys;
 DROP ROLE regress_tbn_acme;

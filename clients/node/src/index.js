@@ -836,4 +836,10 @@ class Attempt {
   }
 }
 
-module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs, KeyError };
+// the retry rules, the outbox sender, idempotent functions (issue 37)
+const { classify, parseRetryAfter, backoffDelay, withRetry } = require('./retry');
+const { runOutbox } = require('./outbox');
+const { idempotentFunction, IdempotentFunctionError } = require('./function');
+
+module.exports = { idempotent, formToJson, parseKeyHeader, applyKeyPolicy, answer, intervalMs, KeyError,
+  classify, parseRetryAfter, backoffDelay, withRetry, runOutbox, idempotentFunction, IdempotentFunctionError };
