@@ -62,6 +62,7 @@ int			idem_tombstone_partition_interval = 7 * 24 * 60 * 60;
 int			idem_tombstone_filter_memory = 32 * 1024;
 int			idem_tombstone_filter_entries = 8192;
 int			idem_horizon_entries = 4096;
+int			idem_outbox_retention = 7 * 24 * 60 * 60;
 
 /* the value the GUC machinery holds for idempotency.encryption_key: "" */
 static char *idem_encryption_key_setting = NULL;
@@ -417,6 +418,14 @@ IdemGucInit(void)
 							&idem_diagnostics_max_mismatches,
 							3, 0, 1000,
 							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.outbox_retention",
+							"Time a finished operation of idempotency.outbox is kept.",
+							"Maintenance removes operations that succeeded or failed longer ago, with their attempts; operations that need attention stay.",
+							&idem_outbox_retention,
+							7 * 24 * 60 * 60, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	prev_emit_log_hook = emit_log_hook;

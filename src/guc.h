@@ -29,6 +29,7 @@ extern int	idem_horizon_entries;
 
 /* maintenance */
 extern bool idem_enable_worker;
+extern int	idem_outbox_retention;	/* seconds (src/maint_outbox.c) */
 extern int	idem_maintenance_interval;
 extern int	idem_resolver_timeout;
 

@@ -23,7 +23,10 @@
  *	  5. retention: partitions whose range has ended are dropped whole,
  *	     after the tombstones of their rows are written;
  *	  6. retention of idempotency.tombstones, and expired tombstones leave
- *	     its default partition.
+ *	     its default partition;
+ *	  7. the outbox: operations finished longer than
+ *	     idempotency.outbox_retention ago leave it (maint_outbox.c; on every
+ *	     node in the Citus mode, where it is a local table).
  *
  *	  Steps 2 to 6 serve both partitioned tables alike.
  *
@@ -56,6 +59,7 @@
 #include "idempotency.h"
 #include "keystore.h"
 #include "maint_leases.h"
+#include "maint_outbox.h"
 #include "maint_partitions.h"
 #include "maintenance.h"
 #include "tombfilter.h"
@@ -197,6 +201,8 @@ IdemRunSteps(IdemMaintPass *p)
 	if (node != IDEM_KEYS_CITUS_WORKER)
 		IdemMaintPremake(p, IDEM_PARTITIONED_TOMBSTONES);
 	IdemMaintPurgeKeysDefault(p);
+	/* every node's own outbox */
+	IdemMaintOutbox(p);
 	/* a Citus worker: the coordinator makes and drops the partitions */
 	if (node == IDEM_KEYS_CITUS_WORKER)
 		return;

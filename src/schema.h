@@ -34,7 +34,8 @@ typedef enum IdemSchema
  *		  diagnostics_secret, the column endpoints.diagnostics).
  * 0.4.0: endpoints.resolver is text (regprocedure before); the column
  *		  endpoints.diagnostics_redact; the column tombstones.tenant, by
- *		  which the Citus mode distributes tombstones.
+ *		  which the Citus mode distributes tombstones; the outbox (the
+ *		  tables idempotency.outbox and outbox_attempts).
  */
 #define IDEM_SCHEMA_TOMBSTONES		IDEM_SCHEMA_0_3
 #define IDEM_SCHEMA_DIAGNOSTICS		IDEM_SCHEMA_0_3
@@ -42,6 +43,7 @@ typedef enum IdemSchema
 #define IDEM_SCHEMA_REDACTION		IDEM_SCHEMA_0_4
 #define IDEM_SCHEMA_HORIZONS		IDEM_SCHEMA_0_4
 #define IDEM_SCHEMA_CITUS_TOMBSTONES	IDEM_SCHEMA_0_4
+#define IDEM_SCHEMA_OUTBOX			IDEM_SCHEMA_0_4
 
 /*
  * The installed version, read from pg_extension once per backend and again

@@ -19,7 +19,9 @@ BEGIN
                              'idem_release', 'idem_fail', 'idem_heartbeat',
                              'idem_fingerprint', 'idem_key_valid',
                              'idem_uuidv7', 'idem_ulid', 'idem_token',
-                             'idem_downstream_key', 'idem_request_digest')
+                             'idem_downstream_key', 'idem_request_digest',
+                             'idem_outbox_add', 'idem_outbox_lease', 'idem_outbox_record',
+                             'idem_outbox_release')
                OR p.proname LIKE 'idem\_canonical\_json%')
     LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO idempotency_client', f);
@@ -59,9 +61,16 @@ BEGIN
 END
 $$;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.endpoints TO idempotency_admin;
-GRANT SELECT ON idempotency.events, idempotency.stats, idempotency.health
+GRANT SELECT ON idempotency.events, idempotency.stats, idempotency.health,
+    idempotency.outbox_health
     TO idempotency_admin;
 
 -- called by idem_import_keys (SECURITY DEFINER) alone
 REVOKE EXECUTE ON FUNCTION idempotency.idem_import_check(bigint, idempotency.keys)
+    FROM idempotency_admin;
+
+-- called by the outbox's functions (SECURITY DEFINER) alone
+REVOKE EXECUTE ON FUNCTION idempotency.idem_outbox_tenant(),
+    idempotency.idem_outbox_max_bytes(), idempotency.idem_outbox_lock(bigint),
+    idempotency.idem_outbox_cut(text, integer)
     FROM idempotency_admin;
