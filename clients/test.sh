@@ -11,6 +11,7 @@
 # when one failed.
 #
 #   clients/test.sh [SUITE...]     suites: node_unit node_e2e node_example python_unit python_e2e python_example
+#                                  python_outbox
 #
 # With IDEM_TEST_PGPORT (and IDEM_TEST_PGHOST, IDEM_TEST_PGUSER) set, the
 # tests use that running cluster (its library preloaded, the extension
@@ -21,7 +22,7 @@
 . "$(dirname "$0")/../scripts/common.sh"
 
 CLIENTS_DIR=$PROJECT_DIR/clients
-ALL_SUITES="node_unit node_e2e node_example python_unit python_e2e python_example"
+ALL_SUITES="node_unit node_e2e node_example python_unit python_e2e python_example python_outbox"
 SUITES=${*:-$ALL_SUITES}
 PY=/usr/bin/python3
 PY_PACKAGES="python3-psycopg python3-psycopg-pool python3-starlette python3-fastapi python3-httpx python3-uvicorn python3-urllib3"
@@ -116,6 +117,11 @@ for s in $SUITES; do
         node_e2e) ensure_node; run_suite "$s" node "$CLIENTS_DIR/node/test/e2e/run.js" ;;
         python_unit) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" -m unittest discover -v -s "$CLIENTS_DIR/python/tests" -t "$CLIENTS_DIR/python" ;;
         python_e2e) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" "$CLIENTS_DIR/python/tests/e2e/run.py" ;;
+        # the outbox sender killed and restarted against a faulty server, then
+        # idempotent_function's queue consumers (issue 37)
+        python_outbox) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" OUTBOX_LOG_DIR="$LOG_DIR" sh -c \
+            '"$0" "$1"/tests/e2e/outbox_run.py && cd "$1" && "$0" -m unittest -v tests.test_function.QueueConsumer' \
+            "$PY" "$CLIENTS_DIR/python" ;;
         node_example) ensure_node; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/express/run.sh" ;;
         python_example) ensure_python $PY_PACKAGING; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/fastapi/run.sh" ;;
         *) die "unknown suite $s (suites: $ALL_SUITES)" ;;
