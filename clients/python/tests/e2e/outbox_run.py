@@ -52,7 +52,7 @@ SENDER = ["--concurrency", "4", "--lease", "3 seconds", "--timeout", "1 second",
 
 
 def make_server():
-    """The test server: the middleware on a FastAPI route that writes an
+    """The test server: the middleware (IETF profile: a reused key is 422) on a FastAPI route that writes an
     order, inside an ASGI wrapper that logs each request (table seen) and
     injects the fault of its attempt (?faults=a,b: one per attempt)."""
     import asyncio
@@ -63,7 +63,7 @@ def make_server():
     from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
     pools, counts = {}, {}
     api = FastAPI()
-    api.add_middleware(IdempotencyMiddleware, pool=lambda: pools["app"], tenant="acme", wait="5 seconds")
+    api.add_middleware(IdempotencyMiddleware, pool=lambda: pools["app"], tenant="acme", profile="ietf", wait="5 seconds")
 
     @api.on_event("startup")
     async def open_pools():
