@@ -27,7 +27,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Set, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Set, Union
 
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -97,11 +97,11 @@ class _Sender:
     def count(self, what: str) -> None:
         self.stats[what] = self.stats.get(what, 0) + 1
 
-    async def lease(self, n: int) -> list:
+    async def lease(self, n: int) -> List[Dict[str, Any]]:
         try:
             async with self.pool.connection() as conn:
                 cur = await conn.cursor(row_factory=dict_row).execute(SQL_LEASE, (n, f"{self.opts.lease} seconds"))
-                rows = await cur.fetchall()
+                rows: List[Dict[str, Any]] = await cur.fetchall()
         except Exception as err:  # the database is away: try again after the idle pause
             LOG.warning("outbox: could not lease operations: %s", err)
             self.count("lease_errors")
@@ -274,7 +274,7 @@ async def run_outbox(pool: Any, *, concurrency: int = 4, lease: Union[str, float
             await client.aclose()
 
 
-def _arguments(argv: Optional[list]) -> argparse.Namespace:
+def _arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python3 -m idempotency_asgi.outbox",
                                 description="Sends the operations of the idempotency outbox until SIGTERM or SIGINT.")
     p.add_argument("--database", required=True, help="a libpq connection string or URL")
@@ -302,7 +302,7 @@ async def _serve(args: argparse.Namespace) -> Dict[str, int]:
                                 cap_ms=args.cap_ms, idle=args.idle, stop_event=stop)
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     args = _arguments(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

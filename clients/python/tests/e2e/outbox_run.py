@@ -52,35 +52,13 @@ SENDER = ["--concurrency", "4", "--lease", "3 seconds", "--timeout", "1 second",
 
 
 def make_server():
-    """The test server: the middleware (IETF profile: a reused key is 422) on a FastAPI route that writes an
-    order, inside an ASGI wrapper that logs each request (table seen) and
-    injects the fault of its attempt (?faults=a,b: one per attempt)."""
+    """The test server: the middleware (IETF profile: a reused key is 422) on a
+    FastAPI route that writes an order, inside an ASGI wrapper that logs
+    each request (table seen) and injects the fault of its attempt
+    (?faults=a,b: one per attempt)."""
     import asyncio
-    from fastapi import Depends, FastAPI, Request
-    from fastapi.responses import JSONResponse
-    from psycopg_pool import AsyncConnectionPool
-
-    from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
     pools, counts = {}, {}
-    api = FastAPI()
-    api.add_middleware(IdempotencyMiddleware, pool=lambda: pools["app"], tenant="acme", profile="ietf", wait="5 seconds")
-
-    @api.on_event("startup")
-    async def open_pools():
-        pools["app"] = AsyncConnectionPool(CONNINFO, min_size=2, max_size=12, open=False)
-        pools["log"] = AsyncConnectionPool(CONNINFO, min_size=1, max_size=4, open=False)
-        await pools["app"].open()
-        await pools["log"].open()
-
-    @api.post("/v1/orders")
-    async def create_order(request: Request, ctx: Context = Depends(idempotency)):
-        body = await request.json()
-        if request.scope.get("fault") == "400":  # a refusal: nothing written, the answer stored
-            return JSONResponse({"error": "bad request"}, status_code=400)
-        await ctx.conn.execute("INSERT INTO orders (idem_key, op) VALUES (%s, %s)", (ctx.key, body.get("op")))
-        if request.scope.get("fault") == "500_before":
-            return JSONResponse({"error": "injected"}, status_code=500)  # rolled back, not stored
-        return JSONResponse({"order": ctx.key[:8], "op": body.get("op")}, status_code=201)
+    api = _api(pools)
 
     def fault_of(scope):
         headers = dict(scope["headers"])
@@ -118,6 +96,36 @@ def make_server():
             await send(message)
         await api(scope, receive, faulty)
     return app
+
+
+def _api(pools):
+    """The application: one route that claims the key and writes an order."""
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from psycopg_pool import AsyncConnectionPool
+
+    from idempotency_asgi import Context, IdempotencyMiddleware, idempotency
+    api = FastAPI()
+    api.add_middleware(IdempotencyMiddleware, pool=lambda: pools["app"], tenant="acme", profile="ietf",
+                       wait="5 seconds")
+
+    @api.on_event("startup")
+    async def open_pools():
+        pools["app"] = AsyncConnectionPool(CONNINFO, min_size=2, max_size=12, open=False)
+        pools["log"] = AsyncConnectionPool(CONNINFO, min_size=1, max_size=4, open=False)
+        await pools["app"].open()
+        await pools["log"].open()
+
+    @api.post("/v1/orders")
+    async def create_order(request: Request, ctx: Context = Depends(idempotency)):
+        body = await request.json()
+        if request.scope.get("fault") == "400":  # a refusal: nothing written, the answer stored
+            return JSONResponse({"error": "bad request"}, status_code=400)
+        await ctx.conn.execute("INSERT INTO orders (idem_key, op) VALUES (%s, %s)", (ctx.key, body.get("op")))
+        if request.scope.get("fault") == "500_before":
+            return JSONResponse({"error": "injected"}, status_code=500)  # rolled back, not stored
+        return JSONResponse({"order": ctx.key[:8], "op": body.get("op")}, status_code=201)
+    return api
 
 
 def free_port():
