@@ -1043,7 +1043,7 @@ BEGIN
     LOOP
         excess := pg_catalog.octet_length(pg_catalog.left(t, n)) OPERATOR(pg_catalog.-) max_bytes;
         EXIT WHEN excess OPERATOR(pg_catalog.<=) 0;
-        n := n OPERATOR(pg_catalog.-) pg_catalog.greatest(1, excess OPERATOR(pg_catalog./) 4);
+        n := n OPERATOR(pg_catalog.-) GREATEST(1, excess OPERATOR(pg_catalog./) 4);
     END LOOP;
     RETURN pg_catalog.left(t, n);
 END
@@ -1180,7 +1180,7 @@ BEGIN
             USING ERRCODE = 'IK404';
     END IF;
     IF o.state OPERATOR(pg_catalog.<>) ALL (ARRAY['attention', 'failed']) THEN
-        RAISE EXCEPTION 'outbox operation % is %, not attention or failed', id, o.state
+        RAISE EXCEPTION 'outbox operation % is in state "%", not attention or failed', id, o.state
             USING ERRCODE = 'IK409',
                   DETAIL = 'Only an operation that needs attention or failed can be put back.';
     END IF;

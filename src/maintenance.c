@@ -23,10 +23,11 @@
  *	  5. retention: partitions whose range has ended are dropped whole,
  *	     after the tombstones of their rows are written;
  *	  6. retention of idempotency.tombstones, and expired tombstones leave
- *	     its default partition;
- *	  7. the outbox: operations finished longer than
- *	     idempotency.outbox_retention ago leave it (maint_outbox.c; on every
- *	     node in the Citus mode, where it is a local table).
+ *	     its default partition.
+ *
+ *	  Between 3 and 4, the outbox: operations that finished longer than
+ *	  idempotency.outbox_retention before as_of leave it (maint_outbox.c; on
+ *	  every node in the Citus mode, where it is a local table).
  *
  *	  Steps 2 to 6 serve both partitioned tables alike.
  *
