@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import json
 import logging
+import re
 import signal
 import sys
 import time
@@ -242,7 +243,14 @@ class _Sender:
             LOG.warning("outbox: operation %s: could not release the lease: %s", op["id"], err)
 
 
+_LONG = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(h|hours?|d|days?)\s*", re.IGNORECASE)
+
+
 def _interval(value: Union[str, int, float]) -> float:
+    """Seconds, or an interval: '500 ms', '30 seconds', '2 min', '6 hours', '1 day'."""
+    m = _LONG.fullmatch(value) if isinstance(value, str) else None
+    if m:
+        return float(m.group(1)) * (86400.0 if m.group(2).lower().startswith("d") else 3600.0)
     return interval_seconds(value)
 
 
@@ -282,7 +290,7 @@ def _arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--lease", default="60 seconds", help="how long a leased operation is ours (60 seconds)")
     p.add_argument("--timeout", default="30 seconds", help="an attempt's timeout (30 seconds)")
     p.add_argument("--max-attempts", type=int, default=10, help="attempts before attention (10)")
-    p.add_argument("--max-total", default="86400", help="time since the first attempt before attention (1 day)")
+    p.add_argument("--max-total", default="1 day", help="time since the first attempt before attention (1 day)")
     p.add_argument("--base-ms", type=float, default=500.0, help="backoff base in milliseconds (500)")
     p.add_argument("--cap-ms", type=float, default=60000.0, help="backoff cap in milliseconds (60000)")
     p.add_argument("--idle", type=float, default=1.0, help="seconds between polls when nothing is due (1)")

@@ -16,12 +16,22 @@ import httpx
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from idempotency_asgi.outbox import Options, _Sender, run_outbox
+from idempotency_asgi.outbox import Options, _arguments, _interval, _Sender, run_outbox
 
 CONNINFO = psycopg.conninfo.make_conninfo(
     host=os.environ.get("IDEM_TEST_PGHOST", "127.0.0.1"), port=os.environ.get("IDEM_TEST_PGPORT"),
     user=os.environ.get("IDEM_TEST_PGUSER"), dbname=os.environ.get("IDEM_TEST_PGDATABASE"))
 FINAL = ("succeeded", "failed", "attention")
+
+
+class Settings(unittest.TestCase):
+    def test_intervals_and_checks(self) -> None:
+        self.assertEqual([_interval(v) for v in ("1 day", "6 hours", "30 seconds", "500 ms", 5)],
+                         [86400.0, 21600.0, 30.0, 0.5, 5.0])
+        with self.assertRaises(ValueError):  # a lease shorter than a send lets another sender take it over
+            Options(lease=10, timeout=30).check()
+        args = _arguments(["--database", "dbname=x", "--concurrency", "8"])
+        self.assertEqual((args.concurrency, _interval(args.max_total), _interval(args.lease)), (8, 86400.0, 60.0))
 
 
 @unittest.skipUnless(os.environ.get("IDEM_TEST_PGPORT"), "IDEM_TEST_PGPORT not set")
