@@ -8,6 +8,9 @@ IDEM_TEST_PGPORT (clients/test.sh sets it)."""
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
 import time
 import unittest
 from typing import Any, Callable, Dict, List
@@ -169,6 +172,23 @@ class Outbox(unittest.IsolatedAsyncioTestCase):
 
     async def big(self) -> httpx.Response:
         return httpx.Response(200, content=b"x" * 200000)
+
+    async def test_command_stops_on_sigint_and_sigterm(self) -> None:
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            proc = subprocess.Popen([sys.executable, "-m", "idempotency_asgi.outbox", "--database", CONNINFO,
+                                     "--idle", "0.1"], env=env, stderr=subprocess.PIPE, text=True)
+            for _ in range(600):  # until it leases (its signal handlers are set before)
+                async with self.pool.connection() as c:
+                    cur = await c.execute("SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                                          " AND query LIKE '%%idem_outbox_lease%%'")
+                    if (await cur.fetchone())[0] > 0:
+                        break
+                await asyncio.sleep(0.05)
+            proc.send_signal(sig)
+            _, err = await asyncio.get_running_loop().run_in_executor(None, proc.communicate)
+            self.assertEqual(proc.returncode, 0, err)
+            self.assertIn("outbox sender stopped", err)
 
     async def test_stop_releases_what_was_not_sent(self) -> None:
         key = await self.add("/later", [201])
