@@ -1016,9 +1016,10 @@ BEGIN
     FOR UPDATE;
     IF FOUND AND bound IS NOT NULL
        AND o.tenant IS DISTINCT FROM bound COLLATE "C" THEN
-        RAISE EXCEPTION 'this session may not act for tenant "%"', coalesce(o.tenant, '')
+        -- the other tenant is not named
+        RAISE EXCEPTION 'this session may not act for the tenant of outbox operation %', id
             USING ERRCODE = 'IK401',
-                  DETAIL = pg_catalog.format('The setting idempotency.tenant binds this session to tenant "%s"; outbox operation %s belongs to another.', bound, id),
+                  DETAIL = pg_catalog.format('The setting idempotency.tenant binds this session to tenant "%s", and the operation belongs to another.', bound),
                   HINT = 'Connect as a role bound to the operation''s tenant.';
     END IF;
     IF NOT FOUND THEN
