@@ -2,7 +2,9 @@
  *
  * tenant.c
  *	  Binding a session to one tenant: the setting idempotency.tenant, and
- *	  the check every function that takes a tenant makes against it.
+ *	  the check every function that takes a tenant makes against it; the
+ *	  bound tenant itself for the outbox's functions, which take none
+ *	  (idem_outbox_tenant).
  *
  *	  The setting is PGC_SUSET, so that only superusers and roles granted
  *	  SET on it can give it a value: by ALTER ROLE / ALTER DATABASE ... SET,
@@ -216,4 +218,37 @@ IdemCheckTenant(const text *tenant)
 			 errdetail("The setting idempotency.tenant binds this session to tenant \"%s\".",
 					   idem_bound_tenant),
 			 errhint("Pass the session's own tenant, or connect as a role bound to the other tenant.")));
+}
+
+/*
+ * The tenant this session is bound to, or NULL when it is bound to none;
+ * read as IdemCheckTenant reads it (the role-level settings included, for
+ * a library that was not preloaded).
+ */
+text *
+IdemBoundTenant(void)
+{
+	if (!idem_tenant_bound && !IdemPreloaded && !idem_tenant_settings_read)
+		IdemTenantFromRoleSettings();
+	if (!idem_tenant_bound)
+		return NULL;
+	return cstring_to_text_with_len(idem_bound_tenant, idem_bound_tenant_len);
+}
+
+PG_FUNCTION_INFO_V1(idem_outbox_tenant);
+
+/*
+ * idem_outbox_tenant() RETURNS text
+ *		The session's bound tenant, NULL when unbound: the tenant under which
+ *		the outbox's functions add, and whose operations alone they lease,
+ *		record and release (sql/parts/80_outbox.sql).
+ */
+Datum
+idem_outbox_tenant(PG_FUNCTION_ARGS)
+{
+	text	   *tenant = IdemBoundTenant();
+
+	if (tenant == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_TEXT_P(tenant);
 }

@@ -19,4 +19,7 @@ extern void IdemDefineTenantSetting(void);
  */
 extern void IdemCheckTenant(const text *tenant);
 
+/* The tenant this session is bound to (palloc'd), NULL when unbound. */
+extern text *IdemBoundTenant(void);
+
 #endif							/* IDEM_TENANT_H */

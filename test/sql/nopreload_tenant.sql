@@ -43,6 +43,29 @@ SHOW idempotency.tenant;
 SELECT regress.try($$SELECT action FROM idempotency.idem_claim('globex', 'POST /pay', 'g-done', sha256('g'))$$) AS claim_after_startup_packet;
 SHOW idempotency.tenant;
 
+-- the outbox's functions take no tenant: they read the same binding, the
+-- role's, even when the startup packet's value was refused and nothing
+-- else ran before them
+\c - :su
+INSERT INTO idempotency.outbox (tenant, key, method, url, body, next_attempt_at)
+VALUES ('globex', 'g-op', 'POST', 'https://a.example/', '{}', now());
+\c "dbname=contrib_regression user=regress_tbn_acme options='-c idempotency.tenant=globex'"
+SELECT key FROM idempotency.idem_outbox_lease() AS leased_first_thing;
+SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{}', key => 'a-op');
+\c "dbname=contrib_regression user=regress_tbn_acme options='-c idempotency.tenant=globex'"
+SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{}', key => 'a-op-2');
+SELECT key FROM idempotency.idem_outbox_lease();
+-- a record as a session's first call (the library not loaded yet) keeps
+-- the response bounded by idempotency.max_response_bytes all the same
+\c - :su
+SELECT id AS a_id, lease_token AS a_tok FROM idempotency.outbox WHERE key = 'a-op' \gset
+\c - regress_tbn_acme
+SELECT idempotency.idem_outbox_record(:a_id, :a_tok, 'succeeded', 200,
+                                      response_body => repeat('x', 300000)) AS recorded_first_thing;
+\c - :su
+SELECT tenant, key, state, octet_length(response_body) AS body_bytes FROM idempotency.outbox ORDER BY key;
+DELETE FROM idempotency.outbox;
+
 \c - :su
 DELETE FROM idempotency.keys;
 DROP ROLE regress_tbn_acme;

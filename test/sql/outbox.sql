@@ -275,5 +275,27 @@ SELECT key, attempts FROM idempotency.idem_outbox_lease(2, '1 hour');
 ROLLBACK;
 SELECT key, attempts FROM idempotency.idem_outbox_lease(10, '1 hour');
 
+-- 13. the caller's settings do not reach the functions, which run as the
+-- owner with a pinned search_path: an = operator of the caller's that
+-- would match every row is never used (it would say so)
+DELETE FROM idempotency.outbox;
+CREATE SCHEMA regress_ob_evil;
+CREATE FUNCTION regress_ob_evil.texteq(text, text) RETURNS boolean
+LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'the caller''s = operator was used'; RETURN true; END $$;
+CREATE OPERATOR regress_ob_evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = regress_ob_evil.texteq);
+GRANT USAGE ON SCHEMA regress_ob_evil TO regress_ob_client;
+SET ROLE regress_ob_client;
+SET search_path = regress_ob_evil, pg_catalog, public;
+SELECT 'a' = 'b' AS callers_operator_in_effect;
+SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{}', key => k)
+FROM unnest(ARRAY['e1', 'e2']) k;
+SELECT id AS e_id, lease_token AS e_tok FROM idempotency.idem_outbox_lease(1, '1 hour') \gset
+SELECT idempotency.idem_outbox_record(:e_id, :e_tok, 'failed', 400) AS recorded;
+SELECT idempotency.idem_outbox_release(:e_id, :e_tok) AS released_finished;
+RESET search_path;
+RESET ROLE;
+SELECT key, state, attempts FROM idempotency.outbox ORDER BY id;
+DROP SCHEMA regress_ob_evil CASCADE;
+
 DELETE FROM idempotency.outbox;
 DROP ROLE regress_ob_client, regress_ob_ops, regress_ob_acme, regress_ob_globex;

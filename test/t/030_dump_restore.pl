@@ -1,6 +1,7 @@
 # pg_dump then pg_restore into a fresh database keeps live keys (in dated
-# partitions and in the default partition) and endpoint policies, and the
-# restored database accepts new keys and maintenance at once.
+# partitions and in the default partition), endpoint policies and the
+# outbox (operations, attempts, the sequence of ids), and the restored
+# database accepts new keys, operations and maintenance at once.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -33,6 +34,13 @@ $node->safe_psql('postgres', q{
 	INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
 	VALUES ('acme', 'pay', 'far', decode(repeat('ab', 32), 'hex'), 'completed', now(),
 	        now() + interval '60 days');
+	-- the outbox: two operations, one with a recorded attempt
+	SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{"n": 1}', key => 'op-1');
+	SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{"n": 2}', key => 'op-2',
+	                                   not_before => now() + interval '1 day');
+	SELECT idempotency.idem_outbox_record(l.id, l.lease_token, 'retry', 503,
+	                                      retry_at => now() + interval '1 hour')
+	FROM idempotency.idem_outbox_lease(10, '1 minute') l;
 });
 
 my $snapshot = q{
@@ -45,10 +53,14 @@ my $snapshot = q{
 	    || ' | ' || (SELECT string_agg(c.relname || '=' || pg_get_expr(c.relpartbound, c.oid), ',' ORDER BY c.relname)
 	                 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 	                 WHERE i.inhparent = 'idempotency.keys'::regclass)
+	    || ' | ' || (SELECT string_agg(o.id || '/' || o.key || '/' || o.state || '/' || o.attempts || '/'
+	                                   || o.body::text || '/' || coalesce(a.outcome, '-'), ',' ORDER BY o.id)
+	                 FROM idempotency.outbox o LEFT JOIN idempotency.outbox_attempts a ON a.outbox_id = o.id)
 };
 my $before = $node->safe_psql('postgres', $snapshot);
 like($before, qr/keys_default\/far\//, 'a row sits in the default partition');
 like($before, qr{charge/-/-/public\.find_charge\(text,text,text\)/oncall}, 'an endpoint\'s resolver runs as oncall');
+like($before, qr{1/op-1/pending/1/\{"n": 1\}/retry,2/op-2/pending/0/\{"n": 2\}/-}, 'the outbox holds two operations and an attempt');
 
 my $dump = $node->basedir . '/idem.dump';
 $node->command_ok(
@@ -62,7 +74,11 @@ ok($ok, 'pg_restore into a fresh database');
 is($stderr, '', 'without errors or warnings');
 
 is($node->safe_psql('restored', $snapshot), $before,
-	'keys, their partitions and the endpoint policies (with the resolver\'s role) are restored');
+	'keys, their partitions, the endpoint policies (with the resolver\'s role) and the outbox are restored');
+is( $node->safe_psql('restored', q{
+	SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{}', key => 'op-3');
+	SELECT id FROM idempotency.outbox WHERE key = 'op-3'}),
+	"op-3\n3", 'the sequence of the outbox\'s ids goes on where it was');
 is( $node->safe_psql('restored', q{
 	SELECT count(*) FROM pg_inherits i
 	WHERE i.inhparent = 'idempotency.keys'::regclass
