@@ -12,7 +12,7 @@
 # Prints one line "client SUITE ... ok|FAILED" per suite and exits non-zero
 # when one failed.
 #
-#   clients/test.sh [SUITE...]     suites: node_unit node_e2e node_outbox node_example python_unit python_e2e python_example
+#   clients/test.sh [SUITE...]     suites: node_unit node_e2e node_outbox node_example python_unit python_e2e python_outbox python_example
 #                                          node_snippets python_snippets node_orm python_orm
 #
 # node_snippets, python_snippets: the client code of the documentation runs
@@ -34,7 +34,7 @@
 . "$(dirname "$0")/../scripts/common.sh"
 
 CLIENTS_DIR=$PROJECT_DIR/clients
-ALL_SUITES="node_unit node_e2e node_outbox node_example python_unit python_e2e python_example node_snippets python_snippets node_orm python_orm"
+ALL_SUITES="node_unit node_e2e node_outbox node_example python_unit python_e2e python_outbox python_example node_snippets python_snippets node_orm python_orm"
 SUITES=${*:-$ALL_SUITES}
 PY=/usr/bin/python3
 PY_PACKAGES="python3-psycopg python3-psycopg-pool python3-starlette python3-fastapi python3-httpx python3-uvicorn python3-urllib3"
@@ -146,6 +146,11 @@ for s in $SUITES; do
         node_outbox) ensure_node; run_suite "$s" bash -c 'node "$1/outbox.js" && node "$1/consumer.js"' _ "$CLIENTS_DIR/node/test/e2e" ;;
         python_unit) ensure_python; run_suite "$s" bash -c "$LENGTHS_FIRST" "$PY" "$LENGTHS" py env PYTHONPATH="$CLIENTS_DIR/python" "$PY" -m unittest discover -v -s "$CLIENTS_DIR/python/tests" -t "$CLIENTS_DIR/python" ;;
         python_e2e) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" "$PY" "$CLIENTS_DIR/python/tests/e2e/run.py" ;;
+        # the outbox sender killed and restarted against a faulty server, then
+        # idempotent_function's queue consumers (issue 37)
+        python_outbox) ensure_python; run_suite "$s" env PYTHONPATH="$CLIENTS_DIR/python" OUTBOX_LOG_DIR="$LOG_DIR" sh -c \
+            '"$0" "$1"/tests/e2e/outbox_run.py && cd "$1" && "$0" -m unittest -v tests.test_function.QueueConsumer' \
+            "$PY" "$CLIENTS_DIR/python" ;;
         node_example) ensure_node; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/express/run.sh" ;;
         python_example) ensure_python $PY_PACKAGING; SUITE_TIMEOUT=600 run_suite "$s" bash -c "$AS_EXAMPLE" "$PROJECT_DIR/examples/fastapi/run.sh" ;;
         node_snippets) ensure_node; ensure_npm_dir "$CLIENTS_DIR/snippets"

@@ -434,7 +434,7 @@ fi
 
 run_tap
 # the HTTP clients (clients/test.sh): each suite one test, named client_SUITE in TESTS
-CLIENT_SUITES=$(for s in node_unit node_e2e node_outbox node_example python_unit python_e2e python_example node_snippets python_snippets node_orm python_orm; do selected "client_$s" && echo "$s"; done || true)
+CLIENT_SUITES=$(for s in node_unit node_e2e node_outbox node_example python_unit python_e2e python_outbox python_example node_snippets python_snippets node_orm python_orm; do selected "client_$s" && echo "$s"; done || true)
 PG_MAJOR_TESTED=$("$PGC" --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
 if [ -n "$CLIENT_SUITES" ] && [ "$PG_MAJOR_TESTED" = 17 ] && [ -z "${TESTS:-}" ]; then
     # the clients talk SQL that does not change between majors: the matrix

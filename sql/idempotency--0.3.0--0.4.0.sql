@@ -817,14 +817,27 @@ AS 'MODULE_PATHNAME', 'idem_outbox_tenant'
 LANGUAGE C STABLE;
 
 -- The largest body or response body the outbox keeps: the setting
--- idempotency.max_response_bytes, in bytes.
+-- idempotency.max_response_bytes, in bytes (the library, which defines it,
+-- is loaded first: without shared_preload_libraries a session may not have
+-- loaded it yet).
 CREATE FUNCTION idempotency.idem_outbox_max_bytes()
 RETURNS integer
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT s.setting::pg_catalog.int4 FROM pg_catalog.pg_settings s
-    WHERE s.name OPERATOR(pg_catalog.=) 'idempotency.max_response_bytes'
+DECLARE
+    n integer;
+BEGIN
+    PERFORM idempotency.idem_outbox_tenant();
+    SELECT s.setting::pg_catalog.int4 INTO n FROM pg_catalog.pg_settings s
+    WHERE s.name OPERATOR(pg_catalog.=) 'idempotency.max_response_bytes';
+    IF n IS NULL THEN
+        RAISE EXCEPTION 'the setting idempotency.max_response_bytes is not defined'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Check that the library idempotency can be loaded.';
+    END IF;
+    RETURN n;
+END
 $$;
 
 -- The operation to call: method, url, body (JSON), headers (an object of
@@ -1003,9 +1016,10 @@ BEGIN
     FOR UPDATE;
     IF FOUND AND bound IS NOT NULL
        AND o.tenant IS DISTINCT FROM bound COLLATE "C" THEN
-        RAISE EXCEPTION 'this session may not act for tenant "%"', coalesce(o.tenant, '')
+        -- the other tenant is not named
+        RAISE EXCEPTION 'this session may not act for the tenant of outbox operation %', id
             USING ERRCODE = 'IK401',
-                  DETAIL = pg_catalog.format('The setting idempotency.tenant binds this session to tenant "%s"; outbox operation %s belongs to another.', bound, id),
+                  DETAIL = pg_catalog.format('The setting idempotency.tenant binds this session to tenant "%s", and the operation belongs to another.', bound),
                   HINT = 'Connect as a role bound to the operation''s tenant.';
     END IF;
     IF NOT FOUND THEN
@@ -1025,7 +1039,8 @@ DECLARE
     n integer;
     excess integer;
 BEGIN
-    IF t IS NULL OR pg_catalog.octet_length(t) OPERATOR(pg_catalog.<=) max_bytes THEN
+    IF t IS NULL OR max_bytes IS NULL
+       OR pg_catalog.octet_length(t) OPERATOR(pg_catalog.<=) max_bytes THEN
         RETURN t;
     END IF;
     n := max_bytes;

@@ -55,8 +55,15 @@ SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{}', key => 'a
 \c "dbname=contrib_regression user=regress_tbn_acme options='-c idempotency.tenant=globex'"
 SELECT idempotency.idem_outbox_add('POST', 'https://a.example/', '{}', key => 'a-op-2');
 SELECT key FROM idempotency.idem_outbox_lease();
+-- a record as a session's first call (the library not loaded yet) keeps
+-- the response bounded by idempotency.max_response_bytes all the same
 \c - :su
-SELECT tenant, key, state FROM idempotency.outbox ORDER BY key;
+SELECT id AS a_id, lease_token AS a_tok FROM idempotency.outbox WHERE key = 'a-op' \gset
+\c - regress_tbn_acme
+SELECT idempotency.idem_outbox_record(:a_id, :a_tok, 'succeeded', 200,
+                                      response_body => repeat('x', 300000)) AS recorded_first_thing;
+\c - :su
+SELECT tenant, key, state, octet_length(response_body) AS body_bytes FROM idempotency.outbox ORDER BY key;
 DELETE FROM idempotency.outbox;
 
 \c - :su
