@@ -23,6 +23,7 @@
 #include "utils/timestamp.h"
 
 #include "guc.h"
+#include "idempotency.h"
 #include "maint_outbox.h"
 #include "schema.h"
 
@@ -69,16 +70,14 @@ IdemMaintOutbox(IdemMaintPass *p)
 
 		for (;;)
 		{
-			if (SPI_execute_with_args("DELETE FROM idempotency.outbox d"
-									  " WHERE d.id OPERATOR(pg_catalog.=) ANY (ARRAY("
-									  "SELECT o.id FROM idempotency.outbox o"
-									  " WHERE " IDEM_OUTBOX_FINISHED
-									  " ORDER BY o.finished_at"
-									  " LIMIT " CppAsString2(IDEM_OUTBOX_BATCH)
-									  " FOR UPDATE SKIP LOCKED))",
-									  1, argtypes, args, NULL, false, 0) != SPI_OK_DELETE)
-				elog(ERROR, "could not delete the finished operations of the outbox");
-			n = SPI_processed;
+			n = IdemSpiExec("DELETE FROM idempotency.outbox d"
+							" WHERE d.id OPERATOR(pg_catalog.=) ANY (ARRAY("
+							"SELECT o.id FROM idempotency.outbox o"
+							" WHERE " IDEM_OUTBOX_FINISHED
+							" ORDER BY o.finished_at"
+							" LIMIT " CppAsString2(IDEM_OUTBOX_BATCH)
+							" FOR UPDATE SKIP LOCKED))",
+							1, argtypes, args, NULL, false, SPI_OK_DELETE);
 			total += (int64) n;
 			if (n < IDEM_OUTBOX_BATCH)
 				break;
