@@ -11,9 +11,6 @@
 
 #include "maint_pass.h"
 
-/* the object of the step's "purge" action, as idem_maintenance() shows it */
-#define IDEM_MAINT_OUTBOX_OBJECT	"outbox"
-
 /*
  * Remove the operations that succeeded or failed longer than
  * idempotency.outbox_retention before the pass's as_of, with their

@@ -56,7 +56,6 @@
 #include "compat.h"
 #include "guc.h"
 #include "idempotency.h"
-#include "maint_outbox.h"
 #include "maintenance.h"
 #include "worker.h"
 
