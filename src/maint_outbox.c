@@ -43,12 +43,16 @@ IdemMaintOutbox(IdemMaintPass *p)
 	Datum		args[1];
 	int64		total = 0;
 
-	if (!IdemSchemaHas(IDEM_SCHEMA_OUTBOX))
-		return;
 	cutoff = p->as_of - (TimestampTz) idem_outbox_retention * USECS_PER_SEC;
 	args[0] = TimestampTzGetDatum(cutoff);
 
+	/* in the step: the schema's version is read from the catalog */
 	IdemMaintStepBegin(p);
+	if (!IdemSchemaHas(IDEM_SCHEMA_OUTBOX))
+	{
+		IdemMaintStepEnd(p);
+		return;
+	}
 	if (p->preview)
 	{
 		bool		isnull;
@@ -83,6 +87,6 @@ IdemMaintOutbox(IdemMaintPass *p)
 		}
 	}
 	if (total > 0)
-		IdemMaintReport(p, IDEM_MAINT_PURGE, "outbox", total);
+		IdemMaintReport(p, IDEM_MAINT_PURGE, IDEM_MAINT_OUTBOX_OBJECT, total);
 	IdemMaintStepEnd(p);
 }

@@ -38,6 +38,12 @@ typedef enum IdemMaintKind
 
 #define IDEM_MAINT_NUM_KINDS	(IDEM_MAINT_RESOLVER_ERROR + 1)
 
+/*
+ * The object of the outbox's "purge" (maint_outbox.c), which the worker
+ * logs in words of its own.
+ */
+#define IDEM_MAINT_OUTBOX_OBJECT	"outbox"
+
 /* A kind's name, as idem_maintenance() shows it: "lease_unknown". */
 extern const char *IdemMaintKindName(IdemMaintKind kind);
 

@@ -318,10 +318,16 @@ IdemLogAction(void *arg, IdemMaintKind kind, const char *object, int64 rows)
 						(errmsg("idempotency maintenance dropped partition \"%s\", whose range has ended", object)));
 			break;
 		case IDEM_MAINT_PURGE:
-			ereport(LOG,
-					(errmsg_plural("idempotency maintenance deleted %lld expired row from the default partition",
-								   "idempotency maintenance deleted %lld expired rows from the default partition",
-								   un, n)));
+			if (object != NULL && strcmp(object, IDEM_MAINT_OUTBOX_OBJECT) == 0)
+				ereport(LOG,
+						(errmsg_plural("idempotency maintenance deleted %lld operation of the outbox finished longer than idempotency.outbox_retention ago",
+									   "idempotency maintenance deleted %lld operations of the outbox finished longer than idempotency.outbox_retention ago",
+									   un, n)));
+			else
+				ereport(LOG,
+						(errmsg_plural("idempotency maintenance deleted %lld expired row from the default partition",
+									   "idempotency maintenance deleted %lld expired rows from the default partition",
+									   un, n)));
 			break;
 		case IDEM_MAINT_LEASE_UNKNOWN:
 		case IDEM_MAINT_LEASE_COMPLETED:

@@ -1,6 +1,6 @@
 # The maintenance worker on its own: premake, retention, stale leases and
-# resolvers, databases without the extension, DROP DATABASE while it runs,
-# SIGTERM, and coming back after a crash.
+# resolvers, the outbox's retention, databases without the extension, DROP
+# DATABASE while it runs, SIGTERM, and coming back after a crash.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -48,6 +48,31 @@ ok( $node->poll_query_until('postgres',
 ok( $node->wait_for_log(
 		qr/LOG:  idempotency maintenance dropped partition "keys_p20200101t0000", whose range has ended/),
 	'and logs it');
+
+# the outbox: operations finished longer than idempotency.outbox_retention
+# ago go, in statements of 1,000 (each in a transaction of the worker's
+# own), with their attempts; one that needs attention stays
+$node->safe_psql('postgres', q{
+	BEGIN;
+	INSERT INTO idempotency.outbox (key, method, url, body, state, next_attempt_at, finished_at, attempts)
+	SELECT 'done-' || i, 'POST', 'https://a.example/', '{}', 'succeeded', now(), now() - interval '8 days', 1
+	FROM generate_series(1, 1500) i;
+	INSERT INTO idempotency.outbox (key, method, url, body, state, next_attempt_at, finished_at, attempts)
+	VALUES ('stuck', 'POST', 'https://a.example/', '{}', 'attention', now(), now() - interval '30 days', 10);
+	INSERT INTO idempotency.outbox_attempts (outbox_id, attempt, outcome)
+	SELECT id, 1, state FROM idempotency.outbox;
+	COMMIT;
+});
+ok( $node->poll_query_until('postgres', q{
+	SELECT count(*) = 1 FROM idempotency.outbox}),
+	'the worker deletes the outbox\'s finished operations after the retention');
+is( $node->safe_psql('postgres', q{
+	SELECT string_agg(o.key || ':' || o.state || ':' || a.outcome, ' ')
+	FROM idempotency.outbox o JOIN idempotency.outbox_attempts a ON a.outbox_id = o.id}),
+	'stuck:attention:attention', 'with their attempts; attention stays');
+ok( $node->wait_for_log(
+		qr/LOG:  idempotency maintenance deleted 1500 operations of the outbox finished longer than idempotency.outbox_retention ago\n/),
+	'the pass logs how many it deleted');
 
 # a claim in lease mode whose holder goes away: its lease ends in a second
 sub put_lease
