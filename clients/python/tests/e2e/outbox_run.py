@@ -44,7 +44,7 @@ SCENARIOS = {
     "reset": (["reset"], "succeeded"),
     "timeout": (["timeout"], "succeeded"),
     "mixed": (["503", "500_after", "reset", "429"], "succeeded"),
-    "400": (["400"], "failed"),
+    "400": (["400"] * 50, "failed"),  # every request: a sender killed before it recorded the first 400 sends again
     "down": (["503"] * 50, "attention"),
 }
 SENDER = ["--concurrency", "4", "--lease", "3 seconds", "--timeout", "1 second", "--max-attempts", "8",
