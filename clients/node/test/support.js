@@ -4,7 +4,8 @@
 // IDEM_TEST_PGUSER, IDEM_TEST_PGDATABASE), the reason they are skipped
 // without it, and serve(): an Express app on loopback with a pool and an
 // admin client, opened before the file's tests and closed after them.
-// Not a test file itself (node --test runs test/unit/ only).
+// Not a test file itself (node --test runs test/unit/ only); the end-to-end
+// drivers of test/e2e take conn from it too.
 
 const test = require('node:test');
 const pg = require('pg');

@@ -19,12 +19,7 @@ const assert = require('node:assert/strict');
 const pg = require('pg');
 const { idempotentFunction, IdempotentFunctionError } = require('../../src/index.js');
 
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
+const { conn } = require('../support.js');
 const MESSAGES = 8;
 const DELIVERIES = 4;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

@@ -20,12 +20,7 @@ const express = require('express');
 const pg = require('pg');
 const { idempotent } = require('../../src/index.js');
 
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
+const { conn } = require('../support.js');
 const DB_URL = `postgresql://${encodeURIComponent(conn.user)}@${conn.host}:${conn.port}/${encodeURIComponent(conn.database)}`;
 const BIN = path.join(__dirname, '../../src/bin/idempotency-outbox.js');
 const SENDER_ARGS = ['--database', DB_URL, '--concurrency', '3', '--lease-ms', '2500', '--timeout-ms', '1000',

@@ -17,12 +17,7 @@ const CALLS = Number(process.env.E2E_CALLS || 300);
 const CONCURRENCY = 12;
 const TIME_BUDGET_MS = 45000; // no call starts later: the run stays well under 2 minutes on a loaded machine
 const SERVER_KILLS = 3;
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
+const { conn } = require('../support.js');
 
 const freePort = () => new Promise((resolve) => {
   const s = net.createServer();

@@ -9,12 +9,7 @@ const { idempotent } = require('../../src/index.js');
 
 const port = Number(process.env.PORT);
 const rate = Number(process.env.FAULT_RATE || 0);
-const conn = {
-  host: process.env.IDEM_TEST_PGHOST || '127.0.0.1',
-  port: Number(process.env.IDEM_TEST_PGPORT),
-  user: process.env.IDEM_TEST_PGUSER,
-  database: process.env.IDEM_TEST_PGDATABASE,
-};
+const { conn } = require('../support.js');
 // a frozen or killed instance must not hold a claim for ever
 const pool = new pg.Pool({ ...conn, max: 40, options: '-c idle_in_transaction_session_timeout=20s' });
 const admin = new pg.Pool({ ...conn, max: 2 });
