@@ -1214,6 +1214,22 @@ FROM idempotency.outbox
 GROUP BY tenant
 ORDER BY tenant NULLS FIRST;
 
+-- The operations of the outbox for an operator (idempotency_admin), who
+-- finds here the id that idem_outbox_retry takes: never the key, the body
+-- or the headers (a key is a secret, the body and headers may hold some).
+-- A session bound to a tenant (idempotency.tenant) sees that tenant's
+-- operations alone, as idem_outbox_retry acts on those alone; the barrier
+-- keeps a caller's function in a WHERE clause from seeing the others'.
+CREATE VIEW idempotency.outbox_operations WITH (security_barrier) AS
+SELECT id, tenant, method, url, state, attempts, next_attempt_at, locked_until,
+       state = 'in_flight' AND locked_until < now() AS lease_lapsed,
+       last_status, last_error, created_at, first_attempt_at, finished_at
+FROM idempotency.outbox
+WHERE idempotency.idem_outbox_tenant() IS NULL
+   OR tenant = idempotency.idem_outbox_tenant() COLLATE "C";
+COMMENT ON VIEW idempotency.outbox_operations IS
+    'The operations of the outbox for an operator, without their keys, bodies and headers';
+
 -- its privileges, as sql/parts/99_privileges.sql gives them
 REVOKE EXECUTE ON FUNCTION idempotency.idem_outbox_tenant(),
     idempotency.idem_outbox_max_bytes(), idempotency.idem_outbox_lock(bigint),
@@ -1238,3 +1254,6 @@ GRANT EXECUTE ON FUNCTION
     idempotency.idem_outbox_retry(bigint)
     TO idempotency_admin;
 GRANT SELECT ON idempotency.outbox_health TO idempotency_admin;
+GRANT SELECT ON idempotency.outbox_operations TO idempotency_admin;
+-- the view reads the session's tenant as the caller
+GRANT EXECUTE ON FUNCTION idempotency.idem_outbox_tenant() TO idempotency_admin;

@@ -62,15 +62,17 @@ END
 $$;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.endpoints TO idempotency_admin;
 GRANT SELECT ON idempotency.events, idempotency.stats, idempotency.health,
-    idempotency.outbox_health
+    idempotency.outbox_health, idempotency.outbox_operations
     TO idempotency_admin;
 
 -- called by idem_import_keys (SECURITY DEFINER) alone
 REVOKE EXECUTE ON FUNCTION idempotency.idem_import_check(bigint, idempotency.keys)
     FROM idempotency_admin;
 
--- called by the outbox's functions (SECURITY DEFINER) alone
-REVOKE EXECUTE ON FUNCTION idempotency.idem_outbox_tenant(),
-    idempotency.idem_outbox_max_bytes(), idempotency.idem_outbox_lock(bigint),
+-- called by the outbox's functions (SECURITY DEFINER) alone; the admin
+-- keeps idem_outbox_tenant(), which idempotency.outbox_operations calls
+-- as its reader (the session's bound tenant: nothing but the reader's own)
+REVOKE EXECUTE ON FUNCTION idempotency.idem_outbox_max_bytes(),
+    idempotency.idem_outbox_lock(bigint),
     idempotency.idem_outbox_cut(text, integer)
     FROM idempotency_admin;

@@ -297,5 +297,59 @@ RESET ROLE;
 SELECT key, state, attempts FROM idempotency.outbox ORDER BY id;
 DROP SCHEMA regress_ob_evil CASCADE;
 
+-- 14. the view outbox_operations: what an operator reads to find the id
+-- that idem_outbox_retry takes, never a key, a body or headers; refused to
+-- a client; a session bound to a tenant sees its tenant's operations alone
 DELETE FROM idempotency.outbox;
-DROP ROLE regress_ob_client, regress_ob_ops, regress_ob_acme, regress_ob_globex;
+CREATE ROLE regress_ob_acme_ops LOGIN;
+GRANT idempotency_admin TO regress_ob_acme_ops;
+ALTER ROLE regress_ob_acme_ops SET idempotency.tenant = 'acme';
+\c - regress_ob_acme
+SELECT idempotency.idem_outbox_add('POST', 'https://pay.example/charges', '{"secret": "acme-body"}',
+                                   '{"Authorization": "Bearer acme"}', key => 'key-acme') IS NOT NULL AS added;
+\c - regress_ob_globex
+SELECT idempotency.idem_outbox_add('PUT', 'https://pay.example/globex', '{"secret": "globex-body"}',
+                                   key => 'key-globex') IS NOT NULL AS added;
+\c - :su
+SELECT idempotency.idem_outbox_add('DELETE', 'https://pay.example/unbound', '{}', key => k) IS NOT NULL AS added
+FROM unnest(ARRAY['key-unbound', 'key-lapsed']) k;
+UPDATE idempotency.outbox SET state = 'attention', finished_at = now(), attempts = 5,
+    first_attempt_at = now(), last_status = 503, last_error = 'attempts ran out'
+WHERE key = 'key-acme';
+UPDATE idempotency.outbox SET state = 'in_flight', lease_token = 9, attempts = 1,
+    first_attempt_at = now(), leased_at = now() - interval '2 hours',
+    locked_until = now() - interval '1 hour'
+WHERE key = 'key-lapsed';
+-- its columns: no key, body nor headers
+SELECT string_agg(attname, ', ' ORDER BY attnum) AS columns FROM pg_attribute
+WHERE attrelid = 'idempotency.outbox_operations'::regclass AND attnum > 0;
+\c - regress_ob_ops
+SELECT o.tenant, o.method, o.url, o.state, o.attempts, o.lease_lapsed, o.last_status, o.last_error,
+       o.next_attempt_at IS NOT NULL AS has_next, o.locked_until IS NOT NULL AS locked,
+       o.created_at IS NOT NULL AS has_created, o.first_attempt_at IS NOT NULL AS attempted,
+       o.finished_at IS NOT NULL AS finished
+FROM idempotency.outbox_operations o ORDER BY o.id;
+SELECT regress.try('SELECT key FROM idempotency.outbox_operations') AS no_key;
+SELECT count(*) AS rows_naming_a_secret FROM idempotency.outbox_operations o
+WHERE o::text ~ 'key-|body|Bearer';
+-- the operator finds what needs attention and puts it back by its id
+SELECT idempotency.idem_outbox_retry(id) FROM idempotency.outbox_operations WHERE state = 'attention';
+SELECT tenant, state, attempts, finished_at IS NULL AS unfinished
+FROM idempotency.outbox_operations WHERE tenant = 'acme';
+\c - regress_ob_client
+SELECT regress.try('SELECT * FROM idempotency.outbox_operations') AS client;
+\c - regress_ob_acme
+SELECT regress.try('SELECT * FROM idempotency.outbox_operations') AS bound_client;
+-- bound to acme: acme's operations alone, also through a function of the
+-- caller's in the WHERE clause, which the barrier runs after the view's
+-- own condition
+\c - regress_ob_acme_ops
+SELECT tenant, method, state FROM idempotency.outbox_operations ORDER BY id;
+CREATE FUNCTION pg_temp.peek(t text, u text) RETURNS boolean LANGUAGE plpgsql COST 0.0000001 AS
+$$ BEGIN RAISE NOTICE 'peeked at % %', coalesce(t, 'NULL'), u; RETURN true; END $$;
+SELECT count(*) AS seen FROM idempotency.outbox_operations o WHERE pg_temp.peek(o.tenant, o.url);
+\c - :su
+SELECT key, tenant, state FROM idempotency.outbox ORDER BY id;
+
+DELETE FROM idempotency.outbox;
+DROP ROLE regress_ob_client, regress_ob_ops, regress_ob_acme, regress_ob_globex, regress_ob_acme_ops;

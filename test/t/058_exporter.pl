@@ -3,7 +3,9 @@
 # role granted only what doc/observability.md's "Prometheus" says, against
 # a cluster where two endpoints answered a few claims, and its /metrics,
 # scraped over loopback, gives the counters and the health figures per
-# endpoint; a scrape after one more replay gives the new ratio.  Skips when
+# endpoint, and the outbox's figures per tenant after a few operations were
+# added; a scrape after one more replay and an operation put back gives the
+# new ratio and the new outbox figures.  Skips when
 # the exporter is not installed.
 use strict;
 use warnings;
@@ -26,7 +28,7 @@ my $node = idem_node('exporter', conf => "idempotency.maintenance_interval = 360
 $node->safe_psql('postgres', q{
 	CREATE ROLE exporter LOGIN;
 	GRANT USAGE ON SCHEMA idempotency TO exporter;
-	GRANT SELECT ON idempotency.stats, idempotency.health TO exporter;
+	GRANT SELECT ON idempotency.stats, idempotency.health, idempotency.outbox_health TO exporter;
 	GRANT EXECUTE ON FUNCTION idempotency.idem_counters(boolean) TO exporter;
 	SELECT idempotency.idem_stats_reset();
 	-- POST /a: one execute, one replay
@@ -39,7 +41,24 @@ $node->safe_psql('postgres', q{
 	-- the key with another body (422)
 	SELECT idempotency.idem_claim('t', 'POST /b', 'k2', sha256('2'), lease => '10 min');
 	SELECT idempotency.idem_claim('t', 'POST /b', 'k2', sha256('2'));
-	SELECT idempotency.idem_claim('t', 'POST /b', 'k2', sha256('other'));});
+	SELECT idempotency.idem_claim('t', 'POST /b', 'k2', sha256('other'));
+	-- the outbox, unbound (tenant ""): two pending, one due, the other in
+	-- an hour and added an hour ago; one in flight whose lease lapsed; one
+	-- needing attention; one succeeded
+	SELECT idempotency.idem_outbox_add('POST', 'https://pay.example/', '{}', key => 'o1');
+	SELECT idempotency.idem_outbox_add('POST', 'https://pay.example/', '{}', key => 'o2',
+	                                   not_before => now() + interval '1 hour');
+	UPDATE idempotency.outbox SET created_at = now() - interval '1 hour' WHERE key = 'o2';
+	SELECT idempotency.idem_outbox_add('POST', 'https://pay.example/', '{}', key => k)
+	FROM unnest(ARRAY['o3', 'o4', 'o5', 'a1', 'a2']) k;
+	UPDATE idempotency.outbox SET state = 'in_flight', attempts = 1, lease_token = 1,
+	    leased_at = now() - interval '2 minutes', locked_until = now() - interval '1 minute'
+	WHERE key = 'o3';
+	UPDATE idempotency.outbox SET state = 'attention', attempts = 5, finished_at = now() WHERE key = 'o4';
+	UPDATE idempotency.outbox SET state = 'succeeded', attempts = 1, finished_at = now() WHERE key = 'o5';
+	-- tenant acme: one pending and due, one failed
+	UPDATE idempotency.outbox SET tenant = 'acme' WHERE key IN ('a1', 'a2');
+	UPDATE idempotency.outbox SET state = 'failed', attempts = 1, finished_at = now() WHERE key = 'a2';});
 
 my $port = PostgreSQL::Test::Cluster::get_free_port();
 my ($out, $err) = ('', '');
@@ -61,6 +80,7 @@ sub scrape
 	for (split /\n/, $res->{content})
 	{
 		$m{"$1 $2"} = $3 if /^(idempotency_\w+)\{(?:[^}]*,)?endpoint="([^"]*)"[^}]*\} (\S+)$/;
+		$m{"$1 tenant=$2"} = $3 if /^(idempotency_outbox_\w+)\{(?:[^}]*,)?tenant="([^"]*)"[^}]*\} (\S+)$/;
 	}
 	return \%m;
 }
@@ -97,6 +117,20 @@ my %want = (
 	'idempotency_health_conflict_ratio POST /b' => 0.3333,
 	'idempotency_health_mismatch_ratio POST /b' => 0.3333,
 	'idempotency_health_oldest_in_progress_age_seconds POST /a' => 0,
+	'idempotency_outbox_pending tenant=' => 2,
+	'idempotency_outbox_due tenant=' => 1,
+	'idempotency_outbox_in_flight tenant=' => 1,
+	'idempotency_outbox_lapsed_leases tenant=' => 1,
+	'idempotency_outbox_attention tenant=' => 1,
+	'idempotency_outbox_failed tenant=' => 0,
+	'idempotency_outbox_succeeded tenant=' => 1,
+	'idempotency_outbox_pending tenant=acme' => 1,
+	'idempotency_outbox_due tenant=acme' => 1,
+	'idempotency_outbox_in_flight tenant=acme' => 0,
+	'idempotency_outbox_lapsed_leases tenant=acme' => 0,
+	'idempotency_outbox_attention tenant=acme' => 0,
+	'idempotency_outbox_failed tenant=acme' => 1,
+	'idempotency_outbox_succeeded tenant=acme' => 0,
 );
 for my $series (sort keys %want)
 {
@@ -107,12 +141,23 @@ cmp_ok($m->{'idempotency_health_stored_bytes POST /a'} // 0, '>', 0,
 cmp_ok($m->{'idempotency_health_oldest_in_progress_age_seconds POST /b'} // -1, '>=', 0,
 	'idempotency_health_oldest_in_progress_age_seconds POST /b is an age in seconds');
 ok(defined $m->{'idempotency_counters_reset_time_seconds POST /a'}, 'idempotency_counters_reset_time_seconds is there');
+cmp_ok($m->{'idempotency_outbox_oldest_pending_age_seconds tenant='} // -1, '>=', 3600,
+	'idempotency_outbox_oldest_pending_age_seconds is the age of the operation added an hour ago');
+cmp_ok($m->{'idempotency_outbox_oldest_pending_age_seconds tenant=acme'} // -1, '<', 3600,
+	'idempotency_outbox_oldest_pending_age_seconds of tenant acme is its own');
+
+# an operator puts the operation needing attention back: the next scrape
+# has it pending and due
+$node->safe_psql('postgres', q{
+	SELECT idempotency.idem_outbox_retry(id) FROM idempotency.outbox_operations WHERE state = 'attention'});
 
 # one more replay: the next scrape has it
 $node->safe_psql('postgres', q{SELECT idempotency.idem_claim('t', 'POST /a', 'k1', sha256('1'))});
 $m = scrape();
 is($m->{'idempotency_counters_replays POST /a'}, 2, 'the next scrape counts the new replay');
 is($m->{'idempotency_health_replay_ratio POST /a'}, 0.6667, 'and gives the new replay ratio');
+is($m->{'idempotency_outbox_attention tenant='}, 0, 'and no operation needing attention');
+is($m->{'idempotency_outbox_due tenant='}, 2, 'and the operation put back due');
 
 # doc/observability.md quotes the file as it is
 my $doc = slurp_file('doc/observability.md');
