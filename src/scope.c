@@ -12,8 +12,13 @@
  *	  its tag.  Every backend of the server must compute the same tag for
  *	  the same scope, so the secret is one for the server (the tag holds
  *	  the database too): with shared_preload_libraries, 16 bytes from
- *	  pg_strong_random() made in shared memory at server start (locks do
- *	  not outlive a restart, nor does the secret); without it, where no
+ *	  pg_strong_random() kept in the file idempotency_lock.key of the data
+ *	  directory, made at the first start and read into shared memory at
+ *	  every start: the locks of prepared transactions outlive a restart,
+ *	  and a claim of their scope after it must compute the same tag to wait
+ *	  for them (a standby made by a base backup copies the file, so a
+ *	  promoted standby computes the tags its prepared transactions hold);
+ *	  without it, where no
  *	  backend has shared memory of the extension, 16 bytes derived from the
  *	  database's idempotency.diagnostics_secret (HMAC-SHA256 with a label
  *	  of its own), which only the extension's owner reads, read once per
@@ -28,10 +33,12 @@
 
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "common/file_perm.h"
 #include "common/hmac.h"
 #include "common/sha2.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
+#include "storage/fd.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
 #include "storage/shmem.h"
@@ -54,6 +61,9 @@
 #define IDEM_SCOPE_LOCK_LABEL	"idempotency scope lock v1"
 #define IDEM_DIAG_SECRET_BYTES	32
 
+/* the server's lock secret, in the data directory (the working directory) */
+#define IDEM_SCOPE_KEY_FILE		"idempotency_lock.key"
+
 /* with shared_preload_libraries: the server's secret */
 typedef struct IdemScopeShared
 {
@@ -75,6 +85,85 @@ IdemScopeShmemRequest(void)
 	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemScopeShared)));
 }
 
+/*
+ * Reads the server's lock secret from IDEM_SCOPE_KEY_FILE into key: true
+ * when the file holds one, false when there is no such file.  A file of
+ * another size is an error: a secret that changed would let claims of a
+ * prepared transaction's scope run past its lock.
+ */
+static bool
+IdemScopeReadKeyFile(uint8 *key)
+{
+	uint8		buf[IDEM_SIPHASH_KEY_LEN + 1];
+	int			fd;
+	int			n;
+
+	fd = OpenTransientFile(IDEM_SCOPE_KEY_FILE, O_RDONLY | PG_BINARY);
+	if (fd < 0)
+	{
+		if (errno == ENOENT)
+			return false;
+		ereport(FATAL,
+				(errcode_for_file_access(),
+				 errmsg("could not open file \"%s\": %m", IDEM_SCOPE_KEY_FILE)));
+	}
+	/* one byte more than a secret: a longer file is found out */
+	n = read(fd, buf, sizeof(buf));
+	if (n < 0)
+		ereport(FATAL,
+				(errcode_for_file_access(),
+				 errmsg("could not read file \"%s\": %m", IDEM_SCOPE_KEY_FILE)));
+	CloseTransientFile(fd);
+	if (n != IDEM_SIPHASH_KEY_LEN)
+		ereport(FATAL,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("file \"%s\" holds %d bytes instead of %d",
+						IDEM_SCOPE_KEY_FILE, n, IDEM_SIPHASH_KEY_LEN),
+				 errdetail("The file holds the secret of the idempotency extension's scope locks."),
+				 errhint("If no prepared transaction holds a claim, remove the file: the next start makes a new secret.")));
+	memcpy(key, buf, IDEM_SIPHASH_KEY_LEN);
+	explicit_bzero(buf, sizeof(buf));
+	return true;
+}
+
+/*
+ * Makes a new secret and writes it durably: a temporary file, synced, then
+ * renamed over IDEM_SCOPE_KEY_FILE (durable_rename syncs the directory).
+ */
+static void
+IdemScopeWriteKeyFile(uint8 *key)
+{
+	const char *tmp = IDEM_SCOPE_KEY_FILE ".tmp";
+	int			fd;
+
+	if (!pg_strong_random(key, IDEM_SIPHASH_KEY_LEN))
+		ereport(FATAL,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate the secret of the idempotency scope locks"),
+				 errdetail("pg_strong_random() failed.")));
+	fd = OpenTransientFilePerm(tmp, O_WRONLY | O_CREAT | O_TRUNC | PG_BINARY,
+							   pg_file_create_mode);
+	if (fd < 0)
+		ereport(FATAL,
+				(errcode_for_file_access(),
+				 errmsg("could not create file \"%s\": %m", tmp)));
+	errno = 0;
+	if (write(fd, key, IDEM_SIPHASH_KEY_LEN) != IDEM_SIPHASH_KEY_LEN)
+	{
+		if (errno == 0)
+			errno = ENOSPC;
+		ereport(FATAL,
+				(errcode_for_file_access(),
+				 errmsg("could not write file \"%s\": %m", tmp)));
+	}
+	if (pg_fsync(fd) != 0)
+		ereport(FATAL,
+				(errcode_for_file_access(),
+				 errmsg("could not fsync file \"%s\": %m", tmp)));
+	CloseTransientFile(fd);
+	durable_rename(tmp, IDEM_SCOPE_KEY_FILE, FATAL);
+}
+
 /* its part of the shared memory, from shmem.c's startup hook */
 void
 IdemScopeShmemStartup(void)
@@ -84,12 +173,8 @@ IdemScopeShmemStartup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	scope_shared = ShmemInitStruct("idempotency scope lock key",
 								   sizeof(IdemScopeShared), &found);
-	if (!found && !pg_strong_random(scope_shared->lock_key,
-									IDEM_SIPHASH_KEY_LEN))
-		ereport(FATAL,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate the secret of the idempotency scope locks"),
-				 errdetail("pg_strong_random() failed.")));
+	if (!found && !IdemScopeReadKeyFile(scope_shared->lock_key))
+		IdemScopeWriteKeyFile(scope_shared->lock_key);
 	LWLockRelease(AddinShmemInitLock);
 }
 
