@@ -60,8 +60,8 @@ CREATE FUNCTION pg_temp.compare(ekey text) RETURNS void LANGUAGE sql
 SELECT pg_temp.compare('');
 SET idempotency.encryption_key = 'k';
 SELECT pg_temp.compare('k');
-SET idempotency.encryption_key = 'a key of thirty-nine bytes, 0123456789';
-SELECT pg_temp.compare('a key of thirty-nine bytes, 0123456789');
+SET idempotency.encryption_key = 'a key of thirty-nine bytes, 0123456789!';
+SELECT pg_temp.compare('a key of thirty-nine bytes, 0123456789!');
 SET idempotency.encryption_key = 'a key that makes the prefix one block long';
 SELECT pg_temp.compare('a key that makes the prefix one block long');
 SET idempotency.encryption_key = 'a key of a hundred bytes and more, so that the label and the key fill more than one whole block.';
