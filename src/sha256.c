@@ -25,6 +25,7 @@
 #include "fmgr.h"
 #include "utils/builtins.h"
 
+#include "compat.h"
 #include "sha256.h"
 
 /* FIPS 180-4, 4.1.2; Ch and Maj in equivalent forms of three operations */
