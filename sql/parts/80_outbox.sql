@@ -79,6 +79,17 @@ COMMENT ON TABLE idempotency.outbox_attempts IS
 SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_attempts', '');
 -- Replica identity (doc/operations.md): maintenance deletes rows of both.
 ALTER TABLE idempotency.outbox_attempts REPLICA IDENTITY FULL;
+-- the final responses are compressed with lz4 where the server has it, as
+-- the keys' stored bodies are
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_settings
+               WHERE name = 'default_toast_compression'
+                 AND 'lz4' = ANY (enumvals)) THEN
+        ALTER TABLE idempotency.outbox ALTER COLUMN response_body SET COMPRESSION lz4;
+    END IF;
+END
+$$;
 
 REVOKE ALL ON idempotency.outbox, idempotency.outbox_attempts, idempotency.outbox_id_seq
     FROM PUBLIC;

@@ -76,7 +76,7 @@ RESET ROLE;
 -- (export and import of keys, lookup, resolve, maintenance with a future
 -- as_of, the counters and their reset, the hashes): each refused.
 SET ROLE sr_client;
-SELECT * FROM sr_calls_not_refused('^(idem_claim|idem_finish|idem_finish_bytes|idem_finish_ref|idem_release|idem_fail|idem_heartbeat|idem_fingerprint|idem_key_valid|idem_uuidv7|idem_ulid|idem_token|idem_downstream_key|idem_request_digest|idem_canonical_json.*)$');
+SELECT * FROM sr_calls_not_refused('^(idem_claim|idem_finish|idem_finish_bytes|idem_finish_ref|idem_release|idem_fail|idem_heartbeat|idem_fingerprint|idem_key_valid|idem_uuidv7|idem_ulid|idem_token|idem_downstream_key|idem_request_digest|idem_canonical_json.*|idem_outbox_add|idem_outbox_lease|idem_outbox_record|idem_outbox_release)$');
 SELECT regress.try($$SELECT count(*) FROM idempotency.idem_maintenance(now() + interval '10 years')$$);
 SELECT regress.try($$SELECT count(*) FROM idempotency.idem_export_keys('t')$$);
 SELECT regress.try($$SELECT count(*) FROM idempotency.idem_import_keys('[]')$$);
