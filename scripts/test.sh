@@ -387,7 +387,7 @@ for f in "$PROJECT_DIR"/test/specs/*.spec; do
     selected "$name" && specs+=("$name")
 done
 
-trap 'stop_cluster "$OUT/preload"; stop_cluster "$OUT/default"; stop_cluster "$OUT/nopreload"' EXIT
+trap 'stop_cluster "$OUT/preload"; stop_cluster "$OUT/default"; stop_cluster "$OUT/nopreload"; stop_cluster "$OUT/clients"' EXIT
 
 # pg_regress and the isolation tester, with the library preloaded and
 # test/preload.conf (no test may skip itself there)
@@ -432,10 +432,14 @@ if [ ${#nopreload_tests[@]} -gt 0 ]; then
     stop_cluster "$OUT/nopreload"
 fi
 
-run_tap
-# the HTTP clients (clients/test.sh): each suite one test, named client_SUITE in TESTS
+# the HTTP clients (clients/test.sh): each suite one test, named client_SUITE
+# in TESTS.  They run while the TAP tests do (most of both is waiting: on
+# servers, timers, child processes), on a cluster of their own started here
+# from the same installation, so that clients/test.sh builds and installs
+# nothing while TAP tests start servers from it.
 CLIENT_SUITES=$(for s in node_unit node_e2e node_outbox node_example python_unit python_e2e python_outbox python_example node_snippets python_snippets node_orm python_orm; do selected "client_$s" && echo "$s"; done || true)
 PG_MAJOR_TESTED=$("$PGC" --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
+CLIENTS_PID=
 if [ -n "$CLIENT_SUITES" ] && [ "$PG_MAJOR_TESTED" = 17 ] && [ -z "${TESTS:-}" ]; then
     # the clients talk SQL that does not change between majors: the matrix
     # tests them on 15 and 18 and spends CI's time on 17 on the extension
@@ -450,11 +454,28 @@ elif [ -n "$CLIENT_SUITES" ] && [ ! -x "$PROJECT_DIR/clients/test.sh" ]; then
         count_skip "client_$s"
     done
 elif [ -n "$CLIENT_SUITES" ]; then
-    set +e; "$PROJECT_DIR/clients/test.sh" $CLIENT_SUITES >"$OUT/clients.log" 2>&1; rc=$?; set -e
+    own_dir "$OUT/clients"
+    start_cluster "$OUT/clients" "max_connections = 100
+idempotency.maintenance_interval = '1s'"
+    say "clients: $(echo $CLIENT_SUITES) (on port $PORT, while the TAP tests run; their lines follow the TAP tests')"
+    rm -f "$OUT/clients.rc"
+    ( set +e
+      IDEM_TEST_PGHOST=127.0.0.1 IDEM_TEST_PGPORT=$PORT IDEM_TEST_PGUSER=$PGOS_USER \
+          "$PROJECT_DIR/clients/test.sh" $CLIENT_SUITES >"$OUT/clients.log" 2>&1
+      echo $? >"$OUT/clients.rc" ) &
+    CLIENTS_PID=$!
+fi
+
+run_tap
+
+if [ -n "$CLIENTS_PID" ]; then
+    wait "$CLIENTS_PID" || true
+    stop_cluster "$OUT/clients"
+    rc=$(cat "$OUT/clients.rc" 2>/dev/null || echo 1)
     grep -E '^(client |    RESULT|==> client)' "$OUT/clients.log" || true
     PASSED=$((PASSED + $(grep -c '^client .* \.\.\. ok$' "$OUT/clients.log" || true)))
     for s in $(sed -n 's/^client \([a-z0-9_]*\) \.\.\. FAILED.*/\1/p' "$OUT/clients.log"); do FAILED=$((FAILED + 1)); FAILED_NAMES+=("client_$s"); done
-    if [ $rc -ne 0 ] && ! grep -q '^client .* FAILED' "$OUT/clients.log"; then
+    if [ "$rc" -ne 0 ] && ! grep -q '^client .* FAILED' "$OUT/clients.log"; then
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("clients (driver)"); tail -n 30 "$OUT/clients.log"
     fi
 fi
