@@ -33,10 +33,12 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "port/pg_bswap.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
@@ -303,9 +305,22 @@ typedef struct RunEntry
 	TimestampTz expires;
 } RunEntry;
 
+/*
+ * Rows of tombstones written by one INSERT: enough that the statement's
+ * set-up is a small share of its cost, few enough (about 1 MB of runs) to
+ * hold in memory.
+ */
+#define RUN_INSERT_BATCH 512
+
 typedef struct RunWriter
 {
-	SPIPlanPtr	insert;			/* INSERT of one row of tombstones */
+	SPIPlanPtr	insert;			/* INSERT of up to RUN_INSERT_BATCH rows */
+	/* the rows waiting for it, as its four arrays' elements */
+	Datum		row_hash[RUN_INSERT_BATCH];
+	Datum		row_fp[RUN_INSERT_BATCH];
+	Datum		row_expired[RUN_INSERT_BATCH];
+	Datum		row_expires[RUN_INSERT_BATCH];
+	int			nrows;
 	int			bits;			/* width of the buckets */
 	uint8		bucket[IDEM_TOMBROW_BUCKET_MAX];		/* the bucket of the entries held */
 	int			bucket_len;
@@ -313,6 +328,43 @@ typedef struct RunWriter
 	int			n;
 } RunWriter;
 
+/*
+ * The rows waiting, written by one INSERT of four arrays, in their order
+ * (tuple routing puts each into the partition of its expires_at).
+ */
+static void
+IdemTombstoneInsertRows(RunWriter *w)
+{
+	Datum		values[4];
+	int			rc;
+
+	if (w->nrows == 0)
+		return;
+	values[0] = PointerGetDatum(construct_array(w->row_hash, w->nrows, BYTEAOID,
+												-1, false, TYPALIGN_INT));
+	values[1] = PointerGetDatum(construct_array(w->row_fp, w->nrows, BYTEAOID,
+												-1, false, TYPALIGN_INT));
+	values[2] = PointerGetDatum(construct_array(w->row_expired, w->nrows,
+												TIMESTAMPTZOID, sizeof(TimestampTz),
+												FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	values[3] = PointerGetDatum(construct_array(w->row_expires, w->nrows,
+												TIMESTAMPTZOID, sizeof(TimestampTz),
+												FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	rc = SPI_execute_plan(w->insert, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT || SPI_processed != (uint64) w->nrows)
+		elog(ERROR, "writing rows of tombstones failed: %s",
+			 SPI_result_code_string(rc));
+	for (int i = 0; i < 4; i++)
+		pfree(DatumGetPointer(values[i]));
+	for (int i = 0; i < w->nrows; i++)
+	{
+		pfree(DatumGetPointer(w->row_hash[i]));
+		pfree(DatumGetPointer(w->row_fp[i]));
+	}
+	w->nrows = 0;
+}
+
+/* One row of tombstones, written with the next RUN_INSERT_BATCH - 1. */
 static void
 IdemTombstoneInsertRow(RunWriter *w, const uint8 *scope_hash, int hlen,
 					   const uint8 *fp, int fplen, TimestampTz expired,
@@ -320,23 +372,17 @@ IdemTombstoneInsertRow(RunWriter *w, const uint8 *scope_hash, int hlen,
 {
 	bytea	   *h = palloc(VARHDRSZ + hlen);
 	bytea	   *f = palloc(VARHDRSZ + fplen);
-	Datum		values[4];
-	int			rc;
 
 	SET_VARSIZE(h, VARHDRSZ + hlen);
 	memcpy(VARDATA(h), scope_hash, hlen);
 	SET_VARSIZE(f, VARHDRSZ + fplen);
 	memcpy(VARDATA(f), fp, fplen);
-	values[0] = PointerGetDatum(h);
-	values[1] = PointerGetDatum(f);
-	values[2] = TimestampTzGetDatum(expired);
-	values[3] = TimestampTzGetDatum(expires);
-	rc = SPI_execute_plan(w->insert, values, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "writing a row of tombstones failed: %s",
-			 SPI_result_code_string(rc));
-	pfree(h);
-	pfree(f);
+	w->row_hash[w->nrows] = PointerGetDatum(h);
+	w->row_fp[w->nrows] = PointerGetDatum(f);
+	w->row_expired[w->nrows] = TimestampTzGetDatum(expired);
+	w->row_expires[w->nrows] = TimestampTzGetDatum(expires);
+	if (++w->nrows == RUN_INSERT_BATCH)
+		IdemTombstoneInsertRows(w);
 }
 
 /*
@@ -420,13 +466,17 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 	RunWriter  *w = palloc0(sizeof(RunWriter));
 	SPIPlanPtr	read;
 	Portal		portal;
+	int			guc_nest;
 	int64		written = 0;
 
 	w->bits = IdemTombstoneRunBits(n);
 	w->insert = SPI_prepare("INSERT INTO idempotency.tombstones"
 							" (scope_hash, fingerprint, expired_at, expires_at)"
-							" VALUES ($1, $2, $3, $4)",
-							4, (Oid[]) {BYTEAOID, BYTEAOID, TIMESTAMPTZOID, TIMESTAMPTZOID});
+							" SELECT * FROM ROWS FROM (pg_catalog.unnest($1),"
+							" pg_catalog.unnest($2), pg_catalog.unnest($3),"
+							" pg_catalog.unnest($4))",
+							4, (Oid[]) {BYTEAARRAYOID, BYTEAARRAYOID,
+							TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID});
 	if (w->insert == NULL)
 		elog(ERROR, "preparing the insert of tombstones failed: %s",
 			 SPI_result_code_string(SPI_result));
@@ -438,6 +488,15 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 	if (read == NULL)
 		elog(ERROR, "preparing the tombstones of %s failed: %s",
 			 source, SPI_result_code_string(SPI_result));
+
+	/*
+	 * The sort by hash is maintenance's: it may take maintenance_work_mem
+	 * (not work_mem, which would send it to disk), until the read ends.
+	 */
+	guc_nest = NewGUCNestLevel();
+	(void) set_config_option("work_mem", psprintf("%d", maintenance_work_mem),
+							 PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 
 	/* a read-only cursor reads with the active snapshot: the caller's */
 	PushActiveSnapshot(snapshot);
@@ -499,7 +558,9 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 		SPI_freetuptable(batch);
 	}
 	IdemTombstoneFlushRun(w);
+	IdemTombstoneInsertRows(w);
 	SPI_cursor_close(portal);
+	AtEOXact_GUC(true, guc_nest);
 	pfree(w);
 	return written;
 }
