@@ -454,16 +454,55 @@ IdemTombstoneRunBits(int64 n)
 }
 
 /*
+ * One more tombstone with a SHA-256 fingerprint, in the order of the
+ * hashes: into the run being built, which is written first when it is
+ * full or the tombstone's bucket is another.
+ */
+static void
+IdemTombstoneRunAdd(RunWriter *w, const RunEntry *entry)
+{
+	uint8		bucket[IDEM_TOMBROW_BUCKET_MAX];
+	int			blen = IdemTombRowBucket(entry->hash, w->bits, bucket);
+
+	if (w->n > 0 &&
+		(w->n == RUN_MAX_ENTRIES || blen != w->bucket_len ||
+		 memcmp(bucket, w->bucket, blen) != 0))
+		IdemTombstoneFlushRun(w);
+	if (w->n == 0)
+	{
+		memcpy(w->bucket, bucket, blen);
+		w->bucket_len = blen;
+	}
+	w->entries[w->n++] = *entry;
+}
+
+static int
+IdemRunEntryCmp(const void *a, const void *b)
+{
+	return memcmp(((const RunEntry *) a)->hash, ((const RunEntry *) b)->hash,
+				  IDEM_TOMBSTONE_HASH_LEN);
+}
+
+/*
  * The tombstones of source (see IdemTombstonesOfPartition), n of them, as
- * runs: read in the order of their hashes with snapshot, and written a
- * bucket at a time; a key whose fingerprint is not a SHA-256 gets a row of
- * its own.  Returns how many tombstones were written.  Called within SPI.
+ * runs: read with snapshot, put in the order of their hashes, and written a
+ * bucket at a time, many rows an INSERT; a key whose fingerprint is not a
+ * SHA-256 gets a row of its own.  The order is made here, in memory, when
+ * n entries fit in maintenance_work_mem (a sort of 16-byte keys, much
+ * cheaper than the executor's sort of bytea); by the read's ORDER BY, with
+ * maintenance_work_mem, when they do not.  Returns how many tombstones were
+ * written.  Called within SPI.
  */
 static int64
 IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 						Datum *args, Snapshot snapshot, int64 n)
 {
 	RunWriter  *w = palloc0(sizeof(RunWriter));
+	bool		in_memory = (double) n * sizeof(RunEntry) <=
+		(double) maintenance_work_mem * 1024.0;
+	RunEntry   *sorted = NULL;
+	Size		nsorted = 0;
+	Size		capacity = 0;
 	SPIPlanPtr	read;
 	Portal		portal;
 	int			guc_nest;
@@ -481,17 +520,24 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 		elog(ERROR, "preparing the insert of tombstones failed: %s",
 			 SPI_result_code_string(SPI_result));
 	read = SPI_prepare(psprintf("SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key),"
-								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s"
-								" ORDER BY 1",
-								IdemTombstoneSourceSql(source)),
+								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s%s",
+								IdemTombstoneSourceSql(source),
+								in_memory ? "" : " ORDER BY 1"),
 					   nargs, argtypes);
 	if (read == NULL)
 		elog(ERROR, "preparing the tombstones of %s failed: %s",
 			 source, SPI_result_code_string(SPI_result));
+	if (in_memory)
+	{
+		capacity = Max(n, 1);
+		sorted = MemoryContextAllocHuge(CurrentMemoryContext,
+										capacity * sizeof(RunEntry));
+	}
 
 	/*
-	 * The sort by hash is maintenance's: it may take maintenance_work_mem
-	 * (not work_mem, which would send it to disk), until the read ends.
+	 * The read's sort, when it sorts, is maintenance's: it may take
+	 * maintenance_work_mem (not work_mem, which would send it to disk),
+	 * until the read ends.
 	 */
 	guc_nest = NewGUCNestLevel();
 	(void) set_config_option("work_mem", psprintf("%d", maintenance_work_mem),
@@ -522,12 +568,11 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 			bytea	   *fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 2, &isnull[1]));
 			TimestampTz expired = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull[2]));
 			TimestampTz expires = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull[3]));
-			uint8		bucket[IDEM_TOMBROW_BUCKET_MAX];
-			int			blen;
-			RunEntry   *e;
+			RunEntry	e;
 
 			if (isnull[0] || isnull[1] || isnull[2] || isnull[3])
 				elog(ERROR, "a tombstone of %s lacks a value", source);
+			written++;
 			if (VARSIZE_ANY_EXHDR(fp) != IDEM_TOMBSTONE_FP_LEN ||
 				VARSIZE_ANY_EXHDR(h) != IDEM_TOMBSTONE_HASH_LEN)
 			{
@@ -535,32 +580,42 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 									   VARSIZE_ANY_EXHDR(h),
 									   (const uint8 *) VARDATA_ANY(fp),
 									   VARSIZE_ANY_EXHDR(fp), expired, expires);
-				written++;
 				continue;
 			}
-			blen = IdemTombRowBucket((const uint8 *) VARDATA_ANY(h), w->bits, bucket);
-			if (w->n > 0 &&
-				(w->n == RUN_MAX_ENTRIES || blen != w->bucket_len ||
-				 memcmp(bucket, w->bucket, blen) != 0))
-				IdemTombstoneFlushRun(w);
-			if (w->n == 0)
+			memcpy(e.hash, VARDATA_ANY(h), IDEM_TOMBSTONE_HASH_LEN);
+			memcpy(e.fp, VARDATA_ANY(fp), IDEM_TOMBSTONE_FP_LEN);
+			e.expired = expired;
+			e.expires = expires;
+			if (!in_memory)
+				IdemTombstoneRunAdd(w, &e);
+			else
 			{
-				memcpy(w->bucket, bucket, blen);
-				w->bucket_len = blen;
+				/* never more than counted with the same snapshot; if so, room */
+				if (nsorted == capacity)
+				{
+					capacity *= 2;
+					sorted = repalloc_huge(sorted, capacity * sizeof(RunEntry));
+				}
+				sorted[nsorted++] = e;
 			}
-			e = &w->entries[w->n++];
-			memcpy(e->hash, VARDATA_ANY(h), IDEM_TOMBSTONE_HASH_LEN);
-			memcpy(e->fp, VARDATA_ANY(fp), IDEM_TOMBSTONE_FP_LEN);
-			e->expired = expired;
-			e->expires = expires;
-			written++;
 		}
 		SPI_freetuptable(batch);
 	}
-	IdemTombstoneFlushRun(w);
-	IdemTombstoneInsertRows(w);
 	SPI_cursor_close(portal);
 	AtEOXact_GUC(true, guc_nest);
+	if (in_memory)
+	{
+		qsort(sorted, nsorted, sizeof(RunEntry), IdemRunEntryCmp);
+		for (Size i = 0; i < nsorted; i++)
+		{
+			if ((i & 1023) == 0)
+				CHECK_FOR_INTERRUPTS();
+			IdemTombstoneRunAdd(w, &sorted[i]);
+		}
+		pfree(sorted);
+	}
+	IdemTombstoneFlushRun(w);
+	IdemTombstoneInsertRows(w);
 	pfree(w);
 	return written;
 }
