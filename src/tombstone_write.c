@@ -484,31 +484,61 @@ IdemRunEntryCmp(const void *a, const void *b)
 }
 
 /*
- * The tombstones of source (see IdemTombstonesOfPartition), n of them, as
- * runs: read with snapshot, put in the order of their hashes, and written a
- * bucket at a time, many rows an INSERT; a key whose fingerprint is not a
- * SHA-256 gets a row of its own.  The order is made here, in memory, when
- * n entries fit in maintenance_work_mem (a sort of 16-byte keys, much
- * cheaper than the executor's sort of bytea); by the read's ORDER BY, with
- * maintenance_work_mem, when they do not.  Returns how many tombstones were
- * written.  Called within SPI.
+ * The tombstones held in sorted (n of them, SHA-256 fingerprints only),
+ * written: as runs, with buckets as wide as n calls for, when as_runs,
+ * each as a row of its own otherwise.
+ */
+static void
+IdemTombstonesWriteHeld(RunWriter *w, RunEntry *sorted, Size n, bool as_runs)
+{
+	if (n == 0)
+		return;
+	if (!as_runs)
+	{
+		for (Size i = 0; i < n; i++)
+			IdemTombstoneInsertRow(w, sorted[i].hash, IDEM_TOMBSTONE_HASH_LEN,
+								   sorted[i].fp, IDEM_TOMBSTONE_FP_LEN,
+								   sorted[i].expired, sorted[i].expires);
+		return;
+	}
+	w->bits = IdemTombstoneRunBits((int64) n);
+	qsort(sorted, n, sizeof(RunEntry), IdemRunEntryCmp);
+	for (Size i = 0; i < n; i++)
+	{
+		if ((i & 1023) == 0)
+			CHECK_FOR_INTERRUPTS();
+		IdemTombstoneRunAdd(w, &sorted[i]);
+	}
+	IdemTombstoneFlushRun(w);
+}
+
+/*
+ * The tombstones of source (see IdemTombstonesOfPartition), read with
+ * snapshot in one pass and held in memory: as runs when they are
+ * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, many
+ * rows an INSERT.  A run's entries are put in the order of their hashes
+ * here, a sort of 16-byte keys (much cheaper than the executor's sort of
+ * bytea); when more than maintenance_work_mem holds come, those held are
+ * written as runs and the reading goes on (runs of the same bucket in two
+ * rows, as when a bucket holds more than a row).  A key whose fingerprint
+ * is not a SHA-256 gets a row of its own.  Returns how many tombstones
+ * were written.  Called within SPI.
  */
 static int64
-IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
-						Datum *args, Snapshot snapshot, int64 n)
+IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
+						Datum *args, Snapshot snapshot)
 {
 	RunWriter  *w = palloc0(sizeof(RunWriter));
-	bool		in_memory = (double) n * sizeof(RunEntry) <=
-		(double) maintenance_work_mem * 1024.0;
-	RunEntry   *sorted = NULL;
-	Size		nsorted = 0;
-	Size		capacity = 0;
+	Size		limit = Max((Size) maintenance_work_mem * 1024 / sizeof(RunEntry),
+							(Size) IDEM_TOMBSTONE_RUN_MIN);
+	Size		capacity = IDEM_TOMBSTONE_RUN_MIN;
+	RunEntry   *held = palloc(capacity * sizeof(RunEntry));
+	Size		nheld = 0;
+	bool		spilled = false;
 	SPIPlanPtr	read;
 	Portal		portal;
-	int			guc_nest;
 	int64		written = 0;
 
-	w->bits = IdemTombstoneRunBits(n);
 	w->insert = SPI_prepare("INSERT INTO idempotency.tombstones"
 							" (scope_hash, fingerprint, expired_at, expires_at)"
 							" SELECT * FROM ROWS FROM (pg_catalog.unnest($1),"
@@ -520,29 +550,12 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 		elog(ERROR, "preparing the insert of tombstones failed: %s",
 			 SPI_result_code_string(SPI_result));
 	read = SPI_prepare(psprintf("SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key),"
-								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s%s",
-								IdemTombstoneSourceSql(source),
-								in_memory ? "" : " ORDER BY 1"),
+								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s",
+								IdemTombstoneSourceSql(source)),
 					   nargs, argtypes);
 	if (read == NULL)
 		elog(ERROR, "preparing the tombstones of %s failed: %s",
 			 source, SPI_result_code_string(SPI_result));
-	if (in_memory)
-	{
-		capacity = Max(n, 1);
-		sorted = MemoryContextAllocHuge(CurrentMemoryContext,
-										capacity * sizeof(RunEntry));
-	}
-
-	/*
-	 * The read's sort, when it sorts, is maintenance's: it may take
-	 * maintenance_work_mem (not work_mem, which would send it to disk),
-	 * until the read ends.
-	 */
-	guc_nest = NewGUCNestLevel();
-	(void) set_config_option("work_mem", psprintf("%d", maintenance_work_mem),
-							 PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
 
 	/* a read-only cursor reads with the active snapshot: the caller's */
 	PushActiveSnapshot(snapshot);
@@ -568,7 +581,7 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 			bytea	   *fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 2, &isnull[1]));
 			TimestampTz expired = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull[2]));
 			TimestampTz expires = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull[3]));
-			RunEntry	e;
+			RunEntry   *e;
 
 			if (isnull[0] || isnull[1] || isnull[2] || isnull[3])
 				elog(ERROR, "a tombstone of %s lacks a value", source);
@@ -582,40 +595,30 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 									   VARSIZE_ANY_EXHDR(fp), expired, expires);
 				continue;
 			}
-			memcpy(e.hash, VARDATA_ANY(h), IDEM_TOMBSTONE_HASH_LEN);
-			memcpy(e.fp, VARDATA_ANY(fp), IDEM_TOMBSTONE_FP_LEN);
-			e.expired = expired;
-			e.expires = expires;
-			if (!in_memory)
-				IdemTombstoneRunAdd(w, &e);
-			else
+			if (nheld == limit)
 			{
-				/* never more than counted with the same snapshot; if so, room */
-				if (nsorted == capacity)
-				{
-					capacity *= 2;
-					sorted = repalloc_huge(sorted, capacity * sizeof(RunEntry));
-				}
-				sorted[nsorted++] = e;
+				IdemTombstonesWriteHeld(w, held, nheld, true);
+				nheld = 0;
+				spilled = true;
 			}
+			if (nheld == capacity)
+			{
+				capacity = Min(capacity * 2, limit);
+				held = repalloc_huge(held, capacity * sizeof(RunEntry));
+			}
+			e = &held[nheld++];
+			memcpy(e->hash, VARDATA_ANY(h), IDEM_TOMBSTONE_HASH_LEN);
+			memcpy(e->fp, VARDATA_ANY(fp), IDEM_TOMBSTONE_FP_LEN);
+			e->expired = expired;
+			e->expires = expires;
 		}
 		SPI_freetuptable(batch);
 	}
 	SPI_cursor_close(portal);
-	AtEOXact_GUC(true, guc_nest);
-	if (in_memory)
-	{
-		qsort(sorted, nsorted, sizeof(RunEntry), IdemRunEntryCmp);
-		for (Size i = 0; i < nsorted; i++)
-		{
-			if ((i & 1023) == 0)
-				CHECK_FOR_INTERRUPTS();
-			IdemTombstoneRunAdd(w, &sorted[i]);
-		}
-		pfree(sorted);
-	}
-	IdemTombstoneFlushRun(w);
+	IdemTombstonesWriteHeld(w, held, nheld,
+							spilled || written >= IDEM_TOMBSTONE_RUN_MIN);
 	IdemTombstoneInsertRows(w);
+	pfree(held);
 	pfree(w);
 	return written;
 }
@@ -693,17 +696,13 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 		/*
 		 * A whole partition's drop (the Citus mode writes on its workers,
 		 * see IdemTombstonesBeforeShardDrop) leaves runs when it leaves
-		 * many tombstones: counted first with the same snapshot.
+		 * many tombstones, read once and sorted in memory.
 		 */
 		if (tids == NIL && !IdemTombstonesCitus())
 		{
-			n = IdemTombstonesCount(source, nargs, argtypes, args, snapshot);
-			if (n >= IDEM_TOMBSTONE_RUN_MIN)
-			{
-				n = IdemTombstonesWriteRuns(source, nargs, argtypes, args, snapshot, n);
-				SPI_finish();
-				return n;
-			}
+			n = IdemTombstonesWriteDrop(source, nargs, argtypes, args, snapshot);
+			SPI_finish();
+			return n;
 		}
 		plan = SPI_prepare(psprintf(TOMBSTONE_INSERT_SQL "%s",
 									IdemTombstoneSourceSql(source)),
