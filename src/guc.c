@@ -53,6 +53,7 @@ bool		idem_audit = false;
 int			idem_max_response_bytes = 256 * 1024;
 char	   *idem_extra_sensitive_headers = NULL;
 char	   *idem_encryption_key = "";
+uint64		idem_encryption_key_generation = 1;
 int			idem_diagnostics_max_bytes = 1024;
 int			idem_diagnostics_max_mismatches = 3;
 int			idem_diagnostics_tracked_keys = 10000;
@@ -134,6 +135,7 @@ static void
 IdemEncryptionKeyAssign(const char *newval, void *extra)
 {
 	idem_encryption_key = extra ? (char *) extra : "";
+	idem_encryption_key_generation++;
 }
 
 static const char *

@@ -43,6 +43,12 @@ extern bool idem_audit;
 extern int	idem_max_response_bytes;
 extern char *idem_extra_sensitive_headers;
 extern char *idem_encryption_key;
+
+/*
+ * Changes whenever idempotency.encryption_key is assigned: what a backend
+ * derived from the key (tombstone_probe.c) is derived again.
+ */
+extern uint64 idem_encryption_key_generation;
 extern int	idem_diagnostics_max_bytes;
 extern int	idem_diagnostics_max_mismatches;
 extern int	idem_diagnostics_tracked_keys;

@@ -10,7 +10,6 @@
  */
 #include "postgres.h"
 
-#include "common/cryptohash.h"
 #include "fmgr.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
@@ -19,6 +18,7 @@
 #include "compat.h"
 #include "keygen.h"
 #include "keys.h"
+#include "sha256.h"
 #include "util.h"
 
 PG_FUNCTION_INFO_V1(idem_uuidv7);
@@ -87,67 +87,26 @@ IdemBase64Url(const uint8 *in, int len, char *out)
 }
 
 /*
- * The framed input is assembled in one buffer and hashed by one update: a
- * scope of three checked strings (at most IDEM_SCOPE_MAX_LEN bytes each)
- * with a label, or the encryption key, fits on the stack; a longer one is
- * allocated.  The buffer holds the raw key, and is zeroed before it is
- * left.
+ * The label, then each part framed by its length, absorbed by the
+ * extension's own SHA-256 (sha256.c): no digest context, and no buffer of
+ * the framed input (which would hold the raw key); the state, which does,
+ * is zeroed by IdemSha256Final.
  */
-#define FRAMED_STACK_LEN	1024
-
 void
 IdemFramedSha256(const char *label, int nparts,
 				 const char *const *parts, const int *lens,
 				 uint8 out[PG_SHA256_DIGEST_LENGTH])
 {
-	uint8		stackbuf[FRAMED_STACK_LEN];
-	uint8	   *buf = stackbuf;
-	size_t		label_len = label != NULL ? strlen(label) : 0;
-	size_t		total = label_len;
-	size_t		n;
-	pg_cryptohash_ctx *ctx;
-	bool		ok;
-	int			i;
+	IdemSha256	s;
 
-	for (i = 0; i < nparts; i++)
-		total += 4 + (size_t) lens[i];
-	if (total > sizeof(stackbuf))
-		buf = palloc(total);
-
-	if (label_len > 0)
-		memcpy(buf, label, label_len);
-	n = label_len;
-	for (i = 0; i < nparts; i++)
-	{
-		uint32		len = (uint32) lens[i];
-
-		buf[n++] = (uint8) (len >> 24);
-		buf[n++] = (uint8) (len >> 16);
-		buf[n++] = (uint8) (len >> 8);
-		buf[n++] = (uint8) len;
-		if (len > 0)
-			memcpy(buf + n, parts[i], len);
-		n += len;
-	}
-	Assert(n == total);
-
-	ctx = pg_cryptohash_create(PG_SHA256);
-	ok = pg_cryptohash_init(ctx) == 0 &&
-		pg_cryptohash_update(ctx, buf, n) == 0 &&
-		pg_cryptohash_final(ctx, out, PG_SHA256_DIGEST_LENGTH) == 0;
-	explicit_bzero(buf, n);
-	if (buf != stackbuf)
-		pfree(buf);
-	if (!ok)
-	{
-		const char *msg = pg_cryptohash_error(ctx);
-
-		pg_cryptohash_free(ctx);
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not compute SHA-256 hash: %s", msg)));
-	}
-	pg_cryptohash_free(ctx);
+	StaticAssertStmt(PG_SHA256_DIGEST_LENGTH == IDEM_SHA256_LEN,
+					 "SHA-256 digests differ in length");
+	IdemSha256Init(&s);
+	if (label != NULL)
+		IdemSha256Update(&s, label, strlen(label));
+	for (int i = 0; i < nparts; i++)
+		IdemSha256UpdateFramed(&s, parts[i], (uint32) lens[i]);
+	IdemSha256Final(&s, out);
 }
 
 void

@@ -68,6 +68,7 @@
 #include "keygen.h"
 #include "keystore.h"
 #include "schema.h"
+#include "sha256.h"
 #include "tombstone_filter.h"
 #include "tombstone_probe.h"
 #include "util.h"
@@ -210,23 +211,37 @@ IdemTombstonesOn(const IdemEndpointPolicy *policy)
 	return IdemTombstonesActive();
 }
 
+/*
+ * The SHA-256 state after the label and the framed encryption key, the
+ * same for every scope until the key is assigned again: a claim absorbs
+ * only its scope and finishes (one or two compressions for a scope of
+ * usual lengths).  Same output as hashing the whole framed input at once.
+ */
+static IdemSha256 tombstone_prefix;
+static uint64 tombstone_prefix_generation = 0;	/* 0: none yet */
+
 static void
 IdemTombstoneHash(const text *tenant, const text *endpoint, const text *key,
 				  uint8 out[IDEM_TOMBSTONE_HASH_LEN])
 {
-	const char *parts[4];
-	int			lens[4];
-	uint8		digest[PG_SHA256_DIGEST_LENGTH];
+	IdemSha256	s;
+	uint8		digest[IDEM_SHA256_LEN];
 
-	parts[0] = idem_encryption_key ? idem_encryption_key : "";
-	lens[0] = strlen(parts[0]);
-	parts[1] = VARDATA_ANY(tenant);
-	lens[1] = VARSIZE_ANY_EXHDR(tenant);
-	parts[2] = VARDATA_ANY(endpoint);
-	lens[2] = VARSIZE_ANY_EXHDR(endpoint);
-	parts[3] = VARDATA_ANY(key);
-	lens[3] = VARSIZE_ANY_EXHDR(key);
-	IdemFramedSha256(TOMBSTONE_LABEL, 4, parts, lens, digest);
+	if (tombstone_prefix_generation != idem_encryption_key_generation)
+	{
+		const char *ekey = idem_encryption_key ? idem_encryption_key : "";
+
+		IdemSha256Init(&tombstone_prefix);
+		IdemSha256Update(&tombstone_prefix, TOMBSTONE_LABEL,
+						 strlen(TOMBSTONE_LABEL));
+		IdemSha256UpdateFramed(&tombstone_prefix, ekey, strlen(ekey));
+		tombstone_prefix_generation = idem_encryption_key_generation;
+	}
+	s = tombstone_prefix;
+	IdemSha256UpdateFramed(&s, VARDATA_ANY(tenant), VARSIZE_ANY_EXHDR(tenant));
+	IdemSha256UpdateFramed(&s, VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
+	IdemSha256UpdateFramed(&s, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+	IdemSha256Final(&s, digest);
 	memcpy(out, digest, IDEM_TOMBSTONE_HASH_LEN);
 }
 
