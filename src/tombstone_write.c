@@ -33,6 +33,7 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "port/pg_bswap.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
@@ -303,9 +304,22 @@ typedef struct RunEntry
 	TimestampTz expires;
 } RunEntry;
 
+/*
+ * Rows of tombstones written by one INSERT: enough that the statement's
+ * set-up is a small share of its cost, few enough (about 1 MB of runs) to
+ * hold in memory.
+ */
+#define RUN_INSERT_BATCH 512
+
 typedef struct RunWriter
 {
-	SPIPlanPtr	insert;			/* INSERT of one row of tombstones */
+	SPIPlanPtr	insert;			/* INSERT of up to RUN_INSERT_BATCH rows */
+	/* the rows waiting for it, as its four arrays' elements */
+	Datum		row_hash[RUN_INSERT_BATCH];
+	Datum		row_fp[RUN_INSERT_BATCH];
+	Datum		row_expired[RUN_INSERT_BATCH];
+	Datum		row_expires[RUN_INSERT_BATCH];
+	int			nrows;
 	int			bits;			/* width of the buckets */
 	uint8		bucket[IDEM_TOMBROW_BUCKET_MAX];		/* the bucket of the entries held */
 	int			bucket_len;
@@ -313,6 +327,43 @@ typedef struct RunWriter
 	int			n;
 } RunWriter;
 
+/*
+ * The rows waiting, written by one INSERT of four arrays, in their order
+ * (tuple routing puts each into the partition of its expires_at).
+ */
+static void
+IdemTombstoneInsertRows(RunWriter *w)
+{
+	Datum		values[4];
+	int			rc;
+
+	if (w->nrows == 0)
+		return;
+	values[0] = PointerGetDatum(construct_array(w->row_hash, w->nrows, BYTEAOID,
+												-1, false, TYPALIGN_INT));
+	values[1] = PointerGetDatum(construct_array(w->row_fp, w->nrows, BYTEAOID,
+												-1, false, TYPALIGN_INT));
+	values[2] = PointerGetDatum(construct_array(w->row_expired, w->nrows,
+												TIMESTAMPTZOID, sizeof(TimestampTz),
+												FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	values[3] = PointerGetDatum(construct_array(w->row_expires, w->nrows,
+												TIMESTAMPTZOID, sizeof(TimestampTz),
+												FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	rc = SPI_execute_plan(w->insert, values, NULL, false, 0);
+	if (rc != SPI_OK_INSERT || SPI_processed != (uint64) w->nrows)
+		elog(ERROR, "writing rows of tombstones failed: %s",
+			 SPI_result_code_string(rc));
+	for (int i = 0; i < 4; i++)
+		pfree(DatumGetPointer(values[i]));
+	for (int i = 0; i < w->nrows; i++)
+	{
+		pfree(DatumGetPointer(w->row_hash[i]));
+		pfree(DatumGetPointer(w->row_fp[i]));
+	}
+	w->nrows = 0;
+}
+
+/* One row of tombstones, written with the next RUN_INSERT_BATCH - 1. */
 static void
 IdemTombstoneInsertRow(RunWriter *w, const uint8 *scope_hash, int hlen,
 					   const uint8 *fp, int fplen, TimestampTz expired,
@@ -320,23 +371,17 @@ IdemTombstoneInsertRow(RunWriter *w, const uint8 *scope_hash, int hlen,
 {
 	bytea	   *h = palloc(VARHDRSZ + hlen);
 	bytea	   *f = palloc(VARHDRSZ + fplen);
-	Datum		values[4];
-	int			rc;
 
 	SET_VARSIZE(h, VARHDRSZ + hlen);
 	memcpy(VARDATA(h), scope_hash, hlen);
 	SET_VARSIZE(f, VARHDRSZ + fplen);
 	memcpy(VARDATA(f), fp, fplen);
-	values[0] = PointerGetDatum(h);
-	values[1] = PointerGetDatum(f);
-	values[2] = TimestampTzGetDatum(expired);
-	values[3] = TimestampTzGetDatum(expires);
-	rc = SPI_execute_plan(w->insert, values, NULL, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "writing a row of tombstones failed: %s",
-			 SPI_result_code_string(rc));
-	pfree(h);
-	pfree(f);
+	w->row_hash[w->nrows] = PointerGetDatum(h);
+	w->row_fp[w->nrows] = PointerGetDatum(f);
+	w->row_expired[w->nrows] = TimestampTzGetDatum(expired);
+	w->row_expires[w->nrows] = TimestampTzGetDatum(expires);
+	if (++w->nrows == RUN_INSERT_BATCH)
+		IdemTombstoneInsertRows(w);
 }
 
 /*
@@ -408,31 +453,103 @@ IdemTombstoneRunBits(int64 n)
 }
 
 /*
- * The tombstones of source (see IdemTombstonesOfPartition), n of them, as
- * runs: read in the order of their hashes with snapshot, and written a
- * bucket at a time; a key whose fingerprint is not a SHA-256 gets a row of
- * its own.  Returns how many tombstones were written.  Called within SPI.
+ * One more tombstone with a SHA-256 fingerprint, in the order of the
+ * hashes: into the run being built, which is written first when it is
+ * full or the tombstone's bucket is another.
+ */
+static void
+IdemTombstoneRunAdd(RunWriter *w, const RunEntry *entry)
+{
+	uint8		bucket[IDEM_TOMBROW_BUCKET_MAX];
+	int			blen = IdemTombRowBucket(entry->hash, w->bits, bucket);
+
+	if (w->n > 0 &&
+		(w->n == RUN_MAX_ENTRIES || blen != w->bucket_len ||
+		 memcmp(bucket, w->bucket, blen) != 0))
+		IdemTombstoneFlushRun(w);
+	if (w->n == 0)
+	{
+		memcpy(w->bucket, bucket, blen);
+		w->bucket_len = blen;
+	}
+	w->entries[w->n++] = *entry;
+}
+
+static int
+IdemRunEntryCmp(const void *a, const void *b)
+{
+	return memcmp(((const RunEntry *) a)->hash, ((const RunEntry *) b)->hash,
+				  IDEM_TOMBSTONE_HASH_LEN);
+}
+
+/*
+ * The tombstones held in sorted (n of them, SHA-256 fingerprints only),
+ * written: as runs, with buckets as wide as n calls for, when as_runs,
+ * each as a row of its own otherwise.
+ */
+static void
+IdemTombstonesWriteHeld(RunWriter *w, RunEntry *sorted, Size n, bool as_runs)
+{
+	if (n == 0)
+		return;
+	if (!as_runs)
+	{
+		for (Size i = 0; i < n; i++)
+			IdemTombstoneInsertRow(w, sorted[i].hash, IDEM_TOMBSTONE_HASH_LEN,
+								   sorted[i].fp, IDEM_TOMBSTONE_FP_LEN,
+								   sorted[i].expired, sorted[i].expires);
+		return;
+	}
+	w->bits = IdemTombstoneRunBits((int64) n);
+	qsort(sorted, n, sizeof(RunEntry), IdemRunEntryCmp);
+	for (Size i = 0; i < n; i++)
+	{
+		if ((i & 1023) == 0)
+			CHECK_FOR_INTERRUPTS();
+		IdemTombstoneRunAdd(w, &sorted[i]);
+	}
+	IdemTombstoneFlushRun(w);
+}
+
+/*
+ * The tombstones of source (see IdemTombstonesOfPartition), read with
+ * snapshot in one pass and held in memory: as runs when they are
+ * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, many
+ * rows an INSERT.  A run's entries are put in the order of their hashes
+ * here, a sort of 16-byte keys (much cheaper than the executor's sort of
+ * bytea); when more than maintenance_work_mem holds come, those held are
+ * written as runs and the reading goes on (runs of the same bucket in two
+ * rows, as when a bucket holds more than a row).  A key whose fingerprint
+ * is not a SHA-256 gets a row of its own.  Returns how many tombstones
+ * were written.  Called within SPI.
  */
 static int64
-IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
-						Datum *args, Snapshot snapshot, int64 n)
+IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
+						Datum *args, Snapshot snapshot)
 {
 	RunWriter  *w = palloc0(sizeof(RunWriter));
+	Size		limit = Max((Size) maintenance_work_mem * 1024 / sizeof(RunEntry),
+							(Size) IDEM_TOMBSTONE_RUN_MIN);
+	Size		capacity = IDEM_TOMBSTONE_RUN_MIN;
+	RunEntry   *held = palloc(capacity * sizeof(RunEntry));
+	Size		nheld = 0;
+	bool		spilled = false;
 	SPIPlanPtr	read;
 	Portal		portal;
 	int64		written = 0;
 
-	w->bits = IdemTombstoneRunBits(n);
 	w->insert = SPI_prepare("INSERT INTO idempotency.tombstones"
 							" (scope_hash, fingerprint, expired_at, expires_at)"
-							" VALUES ($1, $2, $3, $4)",
-							4, (Oid[]) {BYTEAOID, BYTEAOID, TIMESTAMPTZOID, TIMESTAMPTZOID});
+							" SELECT * FROM ROWS FROM (pg_catalog.unnest($1),"
+							" pg_catalog.unnest($2), pg_catalog.unnest($3),"
+							" pg_catalog.unnest($4))",
+							4, (Oid[]) {BYTEAARRAYOID, BYTEAARRAYOID,
+							TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID});
 	if (w->insert == NULL)
 		elog(ERROR, "preparing the insert of tombstones failed: %s",
 			 SPI_result_code_string(SPI_result));
 	read = SPI_prepare(psprintf("SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key),"
-								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s"
-								" ORDER BY 1",
+								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s",
 								IdemTombstoneSourceSql(source)),
 					   nargs, argtypes);
 	if (read == NULL)
@@ -463,12 +580,11 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 			bytea	   *fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 2, &isnull[1]));
 			TimestampTz expired = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull[2]));
 			TimestampTz expires = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull[3]));
-			uint8		bucket[IDEM_TOMBROW_BUCKET_MAX];
-			int			blen;
 			RunEntry   *e;
 
 			if (isnull[0] || isnull[1] || isnull[2] || isnull[3])
 				elog(ERROR, "a tombstone of %s lacks a value", source);
+			written++;
 			if (VARSIZE_ANY_EXHDR(fp) != IDEM_TOMBSTONE_FP_LEN ||
 				VARSIZE_ANY_EXHDR(h) != IDEM_TOMBSTONE_HASH_LEN)
 			{
@@ -476,30 +592,32 @@ IdemTombstonesWriteRuns(const char *source, int nargs, Oid *argtypes,
 									   VARSIZE_ANY_EXHDR(h),
 									   (const uint8 *) VARDATA_ANY(fp),
 									   VARSIZE_ANY_EXHDR(fp), expired, expires);
-				written++;
 				continue;
 			}
-			blen = IdemTombRowBucket((const uint8 *) VARDATA_ANY(h), w->bits, bucket);
-			if (w->n > 0 &&
-				(w->n == RUN_MAX_ENTRIES || blen != w->bucket_len ||
-				 memcmp(bucket, w->bucket, blen) != 0))
-				IdemTombstoneFlushRun(w);
-			if (w->n == 0)
+			if (nheld == limit)
 			{
-				memcpy(w->bucket, bucket, blen);
-				w->bucket_len = blen;
+				IdemTombstonesWriteHeld(w, held, nheld, true);
+				nheld = 0;
+				spilled = true;
 			}
-			e = &w->entries[w->n++];
+			if (nheld == capacity)
+			{
+				capacity = Min(capacity * 2, limit);
+				held = repalloc_huge(held, capacity * sizeof(RunEntry));
+			}
+			e = &held[nheld++];
 			memcpy(e->hash, VARDATA_ANY(h), IDEM_TOMBSTONE_HASH_LEN);
 			memcpy(e->fp, VARDATA_ANY(fp), IDEM_TOMBSTONE_FP_LEN);
 			e->expired = expired;
 			e->expires = expires;
-			written++;
 		}
 		SPI_freetuptable(batch);
 	}
-	IdemTombstoneFlushRun(w);
 	SPI_cursor_close(portal);
+	IdemTombstonesWriteHeld(w, held, nheld,
+							spilled || written >= IDEM_TOMBSTONE_RUN_MIN);
+	IdemTombstoneInsertRows(w);
+	pfree(held);
 	pfree(w);
 	return written;
 }
@@ -577,17 +695,13 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 		/*
 		 * A whole partition's drop (the Citus mode writes on its workers,
 		 * see IdemTombstonesBeforeShardDrop) leaves runs when it leaves
-		 * many tombstones: counted first with the same snapshot.
+		 * many tombstones, read once and sorted in memory.
 		 */
 		if (tids == NIL && !IdemTombstonesCitus())
 		{
-			n = IdemTombstonesCount(source, nargs, argtypes, args, snapshot);
-			if (n >= IDEM_TOMBSTONE_RUN_MIN)
-			{
-				n = IdemTombstonesWriteRuns(source, nargs, argtypes, args, snapshot, n);
-				SPI_finish();
-				return n;
-			}
+			n = IdemTombstonesWriteDrop(source, nargs, argtypes, args, snapshot);
+			SPI_finish();
+			return n;
 		}
 		plan = SPI_prepare(psprintf(TOMBSTONE_INSERT_SQL "%s",
 									IdemTombstoneSourceSql(source)),

@@ -128,3 +128,54 @@ WHERE kind = 'tombstone';
 SELECT count(*) AS single_rows_after FROM idempotency.tombstones WHERE octet_length(scope_hash) = 16;
 
 DROP EXTENSION idempotency;
+
+-- A drop whose tombstones are more than maintenance_work_mem holds (1 MB:
+-- 16,384 entries of 64 bytes) writes those held as runs and reads on: every
+-- key still leaves a tombstone, each run's entries are sorted by hash and
+-- all in its bucket.
+SET client_min_messages = warning;
+CREATE EXTENSION idempotency;
+RESET client_min_messages;
+SELECT count(*) > 0 AS partitions_made
+FROM idempotency.idem_maintenance(now(), preview => false) WHERE kind = 'create';
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+SELECT 'acme', 'pay', 'm' || i, sha256(convert_to('a' || i, 'UTF8')), 'completed',
+       now(), now() + interval '1 second'
+FROM generate_series(1, 40000) i;
+SELECT count(DISTINCT tableoid) = 1 AS one_partition,
+       bool_and(tableoid <> 'idempotency.keys_default'::regclass) AS dated
+FROM idempotency.keys;
+SELECT pg_sleep(1.2);
+SET maintenance_work_mem = '1MB';
+SELECT kind, rows FROM idempotency.idem_maintenance(now() + interval '2 days', preview => false)
+WHERE kind = 'tombstone';
+RESET maintenance_work_mem;
+SELECT count(*) AS keys_left FROM idempotency.keys;
+WITH runs AS (
+    SELECT scope_hash AS b, get_byte(scope_hash, 0) AS bits, fingerprint AS f, i,
+           substr(fingerprint, i * 56 + 1, 16) AS h
+    FROM idempotency.tombstones,
+         generate_series(0, octet_length(fingerprint) / 56 - 1) i
+    WHERE octet_length(scope_hash) < 16)
+SELECT count(*) AS entries,
+       count(DISTINCT h) AS distinct_hashes,
+       bool_and(i = 0 OR substr(f, (i - 1) * 56 + 1, 16) < h) AS sorted_in_row,
+       -- the bucket: the first bits of the hash, the rest of its last byte zero
+       bool_and(substr(b, 2) = substr(h, 1, bits / 8)
+                || CASE WHEN bits % 8 = 0 THEN ''::bytea
+                   ELSE set_byte('\x00'::bytea, 0, get_byte(h, bits / 8) & 240) END) AS in_bucket,
+       bool_and(bits % 4 = 0 AND bits BETWEEN 4 AND 24) AS widths,
+       -- two spills of 16,384 at 8 bits, the last 7,232 at 4
+       array_agg(DISTINCT bits ORDER BY bits) AS widths_used
+FROM runs;
+SELECT count(*) FILTER (WHERE octet_length(scope_hash) = 16) AS single_rows
+FROM idempotency.tombstones;
+BEGIN;
+SET LOCAL idempotency.max_claims_per_transaction = 50000;
+SELECT count(*) FILTER (WHERE c.action = 'mismatch') AS other_payload_refused,
+       count(*) FILTER (WHERE c.action <> 'mismatch') AS not_refused
+FROM generate_series(1, 40000) i,
+     idempotency.idem_claim('acme', 'pay', 'm' || i, sha256(convert_to('b' || i, 'UTF8'))) c;
+ROLLBACK;
+
+DROP EXTENSION idempotency;
