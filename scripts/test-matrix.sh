@@ -20,6 +20,7 @@ choose_build_dir
 LOGS=$BUILD_DIR/matrix
 mkdir -p "$LOGS"
 SUMMARY=()
+EXCERPTS=()
 TOTAL_PASSED=0
 TOTAL_FAILED=0
 TOTAL_SKIPPED=0
@@ -47,6 +48,12 @@ run_server() {
     TOTAL_FAILED=$((TOTAL_FAILED + failed))
     TOTAL_SKIPPED=$((TOTAL_SKIPPED + skipped))
     SUMMARY+=("$label: $passed passed, $failed failed, $skipped skipped")
+    # the failures' evidence (scripts/test.sh's excerpts), repeated at the end
+    if [ "$failed" -gt 0 ]; then
+        EXCERPTS+=("---- $label: what failed ----")
+        EXCERPTS+=("$(awk '/^==== failure: /{on=1} on{print} /^==== end of failure: /{on=0}' "$log" | head -n 200)")
+        [ -n "${EXCERPTS[-1]}" ] || EXCERPTS[-1]="(no excerpt: see the last lines of $log)"$'\n'"$(tail -n 40 "$log")"
+    fi
 }
 
 # a server that cannot be tested: a failure where $1 is 2 or under CI
@@ -101,6 +108,11 @@ else
     cannot_test 1 "Debian package" "run make test-matrix as root, or scripts/deb.sh alone"
 fi
 
+if [ ${#EXCERPTS[@]} -gt 0 ]; then
+    echo
+    say "failures"
+    printf '%s\n' "${EXCERPTS[@]}"
+fi
 echo
 say "test matrix"
 printf '%s\n' "${SUMMARY[@]}"

@@ -164,6 +164,13 @@ PASSED=0
 FAILED=0
 SKIPPED=0
 FAILED_NAMES=()
+# A failure's evidence, printed and kept in $OUT/failures.txt between
+# marker lines, at most 60 lines (test-matrix.sh repeats the files at its
+# end, where a long run's output is read first).
+failure_excerpt() {
+    local title=$1
+    { echo "==== failure: $title"; sed -n 1,60p; echo "==== end of failure: $title"; } | tee -a "$OUT/failures.txt"
+}
 SKIPPED_NAMES=()
 
 # The security suite (doc/security.md#the-security-suite): the pg_regress
@@ -279,6 +286,7 @@ run_installcheck() {
     if [ -s "$dir/regression.diffs" ]; then
         echo "---- $suite: regression.diffs ----"
         cat "$dir/regression.diffs"
+        failure_excerpt "$suite: regression.diffs" <"$dir/regression.diffs" >/dev/null
     fi
     return 0
 }
@@ -344,6 +352,7 @@ run_tap() {
             for t in "${FAILED_NAMES[@]}"; do
                 case $t in tap/*) [[ $(basename "$f") == *"${t#tap/}"* ]] || continue ;; *) continue ;; esac
                 echo "---- $f (last lines) ----"; tail -n 40 "$f"
+                tail -n 40 "$f" | failure_excerpt "$t: ${f##*/}" >/dev/null
             done
         done
     fi
@@ -474,7 +483,11 @@ if [ -n "$CLIENTS_PID" ]; then
     rc=$(cat "$OUT/clients.rc" 2>/dev/null || echo 1)
     grep -E '^(client |    RESULT|==> client)' "$OUT/clients.log" || true
     PASSED=$((PASSED + $(grep -c '^client .* \.\.\. ok$' "$OUT/clients.log" || true)))
-    for s in $(sed -n 's/^client \([a-z0-9_]*\) \.\.\. FAILED.*/\1/p' "$OUT/clients.log"); do FAILED=$((FAILED + 1)); FAILED_NAMES+=("client_$s"); done
+    for s in $(sed -n 's/^client \([a-z0-9_]*\) \.\.\. FAILED.*/\1/p' "$OUT/clients.log"); do
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("client_$s")
+        # what the suite printed when it failed (its log's last lines)
+        sed -n "/^==> client $s\$/,/^client $s \.\.\. FAILED/p" "$OUT/clients.log" | failure_excerpt "client_$s"
+    done
     if [ "$rc" -ne 0 ] && ! grep -q '^client .* FAILED' "$OUT/clients.log"; then
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("clients (driver)"); tail -n 30 "$OUT/clients.log"
     fi
