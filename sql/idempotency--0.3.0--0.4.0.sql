@@ -1012,8 +1012,9 @@ COMMENT ON FUNCTION idempotency.idem_outbox_lease(integer, interval) IS
     'Lease due operations of the outbox for a sender (FOR UPDATE SKIP LOCKED)';
 
 -- Find an operation by id and lock it, refusing another tenant's (IK401).
--- NULL when there is none.
-CREATE FUNCTION idempotency.idem_outbox_lock(id bigint)
+-- NULL when there is none, or, with a lease_token, when the operation is
+-- not in flight under that lease (another sender took it over).
+CREATE FUNCTION idempotency.idem_outbox_lock(id bigint, lease_token bigint DEFAULT NULL)
 RETURNS idempotency.outbox
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1033,7 +1034,10 @@ BEGIN
                   DETAIL = pg_catalog.format('The setting idempotency.tenant binds this session to tenant "%s", and the operation belongs to another.', bound),
                   HINT = 'Connect as a role bound to the operation''s tenant.';
     END IF;
-    IF NOT FOUND THEN
+    IF NOT FOUND
+       OR (idem_outbox_lock.lease_token IS NOT NULL
+           AND (o.state OPERATOR(pg_catalog.<>) 'in_flight'
+                OR o.lease_token IS DISTINCT FROM idem_outbox_lock.lease_token)) THEN
         RETURN NULL;
     END IF;
     RETURN o;
@@ -1108,9 +1112,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    o := idempotency.idem_outbox_lock(id);
-    IF o.id IS NULL OR o.state OPERATOR(pg_catalog.<>) 'in_flight'
-       OR o.lease_token OPERATOR(pg_catalog.<>) idem_outbox_record.lease_token THEN
+    o := idempotency.idem_outbox_lock(id, idem_outbox_record.lease_token);
+    IF o.id IS NULL THEN
         RETURN false;
     END IF;
 
@@ -1155,9 +1158,8 @@ BEGIN
         RAISE EXCEPTION 'id and lease_token must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    o := idempotency.idem_outbox_lock(id);
-    IF o.id IS NULL OR o.state OPERATOR(pg_catalog.<>) 'in_flight'
-       OR o.lease_token OPERATOR(pg_catalog.<>) idem_outbox_release.lease_token THEN
+    o := idempotency.idem_outbox_lock(id, idem_outbox_release.lease_token);
+    IF o.id IS NULL THEN
         RETURN false;
     END IF;
     UPDATE idempotency.outbox x
@@ -1243,7 +1245,7 @@ COMMENT ON VIEW idempotency.outbox_operations IS
 
 -- its privileges, as sql/parts/99_privileges.sql gives them
 REVOKE EXECUTE ON FUNCTION idempotency.idem_outbox_tenant(),
-    idempotency.idem_outbox_max_bytes(), idempotency.idem_outbox_lock(bigint),
+    idempotency.idem_outbox_max_bytes(), idempotency.idem_outbox_lock(bigint, bigint),
     idempotency.idem_outbox_cut(text, integer),
     idempotency.idem_outbox_add(text, text, jsonb, jsonb, text, timestamptz),
     idempotency.idem_outbox_lease(integer, interval),

@@ -73,6 +73,6 @@ REVOKE EXECUTE ON FUNCTION idempotency.idem_import_check(bigint, idempotency.key
 -- keeps idem_outbox_tenant(), which idempotency.outbox_operations calls
 -- as its reader (the session's bound tenant: nothing but the reader's own)
 REVOKE EXECUTE ON FUNCTION idempotency.idem_outbox_max_bytes(),
-    idempotency.idem_outbox_lock(bigint),
+    idempotency.idem_outbox_lock(bigint, bigint),
     idempotency.idem_outbox_cut(text, integer)
     FROM idempotency_admin;
