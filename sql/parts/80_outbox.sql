@@ -487,7 +487,8 @@ $$;
 COMMENT ON FUNCTION idempotency.idem_outbox_retry(bigint) IS
     'Put an outbox operation that needs attention or failed back to pending, with the same key';
 
--- The outbox per tenant (NULL: operations added by unbound sessions).
+-- The outbox per tenant (NULL: operations added by unbound sessions); a
+-- session bound to a tenant (idempotency.tenant) sees that tenant's row alone.
 -- Alert on attention > 0, a growing oldest_pending_age, lapsed leases.
 CREATE VIEW idempotency.outbox_health AS
 SELECT tenant,
@@ -501,6 +502,8 @@ SELECT tenant,
        count(*) FILTER (WHERE state = 'failed') AS failed,
        count(*) FILTER (WHERE state = 'succeeded') AS succeeded
 FROM idempotency.outbox
+WHERE idempotency.idem_outbox_tenant() IS NULL
+   OR tenant = idempotency.idem_outbox_tenant() COLLATE "C"
 GROUP BY tenant
 ORDER BY tenant NULLS FIRST;
 

@@ -70,8 +70,9 @@ REVOKE EXECUTE ON FUNCTION idempotency.idem_import_check(bigint, idempotency.key
     FROM idempotency_admin;
 
 -- called by the outbox's functions (SECURITY DEFINER) alone; the admin
--- keeps idem_outbox_tenant(), which idempotency.outbox_operations calls
--- as its reader (the session's bound tenant: nothing but the reader's own)
+-- keeps idem_outbox_tenant(), which the views outbox_operations and
+-- outbox_health call as their reader (the session's bound tenant: nothing
+-- but the reader's own)
 REVOKE EXECUTE ON FUNCTION idempotency.idem_outbox_max_bytes(),
     idempotency.idem_outbox_lock(bigint, bigint),
     idempotency.idem_outbox_cut(text, integer)

@@ -345,6 +345,9 @@ SELECT regress.try('SELECT * FROM idempotency.outbox_operations') AS bound_clien
 -- own condition
 \c - regress_ob_acme_ops
 SELECT tenant, method, state FROM idempotency.outbox_operations ORDER BY id;
+-- and outbox_health its row alone
+SELECT tenant, pending + due + in_flight + attention + failed + succeeded > 0 AS counted
+FROM idempotency.outbox_health;
 CREATE FUNCTION pg_temp.peek(t text, u text) RETURNS boolean LANGUAGE plpgsql COST 0.0000001 AS
 $$ BEGIN RAISE NOTICE 'peeked at % %', coalesce(t, 'NULL'), u; RETURN true; END $$;
 SELECT count(*) AS seen FROM idempotency.outbox_operations o WHERE pg_temp.peek(o.tenant, o.url);

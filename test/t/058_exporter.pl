@@ -29,7 +29,7 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE exporter LOGIN;
 	GRANT USAGE ON SCHEMA idempotency TO exporter;
 	GRANT SELECT ON idempotency.stats, idempotency.health, idempotency.outbox_health TO exporter;
-	GRANT EXECUTE ON FUNCTION idempotency.idem_counters(boolean) TO exporter;
+	GRANT EXECUTE ON FUNCTION idempotency.idem_counters(boolean), idempotency.idem_outbox_tenant() TO exporter;
 	SELECT idempotency.idem_stats_reset();
 	-- POST /a: one execute, one replay
 	BEGIN;
