@@ -522,3 +522,17 @@ WHERE idempotency.idem_outbox_tenant() IS NULL
    OR tenant = idempotency.idem_outbox_tenant() COLLATE "C";
 COMMENT ON VIEW idempotency.outbox_operations IS
     'The operations of the outbox for an operator, without their keys, bodies and headers';
+
+-- The attempts of the outbox's operations for an operator: what each
+-- attempt got (status, error) and how it ended, to decide on an operation
+-- that needs attention before idem_outbox_retry.  Tenant-filtered as
+-- outbox_operations, through the operation's row.
+CREATE VIEW idempotency.outbox_operation_attempts WITH (security_barrier) AS
+SELECT a.outbox_id AS id, o.tenant, a.attempt, a.started_at, a.ended_at,
+       a.status, a.outcome, a.error
+FROM idempotency.outbox_attempts a
+JOIN idempotency.outbox o ON o.id OPERATOR(pg_catalog.=) a.outbox_id
+WHERE idempotency.idem_outbox_tenant() IS NULL
+   OR o.tenant = idempotency.idem_outbox_tenant() COLLATE "C";
+COMMENT ON VIEW idempotency.outbox_operation_attempts IS
+    'The attempts of the operations of the outbox for an operator';

@@ -62,7 +62,8 @@ END
 $$;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency.endpoints TO idempotency_admin;
 GRANT SELECT ON idempotency.events, idempotency.stats, idempotency.health,
-    idempotency.outbox_health, idempotency.outbox_operations
+    idempotency.outbox_health, idempotency.outbox_operations,
+    idempotency.outbox_operation_attempts
     TO idempotency_admin;
 
 -- called by idem_import_keys (SECURITY DEFINER) alone

@@ -320,6 +320,13 @@ UPDATE idempotency.outbox SET state = 'in_flight', lease_token = 9, attempts = 1
     first_attempt_at = now(), leased_at = now() - interval '2 hours',
     locked_until = now() - interval '1 hour'
 WHERE key = 'key-lapsed';
+-- attempts of acme's and globex's operations, as senders record them
+INSERT INTO idempotency.outbox_attempts (outbox_id, attempt, started_at, ended_at, status, error, outcome)
+SELECT o.id, a.n, now(), now(), a.status, a.error, a.outcome
+FROM idempotency.outbox o,
+     (VALUES ('key-acme', 1, 503, NULL, 'retry'), ('key-acme', 2, NULL, 'timeout', 'attention'),
+             ('key-globex', 1, 429, NULL, 'retry')) AS a(key, n, status, error, outcome)
+WHERE o.key = a.key;
 -- its columns: no key, body nor headers
 SELECT string_agg(attname, ', ' ORDER BY attnum) AS columns FROM pg_attribute
 WHERE attrelid = 'idempotency.outbox_operations'::regclass AND attnum > 0;
@@ -330,6 +337,10 @@ SELECT o.tenant, o.method, o.url, o.state, o.attempts, o.lease_lapsed, o.last_st
        o.finished_at IS NOT NULL AS finished
 FROM idempotency.outbox_operations o ORDER BY o.id;
 SELECT regress.try('SELECT key FROM idempotency.outbox_operations') AS no_key;
+-- the attempts, for an operator: every tenant's to an unbound session
+SELECT o.tenant, a.attempt, a.outcome, a.status, a.error, a.started_at IS NOT NULL AS started
+FROM idempotency.outbox_operation_attempts a JOIN idempotency.outbox_operations o USING (id)
+ORDER BY a.id, a.attempt, a.outcome;
 SELECT count(*) AS rows_naming_a_secret FROM idempotency.outbox_operations o
 WHERE o::text ~ 'key-|body|Bearer';
 -- the operator finds what needs attention and puts it back by its id
@@ -338,6 +349,7 @@ SELECT tenant, state, attempts, finished_at IS NULL AS unfinished
 FROM idempotency.outbox_operations WHERE tenant = 'acme';
 \c - regress_ob_client
 SELECT regress.try('SELECT * FROM idempotency.outbox_operations') AS client;
+SELECT regress.try('SELECT * FROM idempotency.outbox_operation_attempts') AS client_attempts;
 \c - regress_ob_acme
 SELECT regress.try('SELECT * FROM idempotency.outbox_operations') AS bound_client;
 -- bound to acme: acme's operations alone, also through a function of the
@@ -348,6 +360,8 @@ SELECT tenant, method, state FROM idempotency.outbox_operations ORDER BY id;
 -- and outbox_health its row alone
 SELECT tenant, pending + due + in_flight + attention + failed + succeeded > 0 AS counted
 FROM idempotency.outbox_health;
+-- and outbox_operation_attempts its operations' attempts alone
+SELECT tenant, count(*) > 0 AS has_attempts FROM idempotency.outbox_operation_attempts GROUP BY tenant;
 CREATE FUNCTION pg_temp.peek(t text, u text) RETURNS boolean LANGUAGE plpgsql COST 0.0000001 AS
 $$ BEGIN RAISE NOTICE 'peeked at % %', coalesce(t, 'NULL'), u; RETURN true; END $$;
 SELECT count(*) AS seen FROM idempotency.outbox_operations o WHERE pg_temp.peek(o.tenant, o.url);
