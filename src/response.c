@@ -476,6 +476,16 @@ IdemResponseForStorage(const IdemEndpointPolicy *policy, IdemResponse *resp)
 	}
 }
 
+/*
+ * A stored body as a replay reads it: decrypted when it is marked encrypted
+ * (IK501 when this database's key cannot decrypt it), as it is otherwise.
+ */
+bytea *
+IdemResponsePlainBody(bytea *body, bool encrypted)
+{
+	return encrypted ? IdemDecrypt(body) : body;
+}
+
 /* The columns of a stored response must agree with its body_kind. */
 static void
 IdemCheckBodyColumns(const IdemResponse *resp)
@@ -538,7 +548,14 @@ IdemResponseCheckStored(const IdemEndpointPolicy *policy, IdemResponse *resp,
 		*field = "response_body";
 		IdemCheckJsonBody(plain);
 	}
-	(void) IdemResponseKeep(policy, resp, plain, field);
+	if (!IdemResponseKeep(policy, resp, plain, field) || resp->encrypted)
+		return;
+	/* a plain body is stored as a finish here would store it */
+	if (idem_encryption_key != NULL && idem_encryption_key[0] != '\0')
+	{
+		resp->body = IdemEncrypt(resp->body);
+		resp->encrypted = true;
+	}
 }
 
 /*

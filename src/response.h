@@ -43,12 +43,16 @@ typedef struct IdemResponse
 extern void IdemResponseForStorage(const IdemEndpointPolicy *policy,
 								   IdemResponse *resp);
 
+/* A stored body as a replay reads it (decrypted when marked encrypted). */
+extern bytea *IdemResponsePlainBody(bytea *body, bool encrypted);
+
 /*
  * Check a response written as a stored row (idem_import_keys) as a finish
  * would check it: its columns agree with its body_kind, an encrypted body
  * decrypts with this database's key, a JSON body is JSON, the size cap,
  * the header rules.  Sensitive headers are dropped and the body omitted
- * where the endpoint keeps none, as a finish does; nothing is encrypted.
+ * where the endpoint keeps none, as a finish does, and a plain body kept is
+ * encrypted when idempotency.encryption_key is set, as a finish encrypts it.
  * *field is left naming the column whose check raised an error.
  */
 extern void IdemResponseCheckStored(const IdemEndpointPolicy *policy,

@@ -341,3 +341,20 @@ idem_import_check(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(row.desc, row.values,
 													  row.nulls)));
 }
+
+PG_FUNCTION_INFO_V1(idem_import_plain_body);
+
+/*
+ * idem_import_plain_body(body bytea, encrypted boolean) RETURNS bytea
+ *		A stored body as a replay reads it, so that idem_import_keys finds
+ *		a row it imports again unchanged whichever of the two copies is
+ *		encrypted (an encryption is new each time).
+ */
+Datum
+idem_import_plain_body(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	PG_RETURN_BYTEA_P(IdemResponsePlainBody(PG_GETARG_BYTEA_PP(0),
+											!PG_ARGISNULL(1) && PG_GETARG_BOOL(1)));
+}

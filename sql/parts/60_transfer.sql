@@ -63,6 +63,14 @@ RETURNS idempotency.keys
 AS 'MODULE_PATHNAME', 'idem_import_check'
 LANGUAGE C VOLATILE;
 
+-- A stored body as a replay reads it (decrypted when marked encrypted), for
+-- idem_import_keys's comparison of a row with the live one.  The import's
+-- alone, as idem_import_check.
+CREATE FUNCTION idempotency.idem_import_plain_body(body bytea, encrypted boolean)
+RETURNS bytea
+AS 'MODULE_PATHNAME', 'idem_import_plain_body'
+LANGUAGE C VOLATILE;
+
 -- Write keys exported by idem_export_keys (a jsonb array of them, or one
 -- object).  A key whose live row here has the same content is left alone
 -- (so that an import can run twice), one already expired is skipped, and a
@@ -163,8 +171,14 @@ BEGIN
         WHERE k.key = r.key AND k.endpoint = r.endpoint AND k.tenant = r.tenant
           AND k.expires_at > pg_catalog.now();
         IF FOUND THEN
-            IF pg_catalog.to_jsonb(cur) OPERATOR(pg_catalog.-) 'request_digest'
-               = pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.-) 'request_digest' THEN
+            -- the same row, its body compared as a replay reads it (an
+            -- encryption is new each time: a plain body imported again
+            -- under a key, or an encrypted one, is unchanged)
+            IF pg_catalog.to_jsonb(cur) OPERATOR(pg_catalog.-) ARRAY['request_digest', 'response_body', 'body_encrypted']
+               = pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.-) ARRAY['request_digest', 'response_body', 'body_encrypted']
+               AND idempotency.idem_import_plain_body(cur.response_body, cur.body_encrypted)
+                   IS NOT DISTINCT FROM
+                   idempotency.idem_import_plain_body(r.response_body, r.body_encrypted) THEN
                 n_unchanged := n_unchanged + 1;
             ELSIF on_conflict = 'keep' THEN
                 n_kept := n_kept + 1;

@@ -67,7 +67,8 @@ GRANT SELECT ON idempotency.events, idempotency.stats, idempotency.health,
     TO idempotency_admin;
 
 -- called by idem_import_keys (SECURITY DEFINER) alone
-REVOKE EXECUTE ON FUNCTION idempotency.idem_import_check(bigint, idempotency.keys)
+REVOKE EXECUTE ON FUNCTION idempotency.idem_import_check(bigint, idempotency.keys),
+    idempotency.idem_import_plain_body(bytea, boolean)
     FROM idempotency_admin;
 
 -- called by the outbox's functions (SECURITY DEFINER) alone; the admin

@@ -101,6 +101,29 @@ is($node->safe_psql('postgres',
 	q{SELECT response_json->>'card' FROM idempotency.idem_claim('t1', 'POST /enc', 'k-a', sha256('k-a'))}),
 	$mark{A}, 'a body stored before the key was set stays readable');
 
+# an import with the key set stores a plain body encrypted, as a finish
+# does: k-a's row (stored before the key, plain) exported and imported
+# under another tenant
+my $import = q{
+	SELECT string_agg(outcome || ':' || rows, ',' ORDER BY outcome) FROM idempotency.idem_import_keys(
+	    (SELECT jsonb_agg(jsonb_set(e, '{tenant}', '"t2"'))
+	     FROM idempotency.idem_export_keys('t1') e WHERE e->>'key' = 'k-a'))};
+is($node->safe_psql('postgres', $import), 'expired:0,inserted:1,kept:0,unchanged:0',
+	'a plain row exported and imported under another tenant');
+is($node->safe_psql('postgres',
+	q{SELECT body_encrypted FROM idempotency.keys WHERE tenant = 't2' AND key = 'k-a'}),
+	't', 'an imported plain body is stored encrypted when the key is set');
+$node->safe_psql('postgres', 'CHECKPOINT');
+is($node->safe_psql('postgres', q{
+	SELECT count(*) FROM idempotency.keys
+	WHERE tenant = 't2' AND position(convert_to('MARKA', 'UTF8') IN response_body) > 0}),
+	'0', 'and its plaintext is not in the stored column');
+is($node->safe_psql('postgres',
+	q{SELECT response_json->>'card' FROM idempotency.idem_claim('t2', 'POST /enc', 'k-a', sha256('k-a'))}),
+	$mark{A}, 'its replay gives the plaintext back');
+is($node->safe_psql('postgres', $import), 'expired:0,inserted:0,kept:0,unchanged:1',
+	'imported again: unchanged (the bodies compared as a replay reads them)');
+
 # a wrong key is an error, not garbage
 $node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.encryption_key = 'another key'});
 $node->reload;
