@@ -170,7 +170,9 @@ CONF
     # a port taken between free_port and the start (by a server of another
     # run of this machine) is replaced by another, a few times
     local tries=0
-    until as_pg pg_ctl -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null; do
+    # -c: a crash leaves a core file in the data folder (kernel.core_pattern
+    # permitting), for the backtrace a log line cannot give
+    until as_pg pg_ctl -c -D "$dir/data" -l "$dir/postgres.log" -w start >/dev/null; do
         tries=$((tries + 1))
         if [ $tries -ge 5 ] || ! grep -q 'Address already in use' "$dir/postgres.log"; then
             tail -n 20 "$dir/postgres.log"; die "the server did not start"
