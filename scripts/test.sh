@@ -493,6 +493,24 @@ if [ -n "$CLIENTS_PID" ]; then
     fi
 fi
 
+# A server process that died of a signal other than the tests' own SIGKILL
+# (a segfault, an abort) is a failure even when every test passed: its
+# log lines, and the backtrace of its core file when one was written
+# (start_cluster's pg_ctl -c) and gdb is installed.
+check_crashes() {
+    local log core
+    while IFS= read -r log; do
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("server crash (${log#"$OUT"/})")
+        grep -B 3 -A 2 -E 'terminated by signal (4|6|7|8|11)\b' "$log" | failure_excerpt "server crash: ${log#"$OUT"/}"
+    done < <(grep -rlE --include='*.log' 'terminated by signal (4|6|7|8|11)\b' "$OUT" 2>/dev/null || true)
+    command -v gdb >/dev/null || return 0
+    while IFS= read -r core; do
+        gdb -q -batch -ex 'bt' "$PGBIN/postgres" "$core" 2>&1 | grep -v '^\[New LWP' |
+            failure_excerpt "backtrace of ${core#"$OUT"/}"
+    done < <(find "$OUT" -type f -name 'core*' 2>/dev/null || true)
+}
+check_crashes
+
 echo
 if [ ${#SEC_NAMES[@]} -gt 0 ]; then
     echo "security suite (${SEC_NAMES[*]}): $SEC_PASSED of $((SEC_PASSED + SEC_FAILED + SEC_SKIPPED)) runs passed, $SEC_FAILED failed, $SEC_SKIPPED skipped"
