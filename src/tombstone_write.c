@@ -45,6 +45,7 @@
 
 #include "guc.h"
 #include "schema.h"
+#include "tombstone_direct.h"
 #include "tombstone_probe.h"
 #include "tombstone_write.h"
 #include "util.h"
@@ -313,7 +314,8 @@ typedef struct RunEntry
 
 typedef struct RunWriter
 {
-	SPIPlanPtr	insert;			/* INSERT of up to RUN_INSERT_BATCH rows */
+	IdemTombDirect *direct;		/* writes rows straight into partitions */
+	SPIPlanPtr	insert;			/* else: INSERT of up to RUN_INSERT_BATCH rows */
 	/* the rows waiting for it, as its four arrays' elements */
 	Datum		row_hash[RUN_INSERT_BATCH];
 	Datum		row_fp[RUN_INSERT_BATCH];
@@ -363,14 +365,25 @@ IdemTombstoneInsertRows(RunWriter *w)
 	w->nrows = 0;
 }
 
-/* One row of tombstones, written with the next RUN_INSERT_BATCH - 1. */
+/*
+ * One row of tombstones: straight into its partition (tombstone_direct.h),
+ * or written by the INSERT with the next RUN_INSERT_BATCH - 1.
+ */
 static void
 IdemTombstoneInsertRow(RunWriter *w, const uint8 *scope_hash, int hlen,
 					   const uint8 *fp, int fplen, TimestampTz expired,
 					   TimestampTz expires)
 {
-	bytea	   *h = palloc(VARHDRSZ + hlen);
-	bytea	   *f = palloc(VARHDRSZ + fplen);
+	bytea	   *h;
+	bytea	   *f;
+
+	if (w->direct != NULL)
+	{
+		IdemTombDirectAdd(w->direct, scope_hash, hlen, fp, fplen, expired, expires);
+		return;
+	}
+	h = palloc(VARHDRSZ + hlen);
+	f = palloc(VARHDRSZ + fplen);
 
 	SET_VARSIZE(h, VARHDRSZ + hlen);
 	memcpy(VARDATA(h), scope_hash, hlen);
@@ -512,6 +525,29 @@ IdemTombstonesWriteHeld(RunWriter *w, RunEntry *sorted, Size n, bool as_runs)
 }
 
 /*
+ * The writer of w's rows: straight into the partitions of
+ * idempotency.tombstones when it is as the extension made it, by an INSERT
+ * otherwise.
+ */
+static void
+IdemTombstoneWriterBegin(RunWriter *w)
+{
+	w->direct = IdemTombDirectBegin(IdemTombstoneRelid());
+	if (w->direct != NULL)
+		return;
+	w->insert = SPI_prepare("INSERT INTO idempotency.tombstones"
+							" (scope_hash, fingerprint, expired_at, expires_at)"
+							" SELECT * FROM ROWS FROM (pg_catalog.unnest($1),"
+							" pg_catalog.unnest($2), pg_catalog.unnest($3),"
+							" pg_catalog.unnest($4))",
+							4, (Oid[]) {BYTEAARRAYOID, BYTEAARRAYOID,
+							TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID});
+	if (w->insert == NULL)
+		elog(ERROR, "preparing the insert of tombstones failed: %s",
+			 SPI_result_code_string(SPI_result));
+}
+
+/*
  * The tombstones of source (see IdemTombstonesOfPartition), read with
  * snapshot in one pass and held in memory: as runs when they are
  * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, many
@@ -538,16 +574,7 @@ IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
 	Portal		portal;
 	int64		written = 0;
 
-	w->insert = SPI_prepare("INSERT INTO idempotency.tombstones"
-							" (scope_hash, fingerprint, expired_at, expires_at)"
-							" SELECT * FROM ROWS FROM (pg_catalog.unnest($1),"
-							" pg_catalog.unnest($2), pg_catalog.unnest($3),"
-							" pg_catalog.unnest($4))",
-							4, (Oid[]) {BYTEAARRAYOID, BYTEAARRAYOID,
-							TIMESTAMPTZARRAYOID, TIMESTAMPTZARRAYOID});
-	if (w->insert == NULL)
-		elog(ERROR, "preparing the insert of tombstones failed: %s",
-			 SPI_result_code_string(SPI_result));
+	IdemTombstoneWriterBegin(w);
 	read = SPI_prepare(psprintf("SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key),"
 								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s",
 								IdemTombstoneSourceSql(source)),
@@ -617,6 +644,8 @@ IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
 	IdemTombstonesWriteHeld(w, held, nheld,
 							spilled || written >= IDEM_TOMBSTONE_RUN_MIN);
 	IdemTombstoneInsertRows(w);
+	if (w->direct != NULL)
+		IdemTombDirectEnd(w->direct);
 	pfree(held);
 	pfree(w);
 	return written;
