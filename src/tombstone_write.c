@@ -488,40 +488,107 @@ IdemTombstoneRunAdd(RunWriter *w, const RunEntry *entry)
 	w->entries[w->n++] = *entry;
 }
 
+/* the entries being ordered, for IdemRunOrderCmp */
+static const RunEntry *run_order_entries;
+
 static int
-IdemRunEntryCmp(const void *a, const void *b)
+IdemRunOrderCmp(const void *a, const void *b)
 {
-	return memcmp(((const RunEntry *) a)->hash, ((const RunEntry *) b)->hash,
+	return memcmp(run_order_entries[*(const uint32 *) a].hash,
+				  run_order_entries[*(const uint32 *) b].hash,
 				  IDEM_TOMBSTONE_HASH_LEN);
 }
 
+/* Buckets that hold more entries than this are sorted by qsort. */
+#define RUN_ORDER_INSERTION_MAX 16
+
 /*
- * The tombstones held in sorted (n of them, SHA-256 fingerprints only),
- * written: as runs, with buckets as wide as n calls for, when as_runs,
- * each as a row of its own otherwise.
+ * The order of the n entries e by hash, as n indexes into order: a
+ * counting sort by their first bits (as many bits as make about one
+ * entry a bucket, at most 16; the hashes are uniform), then each bucket
+ * sorted in place, by insertion when small, by qsort otherwise (so that
+ * hashes made to share their first bits cost no more than a sort).  Much
+ * cheaper than sorting the 64-byte entries themselves.
  */
 static void
-IdemTombstonesWriteHeld(RunWriter *w, RunEntry *sorted, Size n, bool as_runs)
+IdemRunEntriesOrder(const RunEntry *e, Size n, uint32 *order)
 {
+	int			bits = 1;
+	Size		nbuckets;
+	Size	   *end;
+
+	while (bits < 16 && ((Size) 1 << bits) < n)
+		bits++;
+	nbuckets = (Size) 1 << bits;
+	end = palloc0(sizeof(Size) * (nbuckets + 1));
+#define RUN_BUCKET(i) ((((Size) e[i].hash[0] << 8) | e[i].hash[1]) >> (16 - bits))
+	for (Size i = 0; i < n; i++)
+		end[RUN_BUCKET(i) + 1]++;
+	for (Size b = 1; b <= nbuckets; b++)
+		end[b] += end[b - 1];
+	/* end[b] is the start of bucket b; filling it moves it to its end */
+	for (Size i = 0; i < n; i++)
+		order[end[RUN_BUCKET(i)]++] = (uint32) i;
+#undef RUN_BUCKET
+	run_order_entries = e;
+	for (Size b = 0; b < nbuckets; b++)
+	{
+		Size		first = b == 0 ? 0 : end[b - 1];
+		Size		count = end[b] - first;
+
+		if (count > RUN_ORDER_INSERTION_MAX)
+		{
+			qsort(order + first, count, sizeof(uint32), IdemRunOrderCmp);
+			continue;
+		}
+		for (Size i = first + 1; i < end[b]; i++)
+		{
+			uint32		v = order[i];
+			Size		j = i;
+
+			while (j > first && memcmp(e[order[j - 1]].hash, e[v].hash,
+									   IDEM_TOMBSTONE_HASH_LEN) > 0)
+			{
+				order[j] = order[j - 1];
+				j--;
+			}
+			order[j] = v;
+		}
+	}
+	pfree(end);
+}
+
+/*
+ * The tombstones held (n of them, SHA-256 fingerprints only), written: as
+ * runs, in the order of their hashes, with buckets as wide as n calls for,
+ * when as_runs, each as a row of its own otherwise.
+ */
+static void
+IdemTombstonesWriteHeld(RunWriter *w, RunEntry *held, Size n, bool as_runs)
+{
+	uint32	   *order;
+
 	if (n == 0)
 		return;
 	if (!as_runs)
 	{
 		for (Size i = 0; i < n; i++)
-			IdemTombstoneInsertRow(w, sorted[i].hash, IDEM_TOMBSTONE_HASH_LEN,
-								   sorted[i].fp, IDEM_TOMBSTONE_FP_LEN,
-								   sorted[i].expired, sorted[i].expires);
+			IdemTombstoneInsertRow(w, held[i].hash, IDEM_TOMBSTONE_HASH_LEN,
+								   held[i].fp, IDEM_TOMBSTONE_FP_LEN,
+								   held[i].expired, held[i].expires);
 		return;
 	}
 	w->bits = IdemTombstoneRunBits((int64) n);
-	qsort(sorted, n, sizeof(RunEntry), IdemRunEntryCmp);
+	order = palloc_extended(n * sizeof(uint32), MCXT_ALLOC_HUGE);
+	IdemRunEntriesOrder(held, n, order);
 	for (Size i = 0; i < n; i++)
 	{
 		if ((i & 1023) == 0)
 			CHECK_FOR_INTERRUPTS();
-		IdemTombstoneRunAdd(w, &sorted[i]);
+		IdemTombstoneRunAdd(w, &held[order[i]]);
 	}
 	IdemTombstoneFlushRun(w);
+	pfree(order);
 }
 
 /*
@@ -550,10 +617,11 @@ IdemTombstoneWriterBegin(RunWriter *w)
 /*
  * The tombstones of source (see IdemTombstonesOfPartition), read with
  * snapshot in one pass and held in memory: as runs when they are
- * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, many
- * rows an INSERT.  A run's entries are put in the order of their hashes
- * here, a sort of 16-byte keys (much cheaper than the executor's sort of
- * bytea); when more than maintenance_work_mem holds come, those held are
+ * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, the
+ * rows written straight into their partitions (tombstone_direct.h; by
+ * INSERTs of many rows where it cannot).  A run's entries are put in the
+ * order of their hashes here (IdemRunEntriesOrder: much cheaper than the
+ * executor's sort of bytea); when more than maintenance_work_mem holds come, those held are
  * written as runs and the reading goes on (runs of the same bucket in two
  * rows, as when a bucket holds more than a row).  A key whose fingerprint
  * is not a SHA-256 gets a row of its own.  Returns how many tombstones
@@ -564,7 +632,10 @@ IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
 						Datum *args, Snapshot snapshot)
 {
 	RunWriter  *w = palloc0(sizeof(RunWriter));
-	Size		limit = Max((Size) maintenance_work_mem * 1024 / sizeof(RunEntry),
+	/* each entry held takes its index in the order too */
+	Size		limit = Max(Min((Size) maintenance_work_mem * 1024 /
+								(sizeof(RunEntry) + sizeof(uint32)),
+								(Size) PG_UINT32_MAX),
 							(Size) IDEM_TOMBSTONE_RUN_MIN);
 	Size		capacity = IDEM_TOMBSTONE_RUN_MIN;
 	RunEntry   *held = palloc(capacity * sizeof(RunEntry));
