@@ -1,12 +1,22 @@
 /*-------------------------------------------------------------------------
  *
  * tombstone_direct.c
- *	  Rows of tombstones written straight into their partitions of
- *	  idempotency.tombstones (tombstone_direct.h): what maintenance's drop
- *	  of a partition of keys writes, some 2 kB runs of tombstones a row,
- *	  without the cost of an INSERT (its arrays of parameters, the function
- *	  scan that unpacks them, tuple routing through the executor, the
- *	  trigger of each row).
+ *	  What maintenance's drop of a partition of keys reads and writes
+ *	  (tombstone_direct.h), without the executor: the partition's rows, read
+ *	  by a scan of the table, and the rows of tombstones made of them (some
+ *	  2 kB runs of tombstones a row), written straight into their
+ *	  partitions of idempotency.tombstones, without the cost of an INSERT
+ *	  (its arrays of parameters, the function scan that unpacks them, tuple
+ *	  routing through the executor, the trigger of each row).
+ *
+ *	  What the SELECT did, the reading does: the rows the snapshot sees,
+ *	  those expired at the pass's time whose endpoint keeps tombstones
+ *	  (its tombstone_ttl, else idempotency.tombstone_ttl, read once from
+ *	  idempotency.endpoints with the same snapshot; endpoints compared
+ *	  bytewise, as COLLATE "C" does) and whose tombstone would still live,
+ *	  its expiry the key's plus that interval by the same function as the
+ *	  SQL's +, the scope hashed by the same C function as
+ *	  idem_tombstone_hash.
  *
  *	  What the INSERT did, this does: each row goes into the partition
  *	  whose range covers its expires_at (else into the default partition),
@@ -35,18 +45,24 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
+#include "executor/spi.h"
 #include "executor/tuptable.h"
+#include "miscadmin.h"
 #include "partitioning/partbounds.h"
 #include "partitioning/partdesc.h"
+#include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/partcache.h"
 #include "utils/rel.h"
 #include "utils/reltrigger.h"
 #include "utils/timestamp.h"
 
 #include "compat.h"
+#include "guc.h"
 #include "tombstone_direct.h"
 #include "tombstone_filter.h"
+#include "tombstone_probe.h"
 
 /*
  * Rows written by one multi-insert into a partition: about 64 kB of runs,
@@ -305,4 +321,239 @@ IdemTombDirectEnd(IdemTombDirect *d)
 	table_close(d->parent, NoLock);
 	/* later reads of this transaction see the rows */
 	CommandCounterIncrement();
+}
+
+/* ----------------------------------------------------------------
+ *		reading a partition of keys
+ * ----------------------------------------------------------------
+ */
+
+/* The tombstone_ttl of an endpoint, as the SQL reads it. */
+typedef struct EndpointTtl
+{
+	const char *name;
+	int			len;
+	Interval	ttl;			/* coalesce(tombstone_ttl, the setting) */
+	bool		keeps;			/* ttl > 0 */
+} EndpointTtl;
+
+typedef struct EndpointTtls
+{
+	EndpointTtl *e;				/* by name, bytewise */
+	int			n;
+	EndpointTtl deflt;			/* of an endpoint without a row */
+	const EndpointTtl *last;	/* the last one found */
+} EndpointTtls;
+
+static int
+IdemEndpointTtlCmp(const void *a, const void *b)
+{
+	const EndpointTtl *x = a;
+	const EndpointTtl *y = b;
+	int			c = memcmp(x->name, y->name, Min(x->len, y->len));
+
+	return c != 0 ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Whether ttl is above 0, as interval '0' < ttl. */
+static bool
+IdemIntervalPositive(Interval *ttl)
+{
+	Interval	zero = {0};
+
+	return DatumGetBool(DirectFunctionCall2(interval_gt, IntervalPGetDatum(ttl),
+											IntervalPGetDatum(&zero)));
+}
+
+/* Every endpoint's tombstone_ttl as snapshot sees it. */
+static void
+IdemEndpointTtlsLoad(EndpointTtls *t, Snapshot snapshot)
+{
+	SPIPlanPtr	plan = SPI_prepare("SELECT endpoint::pg_catalog.text, tombstone_ttl"
+								   " FROM idempotency.endpoints", 0, NULL);
+	int			rc;
+
+	if (plan == NULL)
+		elog(ERROR, "preparing the read of idempotency.endpoints failed: %s",
+			 SPI_result_code_string(SPI_result));
+	rc = SPI_execute_snapshot(plan, NULL, NULL, snapshot, InvalidSnapshot,
+							  true, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "reading idempotency.endpoints failed: %s",
+			 SPI_result_code_string(rc));
+	memset(&t->deflt, 0, sizeof(t->deflt));
+	t->deflt.len = -1;			/* never found by name */
+	t->deflt.ttl.time = (int64) idem_tombstone_ttl * USECS_PER_SEC;
+	t->deflt.keeps = IdemIntervalPositive(&t->deflt.ttl);
+	t->n = (int) SPI_processed;
+	t->e = palloc(sizeof(EndpointTtl) * Max(t->n, 1));
+	t->last = NULL;
+	for (int i = 0; i < t->n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		bool		isnull;
+		text	   *name = DatumGetTextPP(SPI_getbinval(tup, SPI_tuptable->tupdesc, 1, &isnull));
+		Datum		ttl = SPI_getbinval(tup, SPI_tuptable->tupdesc, 2, &isnull);
+		EndpointTtl *e = &t->e[i];
+
+		e->len = VARSIZE_ANY_EXHDR(name);
+		e->name = pnstrdup(VARDATA_ANY(name), e->len);
+		e->ttl = isnull ? t->deflt.ttl : *DatumGetIntervalP(ttl);
+		e->keeps = IdemIntervalPositive(&e->ttl);
+	}
+	qsort(t->e, t->n, sizeof(EndpointTtl), IdemEndpointTtlCmp);
+}
+
+/* The tombstone_ttl of the endpoint name (len bytes). */
+static const EndpointTtl *
+IdemEndpointTtlOf(EndpointTtls *t, const char *name, int len)
+{
+	EndpointTtl key;
+	const EndpointTtl *found;
+
+	if (t->last != NULL && t->last->len == len &&
+		memcmp(t->last->name, name, len) == 0)
+		return t->last;
+	key.name = name;
+	key.len = len;
+	found = bsearch(&key, t->e, t->n, sizeof(EndpointTtl), IdemEndpointTtlCmp);
+	if (found == NULL)
+		return &t->deflt;
+	t->last = found;
+	return found;
+}
+
+/* the columns read, in the order of their use below, and their types */
+static const char *const read_columns[] = {
+	"tenant", "endpoint", "key", "fingerprint", "expires_at"
+};
+static const Oid read_types[] = {
+	TEXTOID, TEXTOID, TEXTOID, BYTEAOID, TIMESTAMPTZOID
+};
+
+#define READ_NCOLUMNS lengthof(read_columns)
+
+/*
+ * The attribute numbers of the columns read in rel, into att; false when
+ * one is missing or of another type.
+ */
+static bool
+IdemTombDirectReadColumns(Relation rel, AttrNumber *att)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	for (int c = 0; c < (int) READ_NCOLUMNS; c++)
+	{
+		att[c] = InvalidAttrNumber;
+		for (int a = 0; a < desc->natts; a++)
+		{
+			Form_pg_attribute attr = TupleDescAttr(desc, a);
+
+			if (!attr->attisdropped &&
+				strcmp(NameStr(attr->attname), read_columns[c]) == 0 &&
+				attr->atttypid == read_types[c])
+				att[c] = attr->attnum;
+		}
+		if (att[c] == InvalidAttrNumber)
+			return false;
+	}
+	return true;
+}
+
+/* The tombstone of a row of a partition of keys (IdemTombDirectReadRow). */
+typedef struct ReadTombstone
+{
+	uint8		hash[IDEM_TOMBSTONE_HASH_LEN];
+	bytea	   *fp;
+	TimestampTz expired;
+	TimestampTz expires;
+} ReadTombstone;
+
+/*
+ * One row of the partition: whether it leaves a tombstone (the conditions
+ * of tombstone_write.c's SQL), and the tombstone into out, computed in the
+ * current memory context.
+ */
+static bool
+IdemTombDirectReadRow(TupleTableSlot *slot, const AttrNumber *att,
+					  EndpointTtls *ttls, TimestampTz as_of, ReadTombstone *out)
+{
+	Datum	   *v = slot->tts_values;
+	text	   *endpoint;
+	const EndpointTtl *e;
+
+	for (int c = 0; c < (int) READ_NCOLUMNS; c++)
+	{
+		if (slot->tts_isnull[att[c] - 1])
+			elog(ERROR, "a row of %s lacks its %s",
+				 get_rel_name(slot->tts_tableOid), read_columns[c]);
+	}
+	out->expired = DatumGetTimestampTz(v[att[4] - 1]);
+	if (out->expired > as_of)
+		return false;
+	endpoint = DatumGetTextPP(v[att[1] - 1]);
+	e = IdemEndpointTtlOf(ttls, VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
+	if (!e->keeps)
+		return false;
+	out->expires = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														   TimestampTzGetDatum(out->expired),
+														   IntervalPGetDatum(&e->ttl)));
+	if (!(out->expires > as_of))
+		return false;
+	IdemTombstoneHash(DatumGetTextPP(v[att[0] - 1]), endpoint,
+					  DatumGetTextPP(v[att[2] - 1]), out->hash);
+	out->fp = DatumGetByteaPP(v[att[3] - 1]);
+	return true;
+}
+
+bool
+IdemTombDirectRead(Oid relid, TimestampTz as_of, Snapshot snapshot,
+				   IdemTombDirectEmit emit, void *arg)
+{
+	Relation	rel = table_open(relid, AccessShareLock);
+	AttrNumber	att[READ_NCOLUMNS];
+	AttrNumber	maxatt = 0;
+	EndpointTtls ttls;
+	TupleTableSlot *slot;
+	TableScanDesc scan;
+	MemoryContext row_cxt;
+	MemoryContext caller = CurrentMemoryContext;
+	uint64		n = 0;
+
+	if (rel->rd_rel->relkind != RELKIND_RELATION ||
+		!IdemTombDirectReadColumns(rel, att))
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+	for (int c = 0; c < (int) READ_NCOLUMNS; c++)
+		maxatt = Max(maxatt, att[c]);
+	IdemEndpointTtlsLoad(&ttls, snapshot);
+	row_cxt = AllocSetContextCreate(caller, "tombstones of a partition",
+									ALLOCSET_DEFAULT_SIZES);
+	slot = table_slot_create(rel, NULL);
+	scan = table_beginscan(rel, snapshot, 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		ReadTombstone t;
+		bool		keep;
+
+		if ((++n & 1023) == 0)
+			CHECK_FOR_INTERRUPTS();
+		slot_getsomeattrs(slot, maxatt);
+		/* what a row needs leaves with it; emit copies what it keeps */
+		MemoryContextSwitchTo(row_cxt);
+		keep = IdemTombDirectReadRow(slot, att, &ttls, as_of, &t);
+		MemoryContextSwitchTo(caller);
+		if (keep)
+			emit(arg, t.hash, IDEM_TOMBSTONE_HASH_LEN,
+				 (const uint8 *) VARDATA_ANY(t.fp), VARSIZE_ANY_EXHDR(t.fp),
+				 t.expired, t.expires);
+		MemoryContextReset(row_cxt);
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	MemoryContextDelete(row_cxt);
+	table_close(rel, NoLock);
+	return true;
 }

@@ -1,10 +1,11 @@
 /*-------------------------------------------------------------------------
  *
  * tombstone_direct.h
- *	  Rows of tombstones (tombstone_row.h) written straight into their
- *	  partitions of idempotency.tombstones, through the table access method
- *	  in batches, instead of an INSERT: what maintenance's drop of a
- *	  partition of keys writes (tombstone_write.c).
+ *	  What maintenance's drop of a partition of keys reads and writes
+ *	  (tombstone_write.c), straight through the table access method
+ *	  instead of SQL: the partition's rows, and the rows of tombstones
+ *	  (tombstone_row.h) written into their partitions of
+ *	  idempotency.tombstones in batches.
  *
  *-------------------------------------------------------------------------
  */
@@ -12,6 +13,7 @@
 #define IDEM_TOMBSTONE_DIRECT_H
 
 #include "datatype/timestamp.h"
+#include "utils/snapshot.h"
 
 typedef struct IdemTombDirect IdemTombDirect;
 
@@ -36,5 +38,24 @@ extern void IdemTombDirectAdd(IdemTombDirect *d, const uint8 *scope_hash,
 
 /* Writes the rows held and closes everything; later reads see the rows. */
 extern void IdemTombDirectEnd(IdemTombDirect *d);
+
+/* One tombstone read by IdemTombDirectRead. */
+typedef void (*IdemTombDirectEmit) (void *arg, const uint8 *hash, int hlen,
+									const uint8 *fp, int fplen,
+									TimestampTz expired, TimestampTz expires);
+
+/*
+ * The tombstones of the rows of relid, a partition of idempotency.keys,
+ * read with snapshot straight from it (a scan of the table, no executor):
+ * of each row expired at as_of whose endpoint keeps tombstones
+ * (tombstone_ttl, else the setting idempotency.tombstone_ttl, above 0)
+ * and whose tombstone still lives at as_of, the keyed hash of its scope,
+ * its fingerprint, its expiry and its tombstone's, passed to emit: what
+ * the SQL of tombstone_write.c makes of the same rows.  Returns false,
+ * having read nothing, when relid is not a table with those columns.
+ * Called within SPI (it reads idempotency.endpoints with snapshot).
+ */
+extern bool IdemTombDirectRead(Oid relid, TimestampTz as_of, Snapshot snapshot,
+							   IdemTombDirectEmit emit, void *arg);
 
 #endif							/* IDEM_TOMBSTONE_DIRECT_H */

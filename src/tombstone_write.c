@@ -615,37 +615,64 @@ IdemTombstoneWriterBegin(RunWriter *w)
 }
 
 /*
- * The tombstones of source (see IdemTombstonesOfPartition), read with
- * snapshot in one pass and held in memory: as runs when they are
- * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, the
- * rows written straight into their partitions (tombstone_direct.h; by
- * INSERTs of many rows where it cannot).  A run's entries are put in the
- * order of their hashes here (IdemRunEntriesOrder: much cheaper than the
- * executor's sort of bytea); when more than maintenance_work_mem holds come, those held are
- * written as runs and the reading goes on (runs of the same bucket in two
- * rows, as when a bucket holds more than a row).  A key whose fingerprint
- * is not a SHA-256 gets a row of its own.  Returns how many tombstones
- * were written.  Called within SPI.
+ * The tombstones of one drop as they are read: those with a SHA-256
+ * fingerprint held in memory (up to limit at a time), the others written
+ * at once, each a row of its own.
  */
-static int64
-IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
-						Datum *args, Snapshot snapshot)
+typedef struct DropHeld
 {
-	RunWriter  *w = palloc0(sizeof(RunWriter));
-	/* each entry held takes its index in the order too */
-	Size		limit = Max(Min((Size) maintenance_work_mem * 1024 /
-								(sizeof(RunEntry) + sizeof(uint32)),
-								(Size) PG_UINT32_MAX),
-							(Size) IDEM_TOMBSTONE_RUN_MIN);
-	Size		capacity = IDEM_TOMBSTONE_RUN_MIN;
-	RunEntry   *held = palloc(capacity * sizeof(RunEntry));
-	Size		nheld = 0;
-	bool		spilled = false;
+	RunWriter  *w;
+	RunEntry   *held;
+	Size		nheld;
+	Size		capacity;
+	Size		limit;
+	bool		spilled;		/* some were written as runs already */
+	int64		written;
+} DropHeld;
+
+/* One tombstone read (IdemTombDirectEmit). */
+static void
+IdemTombstoneHold(void *arg, const uint8 *hash, int hlen, const uint8 *fp,
+				  int fplen, TimestampTz expired, TimestampTz expires)
+{
+	DropHeld   *d = arg;
+	RunEntry   *e;
+
+	d->written++;
+	if (fplen != IDEM_TOMBSTONE_FP_LEN || hlen != IDEM_TOMBSTONE_HASH_LEN)
+	{
+		IdemTombstoneInsertRow(d->w, hash, hlen, fp, fplen, expired, expires);
+		return;
+	}
+	if (d->nheld == d->limit)
+	{
+		IdemTombstonesWriteHeld(d->w, d->held, d->nheld, true);
+		d->nheld = 0;
+		d->spilled = true;
+	}
+	if (d->nheld == d->capacity)
+	{
+		d->capacity = Min(d->capacity * 2, d->limit);
+		d->held = repalloc_huge(d->held, d->capacity * sizeof(RunEntry));
+	}
+	e = &d->held[d->nheld++];
+	memcpy(e->hash, hash, IDEM_TOMBSTONE_HASH_LEN);
+	memcpy(e->fp, fp, IDEM_TOMBSTONE_FP_LEN);
+	e->expired = expired;
+	e->expires = expires;
+}
+
+/*
+ * The tombstones of source read by its SQL (IdemTombstoneSourceSql), with
+ * snapshot, into d: where the partition cannot be read directly.
+ */
+static void
+IdemTombstonesReadSql(DropHeld *d, const char *source, int nargs,
+					  Oid *argtypes, Datum *args, Snapshot snapshot)
+{
 	SPIPlanPtr	read;
 	Portal		portal;
-	int64		written = 0;
 
-	IdemTombstoneWriterBegin(w);
 	read = SPI_prepare(psprintf("SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key),"
 								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s",
 								IdemTombstoneSourceSql(source)),
@@ -678,48 +705,63 @@ IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
 			bytea	   *fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 2, &isnull[1]));
 			TimestampTz expired = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull[2]));
 			TimestampTz expires = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull[3]));
-			RunEntry   *e;
 
 			if (isnull[0] || isnull[1] || isnull[2] || isnull[3])
 				elog(ERROR, "a tombstone of %s lacks a value", source);
-			written++;
-			if (VARSIZE_ANY_EXHDR(fp) != IDEM_TOMBSTONE_FP_LEN ||
-				VARSIZE_ANY_EXHDR(h) != IDEM_TOMBSTONE_HASH_LEN)
-			{
-				IdemTombstoneInsertRow(w, (const uint8 *) VARDATA_ANY(h),
-									   VARSIZE_ANY_EXHDR(h),
-									   (const uint8 *) VARDATA_ANY(fp),
-									   VARSIZE_ANY_EXHDR(fp), expired, expires);
-				continue;
-			}
-			if (nheld == limit)
-			{
-				IdemTombstonesWriteHeld(w, held, nheld, true);
-				nheld = 0;
-				spilled = true;
-			}
-			if (nheld == capacity)
-			{
-				capacity = Min(capacity * 2, limit);
-				held = repalloc_huge(held, capacity * sizeof(RunEntry));
-			}
-			e = &held[nheld++];
-			memcpy(e->hash, VARDATA_ANY(h), IDEM_TOMBSTONE_HASH_LEN);
-			memcpy(e->fp, VARDATA_ANY(fp), IDEM_TOMBSTONE_FP_LEN);
-			e->expired = expired;
-			e->expires = expires;
+			IdemTombstoneHold(d, (const uint8 *) VARDATA_ANY(h), VARSIZE_ANY_EXHDR(h),
+							  (const uint8 *) VARDATA_ANY(fp), VARSIZE_ANY_EXHDR(fp),
+							  expired, expires);
 		}
 		SPI_freetuptable(batch);
 	}
 	SPI_cursor_close(portal);
-	IdemTombstonesWriteHeld(w, held, nheld,
-							spilled || written >= IDEM_TOMBSTONE_RUN_MIN);
-	IdemTombstoneInsertRows(w);
-	if (w->direct != NULL)
-		IdemTombDirectEnd(w->direct);
-	pfree(held);
-	pfree(w);
-	return written;
+}
+
+/*
+ * The tombstones of the partition relid of keys expired at as_of (source:
+ * the same in SQL, see IdemTombstonesOfPartition), read with snapshot in
+ * one pass (straight from the partition, tombstone_direct.h, else by
+ * source's SQL) and held in memory: as runs when they are
+ * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, the
+ * rows written straight into their partitions (tombstone_direct.h; by
+ * INSERTs of many rows where it cannot).  A run's entries are put in the
+ * order of their hashes here (IdemRunEntriesOrder: much cheaper than the
+ * executor's sort of bytea); when more than maintenance_work_mem holds
+ * come, those held are written as runs and the reading goes on (runs of
+ * the same bucket in two rows, as when a bucket holds more than a row).  A
+ * key whose fingerprint is not a SHA-256 gets a row of its own.  Returns
+ * how many tombstones were written.  Called within SPI.
+ */
+static int64
+IdemTombstonesWriteDrop(Oid relid, TimestampTz as_of, const char *source,
+						int nargs, Oid *argtypes, Datum *args,
+						Snapshot snapshot)
+{
+	DropHeld	d;
+
+	d.w = palloc0(sizeof(RunWriter));
+	/* each entry held takes its index in the order too */
+	d.limit = Max(Min((Size) maintenance_work_mem * 1024 /
+					  (sizeof(RunEntry) + sizeof(uint32)),
+					  (Size) PG_UINT32_MAX),
+				  (Size) IDEM_TOMBSTONE_RUN_MIN);
+	d.capacity = IDEM_TOMBSTONE_RUN_MIN;
+	d.held = palloc(d.capacity * sizeof(RunEntry));
+	d.nheld = 0;
+	d.spilled = false;
+	d.written = 0;
+
+	IdemTombstoneWriterBegin(d.w);
+	if (!IdemTombDirectRead(relid, as_of, snapshot, IdemTombstoneHold, &d))
+		IdemTombstonesReadSql(&d, source, nargs, argtypes, args, snapshot);
+	IdemTombstonesWriteHeld(d.w, d.held, d.nheld,
+							d.spilled || d.written >= IDEM_TOMBSTONE_RUN_MIN);
+	IdemTombstoneInsertRows(d.w);
+	if (d.w->direct != NULL)
+		IdemTombDirectEnd(d.w->direct);
+	pfree(d.held);
+	pfree(d.w);
+	return d.written;
 }
 
 /*
@@ -799,7 +841,8 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 		 */
 		if (tids == NIL && !IdemTombstonesCitus())
 		{
-			n = IdemTombstonesWriteDrop(source, nargs, argtypes, args, snapshot);
+			n = IdemTombstonesWriteDrop(relid, as_of, source, nargs, argtypes,
+										args, snapshot);
 			SPI_finish();
 			return n;
 		}
