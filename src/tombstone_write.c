@@ -740,9 +740,8 @@ IdemTombstonesWriteDrop(Oid relid, TimestampTz as_of, const char *source,
 	DropHeld	d;
 
 	d.w = palloc0(sizeof(RunWriter));
-	/* each entry held takes its index in the order too */
-	d.limit = Max(Min((Size) maintenance_work_mem * 1024 /
-					  (sizeof(RunEntry) + sizeof(uint32)),
+	/* (and 4 bytes each for their order, IdemRunEntriesOrder) */
+	d.limit = Max(Min((Size) maintenance_work_mem * 1024 / sizeof(RunEntry),
 					  (Size) PG_UINT32_MAX),
 				  (Size) IDEM_TOMBSTONE_RUN_MIN);
 	d.capacity = IDEM_TOMBSTONE_RUN_MIN;
