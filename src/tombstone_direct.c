@@ -15,8 +15,8 @@
  *	  idempotency.endpoints with the same snapshot; endpoints compared
  *	  bytewise, as COLLATE "C" does) and whose tombstone would still live,
  *	  its expiry the key's plus that interval by the same function as the
- *	  SQL's +, the scope hashed by the same C function as
- *	  idem_tombstone_hash.
+ *	  SQL's +, the scope hashed by the caller's function (the one of
+ *	  idem_tombstone_hash).
  *
  *	  What the INSERT did, this does: each row goes into the partition
  *	  whose range covers its expires_at (else into the default partition),
@@ -62,7 +62,7 @@
 #include "guc.h"
 #include "tombstone_direct.h"
 #include "tombstone_filter.h"
-#include "tombstone_probe.h"
+#include "tombstone_row.h"
 
 /*
  * Rows written by one multi-insert into a partition: about 64 kB of runs,
@@ -476,7 +476,8 @@ typedef struct ReadTombstone
  */
 static bool
 IdemTombDirectReadRow(TupleTableSlot *slot, const AttrNumber *att,
-					  EndpointTtls *ttls, TimestampTz as_of, ReadTombstone *out)
+					  EndpointTtls *ttls, TimestampTz as_of,
+					  IdemTombDirectHash hash, ReadTombstone *out)
 {
 	Datum	   *v = slot->tts_values;
 	text	   *endpoint;
@@ -500,15 +501,15 @@ IdemTombDirectReadRow(TupleTableSlot *slot, const AttrNumber *att,
 														   IntervalPGetDatum(&e->ttl)));
 	if (!(out->expires > as_of))
 		return false;
-	IdemTombstoneHash(DatumGetTextPP(v[att[0] - 1]), endpoint,
-					  DatumGetTextPP(v[att[2] - 1]), out->hash);
+	hash(DatumGetTextPP(v[att[0] - 1]), endpoint,
+		 DatumGetTextPP(v[att[2] - 1]), out->hash);
 	out->fp = DatumGetByteaPP(v[att[3] - 1]);
 	return true;
 }
 
 bool
 IdemTombDirectRead(Oid relid, TimestampTz as_of, Snapshot snapshot,
-				   IdemTombDirectEmit emit, void *arg)
+				   IdemTombDirectHash hash, IdemTombDirectEmit emit, void *arg)
 {
 	Relation	rel = table_open(relid, AccessShareLock);
 	AttrNumber	att[READ_NCOLUMNS];
@@ -543,7 +544,7 @@ IdemTombDirectRead(Oid relid, TimestampTz as_of, Snapshot snapshot,
 		slot_getsomeattrs(slot, maxatt);
 		/* what a row needs leaves with it; emit copies what it keeps */
 		MemoryContextSwitchTo(row_cxt);
-		keep = IdemTombDirectReadRow(slot, att, &ttls, as_of, &t);
+		keep = IdemTombDirectReadRow(slot, att, &ttls, as_of, hash, &t);
 		MemoryContextSwitchTo(caller);
 		if (keep)
 			emit(arg, t.hash, IDEM_TOMBSTONE_HASH_LEN,

@@ -39,6 +39,10 @@ extern void IdemTombDirectAdd(IdemTombDirect *d, const uint8 *scope_hash,
 /* Writes the rows held and closes everything; later reads see the rows. */
 extern void IdemTombDirectEnd(IdemTombDirect *d);
 
+/* The keyed hash of a scope (tombstone_probe.h), 16 bytes into out. */
+typedef void (*IdemTombDirectHash) (const text *tenant, const text *endpoint,
+									const text *key, uint8 *out);
+
 /* One tombstone read by IdemTombDirectRead. */
 typedef void (*IdemTombDirectEmit) (void *arg, const uint8 *hash, int hlen,
 									const uint8 *fp, int fplen,
@@ -49,13 +53,14 @@ typedef void (*IdemTombDirectEmit) (void *arg, const uint8 *hash, int hlen,
  * read with snapshot straight from it (a scan of the table, no executor):
  * of each row expired at as_of whose endpoint keeps tombstones
  * (tombstone_ttl, else the setting idempotency.tombstone_ttl, above 0)
- * and whose tombstone still lives at as_of, the keyed hash of its scope,
- * its fingerprint, its expiry and its tombstone's, passed to emit: what
+ * and whose tombstone still lives at as_of, the keyed hash of its scope
+ * (by hash), its fingerprint, its expiry and its tombstone's, passed to emit: what
  * the SQL of tombstone_write.c makes of the same rows.  Returns false,
  * having read nothing, when relid is not a table with those columns.
  * Called within SPI (it reads idempotency.endpoints with snapshot).
  */
 extern bool IdemTombDirectRead(Oid relid, TimestampTz as_of, Snapshot snapshot,
-							   IdemTombDirectEmit emit, void *arg);
+							   IdemTombDirectHash hash, IdemTombDirectEmit emit,
+							   void *arg);
 
 #endif							/* IDEM_TOMBSTONE_DIRECT_H */

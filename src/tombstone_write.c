@@ -751,7 +751,8 @@ IdemTombstonesWriteDrop(Oid relid, TimestampTz as_of, const char *source,
 	d.written = 0;
 
 	IdemTombstoneWriterBegin(d.w);
-	if (!IdemTombDirectRead(relid, as_of, snapshot, IdemTombstoneHold, &d))
+	if (!IdemTombDirectRead(relid, as_of, snapshot, IdemTombstoneHash,
+							IdemTombstoneHold, &d))
 		IdemTombstonesReadSql(&d, source, nargs, argtypes, args, snapshot);
 	IdemTombstonesWriteHeld(d.w, d.held, d.nheld,
 							d.spilled || d.written >= IDEM_TOMBSTONE_RUN_MIN);
