@@ -314,6 +314,7 @@ typedef struct RunEntry
 
 typedef struct RunWriter
 {
+	bool		begun;			/* direct or insert set (at the first row) */
 	IdemTombDirect *direct;		/* writes rows straight into partitions */
 	SPIPlanPtr	insert;			/* else: INSERT of up to RUN_INSERT_BATCH rows */
 	/* the rows waiting for it, as its four arrays' elements */
@@ -365,6 +366,8 @@ IdemTombstoneInsertRows(RunWriter *w)
 	w->nrows = 0;
 }
 
+static void IdemTombstoneWriterBegin(RunWriter *w);
+
 /*
  * One row of tombstones: straight into its partition (tombstone_direct.h),
  * or written by the INSERT with the next RUN_INSERT_BATCH - 1.
@@ -377,6 +380,8 @@ IdemTombstoneInsertRow(RunWriter *w, const uint8 *scope_hash, int hlen,
 	bytea	   *h;
 	bytea	   *f;
 
+	if (!w->begun)
+		IdemTombstoneWriterBegin(w);
 	if (w->direct != NULL)
 	{
 		IdemTombDirectAdd(w->direct, scope_hash, hlen, fp, fplen, expired, expires);
@@ -592,13 +597,15 @@ IdemTombstonesWriteHeld(RunWriter *w, RunEntry *held, Size n, bool as_runs)
 }
 
 /*
- * The writer of w's rows: straight into the partitions of
- * idempotency.tombstones when it is as the extension made it, by an INSERT
- * otherwise.
+ * The writer of w's rows, at the first (after the partition of keys is
+ * locked, as the INSERT locked the tombstones): straight into the
+ * partitions of idempotency.tombstones when it is as the extension made
+ * it, by an INSERT otherwise.
  */
 static void
 IdemTombstoneWriterBegin(RunWriter *w)
 {
+	w->begun = true;
 	w->direct = IdemTombDirectBegin(IdemTombstoneRelid());
 	if (w->direct != NULL)
 		return;
@@ -750,7 +757,6 @@ IdemTombstonesWriteDrop(Oid relid, TimestampTz as_of, const char *source,
 	d.spilled = false;
 	d.written = 0;
 
-	IdemTombstoneWriterBegin(d.w);
 	if (!IdemTombDirectRead(relid, as_of, snapshot, IdemTombstoneHash,
 							IdemTombstoneHold, &d))
 		IdemTombstonesReadSql(&d, source, nargs, argtypes, args, snapshot);
