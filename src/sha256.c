@@ -9,14 +9,16 @@
  *	  scope needs (about 6,800 instructions a hash, doc/benchmarks.md);
  *	  this one keeps its state on the stack, and a state can be copied, so
  *	  that a prefix the same for every call is absorbed once.  Its
- *	  compression, portable C, takes about 3,250 instructions a block
- *	  (OpenSSL's assembly about 2,040 under callgrind, and far fewer
- *	  cycles with the CPU's SHA extensions): for long inputs, such as
- *	  request bodies, cryptohash.h stays the better choice.  No branch
- *	  or table lookup depends on the data.
+ *	  compression uses the CPU's SHA extensions where it has them (x86-64
+ *	  SHA-NI, chosen at the first call), else portable C, about 3,250
+ *	  instructions a block (OpenSSL's assembly about 2,040 under
+ *	  callgrind): for long inputs, such as request bodies, on a CPU
+ *	  without them, cryptohash.h stays the better choice.  No branch or
+ *	  table lookup depends on the data.
  *
- *	  Test sha256 checks it against the NIST examples and PostgreSQL's
- *	  sha256() over many lengths (every length around a block boundary).
+ *	  Test sha256 checks both compressions against the NIST examples and
+ *	  PostgreSQL's sha256() over many lengths (every length around a
+ *	  block boundary).
  *
  *-------------------------------------------------------------------------
  */
@@ -27,6 +29,16 @@
 
 #include "compat.h"
 #include "sha256.h"
+
+/*
+ * x86-64 with GCC or Clang: the compression with the CPU's SHA extensions,
+ * chosen at the first call when the CPU has them.
+ */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define IDEM_SHA256_SHANI 1
+#endif
 
 /* FIPS 180-4, 4.1.2; Ch and Maj in equivalent forms of three operations */
 #define ROTR32(x, n)	(((x) >> (n)) | ((x) << (32 - (n))))
@@ -92,7 +104,7 @@ IdemStoreBE32(uint8 *p, uint32 v)
 
 /* one compression of the 64-byte block at p into h (FIPS 180-4, 6.2.2) */
 static void
-IdemSha256Compress(uint32 h[8], const uint8 *p)
+IdemSha256CompressPortable(uint32 h[8], const uint8 *p)
 {
 	uint32		w[64];
 	uint32		a = h[0],
@@ -130,6 +142,102 @@ IdemSha256Compress(uint32 h[8], const uint8 *p)
 	h[7] += hh;
 	/* the first block of a keyed hash holds key bytes */
 	explicit_bzero(w, sizeof(w));
+}
+
+#ifdef IDEM_SHA256_SHANI
+
+/*
+ * The same compression with the CPU's SHA extensions (x86-64: SHA-NI,
+ * with SSSE3 and SSE4.1), the state held as ABEF and CDGH, four rounds a
+ * step (the layout of Intel's reference code): some 5 times faster than
+ * the portable C.
+ */
+__attribute__((target("sha,ssse3,sse4.1")))
+static void
+IdemSha256CompressShaNi(uint32 h[8], const uint8 *p)
+{
+	const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+	__m128i		w[4];
+	__m128i		tmp;
+	__m128i		abef;
+	__m128i		cdgh;
+	__m128i		abef_save;
+	__m128i		cdgh_save;
+	__m128i		msg;
+
+	tmp = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *) &h[0]), 0xB1);	/* CDAB */
+	cdgh = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *) &h[4]), 0x1B);	/* EFGH */
+	abef = _mm_alignr_epi8(tmp, cdgh, 8);
+	cdgh = _mm_blend_epi16(cdgh, tmp, 0xF0);
+	abef_save = abef;
+	cdgh_save = cdgh;
+
+	for (int g = 0; g < 16; g++)
+	{
+		__m128i    *cur = &w[g % 4];
+
+		if (g < 4)
+			*cur = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) (p + 16 * g)), bswap);
+		msg = _mm_add_epi32(*cur, _mm_loadu_si128((const __m128i *) &sha256_k[4 * g]));
+		cdgh = _mm_sha256rnds2_epu32(cdgh, abef, msg);
+		if (g >= 3 && g <= 14)
+		{
+			/* the next four words of the schedule, W[t-7] and sigma1 */
+			__m128i    *next = &w[(g + 1) % 4];
+
+			tmp = _mm_alignr_epi8(*cur, w[(g + 3) % 4], 4);
+			*next = _mm_sha256msg2_epu32(_mm_add_epi32(*next, tmp), *cur);
+		}
+		abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(msg, 0x0E));
+		if (g >= 1 && g <= 12)
+			w[(g + 3) % 4] = _mm_sha256msg1_epu32(w[(g + 3) % 4], *cur);
+	}
+	abef = _mm_add_epi32(abef, abef_save);
+	cdgh = _mm_add_epi32(cdgh, cdgh_save);
+
+	tmp = _mm_shuffle_epi32(abef, 0x1B);	/* FEBA */
+	cdgh = _mm_shuffle_epi32(cdgh, 0xB1);	/* DCHG */
+	_mm_storeu_si128((__m128i *) &h[0], _mm_blend_epi16(tmp, cdgh, 0xF0));	/* DCBA */
+	_mm_storeu_si128((__m128i *) &h[4], _mm_alignr_epi8(cdgh, tmp, 8));	/* HGFE */
+	/* the first block of a keyed hash holds key bytes */
+	explicit_bzero(w, sizeof(w));
+}
+
+/* Whether this CPU has the SHA extensions and what they need with them. */
+static bool
+IdemSha256HaveShaNi(void)
+{
+	unsigned int a,
+				b,
+				c,
+				d;
+
+	if (!__get_cpuid(1, &a, &b, &c, &d) ||
+		(c & bit_SSSE3) == 0 || (c & bit_SSE4_1) == 0)
+		return false;
+	return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_SHA) != 0;
+}
+#endif							/* IDEM_SHA256_SHANI */
+
+/* the compression in use: the SHA extensions' where the CPU has them */
+static void (*sha256_compress) (uint32 h[8], const uint8 *p) = NULL;
+
+static void
+IdemSha256Choose(void)
+{
+	sha256_compress = IdemSha256CompressPortable;
+#ifdef IDEM_SHA256_SHANI
+	if (IdemSha256HaveShaNi())
+		sha256_compress = IdemSha256CompressShaNi;
+#endif
+}
+
+static inline void
+IdemSha256Compress(uint32 h[8], const uint8 *p)
+{
+	if (unlikely(sha256_compress == NULL))
+		IdemSha256Choose();
+	sha256_compress(h, p);
 }
 
 void
@@ -233,4 +341,33 @@ idem_sha256_test(PG_FUNCTION_ARGS)
 	SET_VARSIZE(out, VARHDRSZ + IDEM_SHA256_LEN);
 	IdemSha256Final(&s, (uint8 *) VARDATA(out));
 	PG_RETURN_BYTEA_P(out);
+}
+
+PG_FUNCTION_INFO_V1(idem_sha256_portable_test);
+
+/*
+ * idem_sha256_portable_test(bytea) RETURNS bytea: the same with the
+ * portable compression, whatever the CPU has (test sha256 only): both
+ * compressions are tested on a CPU with the SHA extensions.
+ */
+Datum
+idem_sha256_portable_test(PG_FUNCTION_ARGS)
+{
+	void		(*saved) (uint32 h[8], const uint8 *p);
+	Datum		result;
+
+	if (sha256_compress == NULL)
+		IdemSha256Choose();
+	saved = sha256_compress;
+	sha256_compress = IdemSha256CompressPortable;
+	PG_TRY();
+	{
+		result = idem_sha256_test(fcinfo);
+	}
+	PG_FINALLY();
+	{
+		sha256_compress = saved;
+	}
+	PG_END_TRY();
+	return result;
 }

@@ -220,7 +220,7 @@ IdemTombstonesOn(const IdemEndpointPolicy *policy)
 static IdemSha256 tombstone_prefix;
 static uint64 tombstone_prefix_generation = 0;	/* 0: none yet */
 
-static void
+void
 IdemTombstoneHash(const text *tenant, const text *endpoint, const text *key,
 				  uint8 out[IDEM_TOMBSTONE_HASH_LEN])
 {
