@@ -93,44 +93,20 @@ IdemStoreBE32(uint8 *p, uint32 v)
 
 /*
  * One round of 6.2.2 step 3 with the working variables renamed instead of
- * moved: h becomes the new a, d the new e.  wi is the round's word of the
- * message schedule.
+ * moved: h becomes the new a, d the new e.
  */
-#define ROUND(a, b, c, d, e, f, g, h, i, wi) \
+#define ROUND(a, b, c, d, e, f, g, h, i) \
 	do { \
-		uint32		t1_ = (h) + BSIG1(e) + CH(e, f, g) + sha256_k[i] + (wi); \
+		uint32		t1_ = (h) + BSIG1(e) + CH(e, f, g) + sha256_k[i] + w[i]; \
 		(d) += t1_; \
 		(h) = t1_ + BSIG0(a) + MAJ(a, b, c); \
 	} while (0)
 
-/*
- * The message schedule (6.2.2 step 1) in 16 words, each replaced by the
- * word 16 rounds later as it is needed: W(i) of round i >= 16.
- */
-#define WS(i)			w[(i) & 15]
-#define SCHED(i) \
-	(WS(i) += SSIG1(WS((i) - 2)) + WS((i) - 7) + SSIG0(WS((i) - 15)))
-#define ROUND8(t, W) \
-	do { \
-		ROUND(a, b, c, d, e, f, g, hh, (t), W((t))); \
-		ROUND(hh, a, b, c, d, e, f, g, (t) + 1, W((t) + 1)); \
-		ROUND(g, hh, a, b, c, d, e, f, (t) + 2, W((t) + 2)); \
-		ROUND(f, g, hh, a, b, c, d, e, (t) + 3, W((t) + 3)); \
-		ROUND(e, f, g, hh, a, b, c, d, (t) + 4, W((t) + 4)); \
-		ROUND(d, e, f, g, hh, a, b, c, (t) + 5, W((t) + 5)); \
-		ROUND(c, d, e, f, g, hh, a, b, (t) + 6, W((t) + 6)); \
-		ROUND(b, c, d, e, f, g, hh, a, (t) + 7, W((t) + 7)); \
-	} while (0)
-
-/*
- * One compression of the 64-byte block at p into h (FIPS 180-4, 6.2.2),
- * portable: the rounds unrolled, so that every index of the schedule is a
- * constant.
- */
+/* one compression of the 64-byte block at p into h (FIPS 180-4, 6.2.2), portable */
 static void
 IdemSha256CompressPortable(uint32 h[8], const uint8 *p)
 {
-	uint32		w[16];
+	uint32		w[64];
 	uint32		a = h[0],
 				b = h[1],
 				c = h[2],
@@ -139,17 +115,23 @@ IdemSha256CompressPortable(uint32 h[8], const uint8 *p)
 				f = h[5],
 				g = h[6],
 				hh = h[7];
+	int			t;
 
-	for (int t = 0; t < 16; t++)
+	for (t = 0; t < 16; t++)
 		w[t] = IdemLoadBE32(p + 4 * t);
-	ROUND8(0, WS);
-	ROUND8(8, WS);
-	ROUND8(16, SCHED);
-	ROUND8(24, SCHED);
-	ROUND8(32, SCHED);
-	ROUND8(40, SCHED);
-	ROUND8(48, SCHED);
-	ROUND8(56, SCHED);
+	for (t = 16; t < 64; t++)
+		w[t] = SSIG1(w[t - 2]) + w[t - 7] + SSIG0(w[t - 15]) + w[t - 16];
+	for (t = 0; t < 64; t += 8)
+	{
+		ROUND(a, b, c, d, e, f, g, hh, t);
+		ROUND(hh, a, b, c, d, e, f, g, t + 1);
+		ROUND(g, hh, a, b, c, d, e, f, t + 2);
+		ROUND(f, g, hh, a, b, c, d, e, t + 3);
+		ROUND(e, f, g, hh, a, b, c, d, t + 4);
+		ROUND(d, e, f, g, hh, a, b, c, t + 5);
+		ROUND(c, d, e, f, g, hh, a, b, t + 6);
+		ROUND(b, c, d, e, f, g, hh, a, t + 7);
+	}
 	h[0] += a;
 	h[1] += b;
 	h[2] += c;
@@ -210,7 +192,6 @@ IdemSha256CompressNI(uint32 h[8], const uint8 *p)
 	_mm_storeu_si128((__m128i *) &h[0], _mm_blend_epi16(tmp, st1, 0xF0));
 	_mm_storeu_si128((__m128i *) &h[4], _mm_alignr_epi8(st1, tmp, 8));
 	/* the first block of a keyed hash holds key bytes */
-	w[0] = w[1] = w[2] = w[3] = _mm_setzero_si128();
 	explicit_bzero(w, sizeof(w));
 }
 
