@@ -147,6 +147,27 @@ IdemSha256CompressPortable(uint32 h[8], const uint8 *p)
 #ifdef IDEM_SHA256_NI
 
 /*
+ * Rounds 4i to 4i + 3, the message words W[t..t+3] (t = 4i) made first
+ * from W[t-16..t-13], W[t-15..t-12], W[t-7..t-4] and W[t-2..t-1] (in w,
+ * four words an element, as a ring) once past the block's own.
+ */
+#define NI_STEP(i) \
+	do { \
+		__m128i		m_; \
+		if ((i) < 4) \
+			w[(i) & 3] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) (p + 16 * (i))), bswap); \
+		else \
+		{ \
+			m_ = _mm_sha256msg1_epu32(w[(i) & 3], w[((i) + 1) & 3]); \
+			m_ = _mm_add_epi32(m_, _mm_alignr_epi8(w[((i) + 3) & 3], w[((i) + 2) & 3], 4)); \
+			w[(i) & 3] = _mm_sha256msg2_epu32(m_, w[((i) + 3) & 3]); \
+		} \
+		m_ = _mm_add_epi32(w[(i) & 3], _mm_loadu_si128((const __m128i *) &sha256_k[4 * (i)])); \
+		st1 = _mm_sha256rnds2_epu32(st1, st0, m_); \
+		st0 = _mm_sha256rnds2_epu32(st0, st1, _mm_shuffle_epi32(m_, 0x0E)); \
+	} while (0)
+
+/*
  * One compression with the CPU's SHA extensions (x86-64: SHA-NI, with
  * SSSE3 and SSE4.1), four rounds a step: the same function as the
  * portable one, in a few hundred cycles instead of some three thousand
@@ -168,23 +189,22 @@ IdemSha256CompressNI(uint32 h[8], const uint8 *p)
 	st1 = _mm_blend_epi16(st1, tmp, 0xF0);	/* CDGH */
 	abef = st0;
 	cdgh = st1;
-	for (int i = 0; i < 16; i++)
-	{
-		__m128i		m;
-
-		if (i < 4)
-			w[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) (p + 16 * i)), bswap);
-		else
-		{
-			/* W[t..t+3] from W[t-16..t-13], W[t-15..t-12], W[t-7..t-4], W[t-2..t-1] */
-			m = _mm_sha256msg1_epu32(w[i & 3], w[(i + 1) & 3]);
-			m = _mm_add_epi32(m, _mm_alignr_epi8(w[(i + 3) & 3], w[(i + 2) & 3], 4));
-			w[i & 3] = _mm_sha256msg2_epu32(m, w[(i + 3) & 3]);
-		}
-		m = _mm_add_epi32(w[i & 3], _mm_loadu_si128((const __m128i *) &sha256_k[4 * i]));
-		st1 = _mm_sha256rnds2_epu32(st1, st0, m);
-		st0 = _mm_sha256rnds2_epu32(st0, st1, _mm_shuffle_epi32(m, 0x0E));
-	}
+	NI_STEP(0);
+	NI_STEP(1);
+	NI_STEP(2);
+	NI_STEP(3);
+	NI_STEP(4);
+	NI_STEP(5);
+	NI_STEP(6);
+	NI_STEP(7);
+	NI_STEP(8);
+	NI_STEP(9);
+	NI_STEP(10);
+	NI_STEP(11);
+	NI_STEP(12);
+	NI_STEP(13);
+	NI_STEP(14);
+	NI_STEP(15);
 	st0 = _mm_add_epi32(st0, abef);
 	st1 = _mm_add_epi32(st1, cdgh);
 	tmp = _mm_shuffle_epi32(st0, 0x1B); /* ABEF to FEBA */
