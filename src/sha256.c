@@ -234,8 +234,12 @@ IdemSha256HasNI(void)
 		bool		sse = __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
 			(ecx & bit_SSSE3) != 0 && (ecx & bit_SSE4_1) != 0;
 
-		sha256_ni = sse && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) &&
-			(ebx & bit_SHA) != 0;
+		sha256_ni = 0;
+		if (sse && __get_cpuid_max(0, NULL) >= 7)
+		{
+			__cpuid_count(7, 0, eax, ebx, ecx, edx);
+			sha256_ni = (ebx & bit_SHA) != 0;
+		}
 	}
 	return sha256_ni > 0;
 }
