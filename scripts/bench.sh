@@ -35,7 +35,10 @@
 #                mixed runs, 1 client, synchronous_commit = off
 #   callgrind    instruction counts under valgrind (BENCH_CALLGRIND=1), of the
 #                main scripts and, when their parts ran, of ext_execute in
-#                s_base, s_parts and s_tomb (and ext_execute_no_tombstones)
+#                s_base, s_parts and s_tomb (and ext_execute_no_tombstones),
+#                and of floor_pay, ext_pay and ext_pay_notomb in s_rt (with
+#                BENCH_ONLY=roundtrip,callgrind the main part does not run:
+#                only the round trip's instructions are counted)
 # Key horizons and tombstone filters are learned by a database's first
 # maintenance pass after the server starts: every database gets one before
 # it is measured (and again after the restart under callgrind), and the
@@ -402,7 +405,7 @@ bench_expiry() {
 # tombstones) against ext_execute_no_tombstones (one that keeps none), with
 # the floor in the same run; then the same after an endpoint at
 # tombstone_ttl = '10 years' is added and maintenance made its windows.
-TOMB_DB=0 DECADE=0
+TOMB_DB=0 DECADE=0 RT_DB=0
 tomb_db() {
     [ $TOMB_DB = 1 ] && return 0
     say "tombstones: database s_tomb (max_ttl 30 days, 1-day tombstone partitions), $TOMB_ROWS tombstones"
@@ -485,6 +488,7 @@ bench_roundtrip() {
     done
     latency "round trip" "$names" "${prefixes[@]}"
     meta rt_runs "$RT_RUNS"
+    RT_DB=1
 }
 
 # ---- relation locks of a claim of a new key -----------------------------------------
@@ -540,6 +544,12 @@ bench_bytes() {
 # 1 client for 100 and then 600 transactions; the difference of the two
 # backends' instruction counts over 500 is the server-side cost of one
 # transaction, free of connection start-up and stable on a noisy machine.
+# full_page_writes is off under callgrind: the first change of a page after
+# the restart's checkpoint would otherwise copy it into the WAL (its CRC and
+# copy, some 2,000 instructions), paid by whichever script touches the page
+# first, so that scripts sharing tables (ext_execute and
+# ext_execute_no_tombstones, ext_pay and ext_pay_notomb) would be measured
+# in favour of the later one.
 CG_DIR=$BENCH_DIR/callgrind
 # true while a profile written since the listing $1 lacks its totals line
 cg_incomplete() {
@@ -574,7 +584,7 @@ cg_run() {
 # inclusive instructions of the functions that matter, from one profile
 cg_functions() {
     callgrind_annotate --inclusive=yes --threshold=100 "$CG_DIR/$1" 2>/dev/null \
-        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|IdemKeystoreRead|IdemKeystoreReadWithExpired|IdemTombstoneFind|IdemKeystoreInsert|ExecConstraints|idem_canonical_json_sha256|idem_canonical_json_text_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; $fn = "IdemKeystoreRead" if $fn eq "IdemKeystoreReadWithExpired"; print "$fn $n\n" }'
+        | perl -ne 'if (/^\s*([\d,]+)\s+\(.*?\)\s+\S*:(idem_claim|idem_finish|IdemKeystoreRead|IdemKeystoreReadWithExpired|IdemTombstoneFind|IdemTombstoneHash|IdemTombFilterSkip|IdemKeystoreInsert|floor_pay|ext_pay|ext_pay_notomb|ExecConstraints|idem_canonical_json_sha256|idem_canonical_json_text_sha256|jsonb_in) \[/ && !$seen{$2}++) { my ($n, $fn) = ($1, $2); $n =~ s/,//g; $fn = "IdemKeystoreRead" if $fn eq "IdemKeystoreReadWithExpired"; print "$fn $n\n" }'
 }
 bench_callgrind() {
     command -v valgrind >/dev/null || { meta callgrind "valgrind is not installed: no instruction counts"; return 0; }
@@ -582,14 +592,14 @@ bench_callgrind() {
     as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null
     own_dir "$CG_DIR"
     as_pg valgrind --tool=callgrind --callgrind-out-file="$CG_DIR/cg.%p" \
-        postgres -D "$BENCH_DIR/data" -c autovacuum=off >"$CG_DIR/postmaster.log" 2>&1 &
+        postgres -D "$BENCH_DIR/data" -c autovacuum=off -c full_page_writes=off >"$CG_DIR/postmaster.log" 2>&1 &
     local i db script f1 f2 t1 t2 fn n1 n2
     CG_CHILDREN=0
     for i in $(seq 1 120); do as_pg pg_isready -q -h "$SOCKET_DIR" -p "$PORT" && break; sleep 1; done
     # the first connection after a start rebuilds the relation cache file:
     # connect once to each database before measuring; the key horizons and
     # tombstone filters are gone with the restart: a pass learns them again
-    for db in bench s_base s_parts s_diag s_tomb; do
+    for db in bench s_base s_parts s_diag s_tomb s_rt; do
         psql_db "$db" -c 'SELECT 1' >/dev/null 2>&1 || continue
         if has_proc "$db" 'idempotency.idem_maintenance(timestamptz,boolean)'; then
             learn_pass "$db"
@@ -607,6 +617,7 @@ bench_callgrind() {
     done
     local runs=()
     for script in "${MAIN[@]}"; do runs+=("bench:$script"); done
+    if [ "$RT_DB" = 1 ]; then runs+=("s_rt:floor.pgb" "s_rt:ext.pgb" "s_rt:ext_notomb.pgb"); fi
     if [ $EXT = 1 ] && want scale; then runs+=("s_base:ext_execute.sql" "s_parts:ext_execute.sql"); fi
     for script in "${DIAG_SCRIPTS[@]}"; do runs+=("s_diag:$script"); done
     if [ $TOMB_DB = 1 ]; then runs+=("s_tomb:ext_execute.sql" "s_tomb:ext_execute_no_tombstones.sql"); fi
@@ -615,17 +626,21 @@ bench_callgrind() {
         RUN=$((RUN + 2))
         f1=$(cg_run "$db" 100 "$script" $((RUN - 1))); f2=$(cg_run "$db" 600 "$script" "$RUN")
         t1=$(awk '/^totals:/ {print $2}' "$CG_DIR/$f1"); t2=$(awk '/^totals:/ {print $2}' "$CG_DIR/$f2")
-        printf 'ins\t%s\t%s\t%d\n' "$db" "${script%.sql}" $(( (t2 - t1) / 500 )) >>"$RESULTS"
+        script=${script%.sql}; script=${script%.pgb}
+        printf '%s/%s\t%s\t%s\n' "$db" "$script" "$f1" "$f2" >>"$CG_DIR/profiles"
+        printf 'ins\t%s\t%s\t%d\n' "$db" "$script" $(( (t2 - t1) / 500 )) >>"$RESULTS"
         join <(cg_functions "$f1" | sort) <(cg_functions "$f2" | sort) | while read -r fn n1 n2; do
-            printf 'insfn\t%s\t%s\t%s\t%d\n' "$db" "${script%.sql}" "$fn" $(( (n2 - n1) / 500 )) >>"$RESULTS"
+            printf 'insfn\t%s\t%s\t%s\t%d\n' "$db" "$script" "$fn" $(( (n2 - n1) / 500 )) >>"$RESULTS"
         done
-        printf '    %s/%s: %d instructions per transaction\n' "$db" "${script%.sql}" $(( (t2 - t1) / 500 ))
+        printf '    %s/%s: %d instructions per transaction\n' "$db" "$script" $(( (t2 - t1) / 500 ))
     done
     as_pg pg_ctl -D "$BENCH_DIR/data" -m fast -w stop >/dev/null
 }
 
-# callgrind needs the database and the scripts of the main run
-if want main || want callgrind; then bench_main; fi
+# callgrind needs the database and the scripts of the main run (but for
+# BENCH_ONLY=roundtrip,callgrind, which counts the round trip's alone)
+MAIN=()
+if want main || { want callgrind && ! { [ -n "$ONLY" ] && want roundtrip; }; }; then bench_main; fi
 if [ $EXT = 1 ]; then
     want scale && bench_scale
     want contention && bench_contention

@@ -761,19 +761,28 @@ IdemTombFilterSkip(Oid parent, const Oid *partoids, int n, const uint8 *hash,
 
 /*
  * Every hash a row of tombstones stands for (one, or the entries of a run,
- * tombstone_row.h) into the filter of partoid.
+ * tombstone_row.h) into the filter of partoid, under one taking of the
+ * lock (tombstone_filter.h).
  */
-static void
-IdemTombFilterAddHashes(Oid parent, Oid partoid, bytea *scope_hash, bytea *fingerprint)
+void
+IdemTombFilterAddRowHashes(Oid parent, Oid partoid, bytea *scope_hash,
+						   bytea *fingerprint)
 {
 	const uint8 *h;
 	int			stride;
-	int			n = IdemTombRowHashes(scope_hash, fingerprint, &h, &stride);
+	int			n;
 
 	StaticAssertStmt(IDEM_TOMBFILTER_HASH_LEN <= IDEM_TOMBSTONE_HASH_LEN,
 					 "a filter reads more of a hash than a tombstone keeps");
+	if (tf_hash == NULL || IdemTombFilterArea() == NULL)
+		return;
+	n = IdemTombRowHashes(scope_hash, fingerprint, &h, &stride);
+	if (n == 0)
+		return;
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
 	for (int i = 0; i < n; i++, h += stride)
-		IdemTombFilterAdd(parent, partoid, h);
+		IdemTombFilterAddLocked(parent, partoid, h);
+	LWLockRelease(tf_shared->lock);
 }
 
 static void
@@ -884,9 +893,9 @@ idem_tombstones_filter_trigger(PG_FUNCTION_ARGS)
 		if (a_fp > 0)
 			fp = heap_getattr(tuple, a_fp, RelationGetDescr(rel), &fp_isnull);
 		if (!isnull)
-			IdemTombFilterAddHashes(IdemPartitionRoot(rel), RelationGetRelid(rel),
-									DatumGetByteaPP(d),
-									fp_isnull ? NULL : DatumGetByteaPP(fp));
+			IdemTombFilterAddRowHashes(IdemPartitionRoot(rel),
+									   RelationGetRelid(rel), DatumGetByteaPP(d),
+									   fp_isnull ? NULL : DatumGetByteaPP(fp));
 	}
 	return PointerGetDatum(tuple);
 }

@@ -35,6 +35,14 @@ extern void IdemTombFilterSkip(Oid parent, const Oid *partoids, int n,
 /* Before a tombstone of hash is written into partition partoid of parent. */
 extern void IdemTombFilterAdd(Oid parent, Oid partoid, const uint8 *hash);
 
+/*
+ * Before a row of tombstones (tombstone_row.h: one, or a run) is written
+ * into partition partoid of parent, other than by an INSERT (whose trigger
+ * tombstones_filter calls it): every hash it stands for.
+ */
+extern void IdemTombFilterAddRowHashes(Oid parent, Oid partoid,
+									   bytea *scope_hash, bytea *fingerprint);
+
 extern void IdemTombFilterDropped(Oid parent, Oid partoid);
 
 #endif							/* IDEM_TOMBSTONE_FILTER_H */

@@ -220,12 +220,25 @@ IdemTombstonesOn(const IdemEndpointPolicy *policy)
 static IdemSha256 tombstone_prefix;
 static uint64 tombstone_prefix_generation = 0;	/* 0: none yet */
 
-static void
+/* t framed at p (its length, 4 bytes big-endian, then its bytes): past it */
+static inline uint8 *
+IdemTombstoneFrame(uint8 *p, const text *t)
+{
+	uint32		len = VARSIZE_ANY_EXHDR(t);
+	uint32		be = pg_hton32(len);
+
+	memcpy(p, &be, 4);
+	memcpy(p + 4, VARDATA_ANY(t), len);
+	return p + 4 + len;
+}
+
+void
 IdemTombstoneHash(const text *tenant, const text *endpoint, const text *key,
 				  uint8 out[IDEM_TOMBSTONE_HASH_LEN])
 {
 	IdemSha256	s;
 	uint8		digest[IDEM_SHA256_LEN];
+	uint8		framed[128];
 
 	if (tombstone_prefix_generation != idem_encryption_key_generation)
 	{
@@ -238,9 +251,23 @@ IdemTombstoneHash(const text *tenant, const text *endpoint, const text *key,
 		tombstone_prefix_generation = idem_encryption_key_generation;
 	}
 	s = tombstone_prefix;
-	IdemSha256UpdateFramed(&s, VARDATA_ANY(tenant), VARSIZE_ANY_EXHDR(tenant));
-	IdemSha256UpdateFramed(&s, VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
-	IdemSha256UpdateFramed(&s, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+	if (3 * 4 + VARSIZE_ANY_EXHDR(tenant) + VARSIZE_ANY_EXHDR(endpoint) +
+		VARSIZE_ANY_EXHDR(key) <= sizeof(framed))
+	{
+		/* a scope of usual lengths: framed in one buffer, absorbed at once */
+		uint8	   *p = framed;
+
+		p = IdemTombstoneFrame(p, tenant);
+		p = IdemTombstoneFrame(p, endpoint);
+		p = IdemTombstoneFrame(p, key);
+		IdemSha256Update(&s, framed, p - framed);
+	}
+	else
+	{
+		IdemSha256UpdateFramed(&s, VARDATA_ANY(tenant), VARSIZE_ANY_EXHDR(tenant));
+		IdemSha256UpdateFramed(&s, VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
+		IdemSha256UpdateFramed(&s, VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+	}
 	IdemSha256Final(&s, digest);
 	memcpy(out, digest, IDEM_TOMBSTONE_HASH_LEN);
 }

@@ -34,6 +34,14 @@ extern bool IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 							  bytea **fingerprint, TimestampTz *expired_at,
 							  MemoryContext cxt);
 
+/*
+ * The keyed hash of a scope under which its tombstone is kept (the first
+ * IDEM_TOMBSTONE_HASH_LEN bytes of idem_tombstone_hash's), into out.
+ */
+extern void IdemTombstoneHash(const text *tenant, const text *endpoint,
+							  const text *key,
+							  uint8 out[IDEM_TOMBSTONE_HASH_LEN]);
+
 /* idempotency.tombstones (an error where it does not exist) */
 extern Oid	IdemTombstoneRelid(void);
 

@@ -45,6 +45,7 @@
 
 #include "guc.h"
 #include "schema.h"
+#include "tombstone_direct.h"
 #include "tombstone_probe.h"
 #include "tombstone_write.h"
 #include "util.h"
@@ -313,7 +314,9 @@ typedef struct RunEntry
 
 typedef struct RunWriter
 {
-	SPIPlanPtr	insert;			/* INSERT of up to RUN_INSERT_BATCH rows */
+	bool		begun;			/* direct or insert set (at the first row) */
+	IdemTombDirect *direct;		/* writes rows straight into partitions */
+	SPIPlanPtr	insert;			/* else: INSERT of up to RUN_INSERT_BATCH rows */
 	/* the rows waiting for it, as its four arrays' elements */
 	Datum		row_hash[RUN_INSERT_BATCH];
 	Datum		row_fp[RUN_INSERT_BATCH];
@@ -363,14 +366,29 @@ IdemTombstoneInsertRows(RunWriter *w)
 	w->nrows = 0;
 }
 
-/* One row of tombstones, written with the next RUN_INSERT_BATCH - 1. */
+static void IdemTombstoneWriterBegin(RunWriter *w);
+
+/*
+ * One row of tombstones: straight into its partition (tombstone_direct.h),
+ * or written by the INSERT with the next RUN_INSERT_BATCH - 1.
+ */
 static void
 IdemTombstoneInsertRow(RunWriter *w, const uint8 *scope_hash, int hlen,
 					   const uint8 *fp, int fplen, TimestampTz expired,
 					   TimestampTz expires)
 {
-	bytea	   *h = palloc(VARHDRSZ + hlen);
-	bytea	   *f = palloc(VARHDRSZ + fplen);
+	bytea	   *h;
+	bytea	   *f;
+
+	if (!w->begun)
+		IdemTombstoneWriterBegin(w);
+	if (w->direct != NULL)
+	{
+		IdemTombDirectAdd(w->direct, scope_hash, hlen, fp, fplen, expired, expires);
+		return;
+	}
+	h = palloc(VARHDRSZ + hlen);
+	f = palloc(VARHDRSZ + fplen);
 
 	SET_VARSIZE(h, VARHDRSZ + hlen);
 	memcpy(VARDATA(h), scope_hash, hlen);
@@ -475,69 +493,122 @@ IdemTombstoneRunAdd(RunWriter *w, const RunEntry *entry)
 	w->entries[w->n++] = *entry;
 }
 
+/* the entries being ordered, for IdemRunOrderCmp */
+static const RunEntry *run_order_entries;
+
 static int
-IdemRunEntryCmp(const void *a, const void *b)
+IdemRunOrderCmp(const void *a, const void *b)
 {
-	return memcmp(((const RunEntry *) a)->hash, ((const RunEntry *) b)->hash,
+	return memcmp(run_order_entries[*(const uint32 *) a].hash,
+				  run_order_entries[*(const uint32 *) b].hash,
 				  IDEM_TOMBSTONE_HASH_LEN);
 }
 
+/* Buckets that hold more entries than this are sorted by qsort. */
+#define RUN_ORDER_INSERTION_MAX 16
+
 /*
- * The tombstones held in sorted (n of them, SHA-256 fingerprints only),
- * written: as runs, with buckets as wide as n calls for, when as_runs,
- * each as a row of its own otherwise.
+ * The order of the n entries e by hash, as n indexes into order: a
+ * counting sort by their first bits (as many bits as make about one
+ * entry a bucket, at most 16; the hashes are uniform), then each bucket
+ * sorted in place, by insertion when small, by qsort otherwise (so that
+ * hashes made to share their first bits cost no more than a sort).  Much
+ * cheaper than sorting the 64-byte entries themselves.
  */
 static void
-IdemTombstonesWriteHeld(RunWriter *w, RunEntry *sorted, Size n, bool as_runs)
+IdemRunEntriesOrder(const RunEntry *e, Size n, uint32 *order)
 {
+	int			bits = 1;
+	Size		nbuckets;
+	Size	   *end;
+
+	while (bits < 16 && ((Size) 1 << bits) < n)
+		bits++;
+	nbuckets = (Size) 1 << bits;
+	end = palloc0(sizeof(Size) * (nbuckets + 1));
+#define RUN_BUCKET(i) ((((Size) e[i].hash[0] << 8) | e[i].hash[1]) >> (16 - bits))
+	for (Size i = 0; i < n; i++)
+		end[RUN_BUCKET(i) + 1]++;
+	for (Size b = 1; b <= nbuckets; b++)
+		end[b] += end[b - 1];
+	/* end[b] is the start of bucket b; filling it moves it to its end */
+	for (Size i = 0; i < n; i++)
+		order[end[RUN_BUCKET(i)]++] = (uint32) i;
+#undef RUN_BUCKET
+	run_order_entries = e;
+	for (Size b = 0; b < nbuckets; b++)
+	{
+		Size		first = b == 0 ? 0 : end[b - 1];
+		Size		count = end[b] - first;
+
+		if (count > RUN_ORDER_INSERTION_MAX)
+		{
+			qsort(order + first, count, sizeof(uint32), IdemRunOrderCmp);
+			continue;
+		}
+		for (Size i = first + 1; i < end[b]; i++)
+		{
+			uint32		v = order[i];
+			Size		j = i;
+
+			while (j > first && memcmp(e[order[j - 1]].hash, e[v].hash,
+									   IDEM_TOMBSTONE_HASH_LEN) > 0)
+			{
+				order[j] = order[j - 1];
+				j--;
+			}
+			order[j] = v;
+		}
+	}
+	pfree(end);
+}
+
+/*
+ * The tombstones held (n of them, SHA-256 fingerprints only), written: as
+ * runs, in the order of their hashes, with buckets as wide as n calls for,
+ * when as_runs, each as a row of its own otherwise.
+ */
+static void
+IdemTombstonesWriteHeld(RunWriter *w, RunEntry *held, Size n, bool as_runs)
+{
+	uint32	   *order;
+
 	if (n == 0)
 		return;
 	if (!as_runs)
 	{
 		for (Size i = 0; i < n; i++)
-			IdemTombstoneInsertRow(w, sorted[i].hash, IDEM_TOMBSTONE_HASH_LEN,
-								   sorted[i].fp, IDEM_TOMBSTONE_FP_LEN,
-								   sorted[i].expired, sorted[i].expires);
+			IdemTombstoneInsertRow(w, held[i].hash, IDEM_TOMBSTONE_HASH_LEN,
+								   held[i].fp, IDEM_TOMBSTONE_FP_LEN,
+								   held[i].expired, held[i].expires);
 		return;
 	}
 	w->bits = IdemTombstoneRunBits((int64) n);
-	qsort(sorted, n, sizeof(RunEntry), IdemRunEntryCmp);
+	order = palloc_extended(n * sizeof(uint32), MCXT_ALLOC_HUGE);
+	IdemRunEntriesOrder(held, n, order);
 	for (Size i = 0; i < n; i++)
 	{
 		if ((i & 1023) == 0)
 			CHECK_FOR_INTERRUPTS();
-		IdemTombstoneRunAdd(w, &sorted[i]);
+		IdemTombstoneRunAdd(w, &held[order[i]]);
 	}
 	IdemTombstoneFlushRun(w);
+	pfree(order);
 }
 
 /*
- * The tombstones of source (see IdemTombstonesOfPartition), read with
- * snapshot in one pass and held in memory: as runs when they are
- * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, many
- * rows an INSERT.  A run's entries are put in the order of their hashes
- * here, a sort of 16-byte keys (much cheaper than the executor's sort of
- * bytea); when more than maintenance_work_mem holds come, those held are
- * written as runs and the reading goes on (runs of the same bucket in two
- * rows, as when a bucket holds more than a row).  A key whose fingerprint
- * is not a SHA-256 gets a row of its own.  Returns how many tombstones
- * were written.  Called within SPI.
+ * The writer of w's rows, at the first (after the partition of keys is
+ * locked, as the INSERT locked the tombstones): straight into the
+ * partitions of idempotency.tombstones when it is as the extension made
+ * it, by an INSERT otherwise.
  */
-static int64
-IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
-						Datum *args, Snapshot snapshot)
+static void
+IdemTombstoneWriterBegin(RunWriter *w)
 {
-	RunWriter  *w = palloc0(sizeof(RunWriter));
-	Size		limit = Max((Size) maintenance_work_mem * 1024 / sizeof(RunEntry),
-							(Size) IDEM_TOMBSTONE_RUN_MIN);
-	Size		capacity = IDEM_TOMBSTONE_RUN_MIN;
-	RunEntry   *held = palloc(capacity * sizeof(RunEntry));
-	Size		nheld = 0;
-	bool		spilled = false;
-	SPIPlanPtr	read;
-	Portal		portal;
-	int64		written = 0;
-
+	w->begun = true;
+	w->direct = IdemTombDirectBegin(IdemTombstoneRelid());
+	if (w->direct != NULL)
+		return;
 	w->insert = SPI_prepare("INSERT INTO idempotency.tombstones"
 							" (scope_hash, fingerprint, expired_at, expires_at)"
 							" SELECT * FROM ROWS FROM (pg_catalog.unnest($1),"
@@ -548,6 +619,67 @@ IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
 	if (w->insert == NULL)
 		elog(ERROR, "preparing the insert of tombstones failed: %s",
 			 SPI_result_code_string(SPI_result));
+}
+
+/*
+ * The tombstones of one drop as they are read: those with a SHA-256
+ * fingerprint held in memory (up to limit at a time), the others written
+ * at once, each a row of its own.
+ */
+typedef struct DropHeld
+{
+	RunWriter  *w;
+	RunEntry   *held;
+	Size		nheld;
+	Size		capacity;
+	Size		limit;
+	bool		spilled;		/* some were written as runs already */
+	int64		written;
+} DropHeld;
+
+/* One tombstone read (IdemTombDirectEmit). */
+static void
+IdemTombstoneHold(void *arg, const uint8 *hash, int hlen, const uint8 *fp,
+				  int fplen, TimestampTz expired, TimestampTz expires)
+{
+	DropHeld   *d = arg;
+	RunEntry   *e;
+
+	d->written++;
+	if (fplen != IDEM_TOMBSTONE_FP_LEN || hlen != IDEM_TOMBSTONE_HASH_LEN)
+	{
+		IdemTombstoneInsertRow(d->w, hash, hlen, fp, fplen, expired, expires);
+		return;
+	}
+	if (d->nheld == d->limit)
+	{
+		IdemTombstonesWriteHeld(d->w, d->held, d->nheld, true);
+		d->nheld = 0;
+		d->spilled = true;
+	}
+	if (d->nheld == d->capacity)
+	{
+		d->capacity = Min(d->capacity * 2, d->limit);
+		d->held = repalloc_huge(d->held, d->capacity * sizeof(RunEntry));
+	}
+	e = &d->held[d->nheld++];
+	memcpy(e->hash, hash, IDEM_TOMBSTONE_HASH_LEN);
+	memcpy(e->fp, fp, IDEM_TOMBSTONE_FP_LEN);
+	e->expired = expired;
+	e->expires = expires;
+}
+
+/*
+ * The tombstones of source read by its SQL (IdemTombstoneSourceSql), with
+ * snapshot, into d: where the partition cannot be read directly.
+ */
+static void
+IdemTombstonesReadSql(DropHeld *d, const char *source, int nargs,
+					  Oid *argtypes, Datum *args, Snapshot snapshot)
+{
+	SPIPlanPtr	read;
+	Portal		portal;
+
 	read = SPI_prepare(psprintf("SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key),"
 								" s.fingerprint, s.expires_at, s.expires_at OPERATOR(pg_catalog.+) t.ttl%s",
 								IdemTombstoneSourceSql(source)),
@@ -580,46 +712,62 @@ IdemTombstonesWriteDrop(const char *source, int nargs, Oid *argtypes,
 			bytea	   *fp = DatumGetByteaPP(SPI_getbinval(tup, desc, 2, &isnull[1]));
 			TimestampTz expired = DatumGetTimestampTz(SPI_getbinval(tup, desc, 3, &isnull[2]));
 			TimestampTz expires = DatumGetTimestampTz(SPI_getbinval(tup, desc, 4, &isnull[3]));
-			RunEntry   *e;
 
 			if (isnull[0] || isnull[1] || isnull[2] || isnull[3])
 				elog(ERROR, "a tombstone of %s lacks a value", source);
-			written++;
-			if (VARSIZE_ANY_EXHDR(fp) != IDEM_TOMBSTONE_FP_LEN ||
-				VARSIZE_ANY_EXHDR(h) != IDEM_TOMBSTONE_HASH_LEN)
-			{
-				IdemTombstoneInsertRow(w, (const uint8 *) VARDATA_ANY(h),
-									   VARSIZE_ANY_EXHDR(h),
-									   (const uint8 *) VARDATA_ANY(fp),
-									   VARSIZE_ANY_EXHDR(fp), expired, expires);
-				continue;
-			}
-			if (nheld == limit)
-			{
-				IdemTombstonesWriteHeld(w, held, nheld, true);
-				nheld = 0;
-				spilled = true;
-			}
-			if (nheld == capacity)
-			{
-				capacity = Min(capacity * 2, limit);
-				held = repalloc_huge(held, capacity * sizeof(RunEntry));
-			}
-			e = &held[nheld++];
-			memcpy(e->hash, VARDATA_ANY(h), IDEM_TOMBSTONE_HASH_LEN);
-			memcpy(e->fp, VARDATA_ANY(fp), IDEM_TOMBSTONE_FP_LEN);
-			e->expired = expired;
-			e->expires = expires;
+			IdemTombstoneHold(d, (const uint8 *) VARDATA_ANY(h), VARSIZE_ANY_EXHDR(h),
+							  (const uint8 *) VARDATA_ANY(fp), VARSIZE_ANY_EXHDR(fp),
+							  expired, expires);
 		}
 		SPI_freetuptable(batch);
 	}
 	SPI_cursor_close(portal);
-	IdemTombstonesWriteHeld(w, held, nheld,
-							spilled || written >= IDEM_TOMBSTONE_RUN_MIN);
-	IdemTombstoneInsertRows(w);
-	pfree(held);
-	pfree(w);
-	return written;
+}
+
+/*
+ * The tombstones of the partition relid of keys expired at as_of (source:
+ * the same in SQL, see IdemTombstonesOfPartition), read with snapshot in
+ * one pass (straight from the partition, tombstone_direct.h, else by
+ * source's SQL) and held in memory: as runs when they are
+ * IDEM_TOMBSTONE_RUN_MIN or more, each a row of its own otherwise, the
+ * rows written straight into their partitions (tombstone_direct.h; by
+ * INSERTs of many rows where it cannot).  A run's entries are put in the
+ * order of their hashes here (IdemRunEntriesOrder: much cheaper than the
+ * executor's sort of bytea); when more than maintenance_work_mem holds
+ * come, those held are written as runs and the reading goes on (runs of
+ * the same bucket in two rows, as when a bucket holds more than a row).  A
+ * key whose fingerprint is not a SHA-256 gets a row of its own.  Returns
+ * how many tombstones were written.  Called within SPI.
+ */
+static int64
+IdemTombstonesWriteDrop(Oid relid, TimestampTz as_of, const char *source,
+						int nargs, Oid *argtypes, Datum *args,
+						Snapshot snapshot)
+{
+	DropHeld	d;
+
+	d.w = palloc0(sizeof(RunWriter));
+	/* (and 4 bytes each for their order, IdemRunEntriesOrder) */
+	d.limit = Max(Min((Size) maintenance_work_mem * 1024 / sizeof(RunEntry),
+					  (Size) PG_UINT32_MAX),
+				  (Size) IDEM_TOMBSTONE_RUN_MIN);
+	d.capacity = IDEM_TOMBSTONE_RUN_MIN;
+	d.held = palloc(d.capacity * sizeof(RunEntry));
+	d.nheld = 0;
+	d.spilled = false;
+	d.written = 0;
+
+	if (!IdemTombDirectRead(relid, as_of, snapshot, IdemTombstoneHash,
+							IdemTombstoneHold, &d))
+		IdemTombstonesReadSql(&d, source, nargs, argtypes, args, snapshot);
+	IdemTombstonesWriteHeld(d.w, d.held, d.nheld,
+							d.spilled || d.written >= IDEM_TOMBSTONE_RUN_MIN);
+	IdemTombstoneInsertRows(d.w);
+	if (d.w->direct != NULL)
+		IdemTombDirectEnd(d.w->direct);
+	pfree(d.held);
+	pfree(d.w);
+	return d.written;
 }
 
 /*
@@ -699,7 +847,8 @@ IdemTombstonesOfPartition(Oid relid, TimestampTz as_of, bool count_only,
 		 */
 		if (tids == NIL && !IdemTombstonesCitus())
 		{
-			n = IdemTombstonesWriteDrop(source, nargs, argtypes, args, snapshot);
+			n = IdemTombstonesWriteDrop(relid, as_of, source, nargs, argtypes,
+										args, snapshot);
 			SPI_finish();
 			return n;
 		}

@@ -258,11 +258,20 @@ sub render
 			[ "Scale: $subst{'@MANY@'} partitions / $subst{'@FEW@'}", 's_parts/ext_execute', 's_base/ext_execute' ],
 			[ "Tombstones on / off, $subst{'@TOMBS@'} tombstones, 10-year endpoint (s_tomb)", 's_tomb/ext_execute', 's_tomb/ext_execute_no_tombstones' ],
 			[ 'Execute with mismatch diagnostics / without', 's_diag/diag_on', 's_diag/diag_none' ],
-			[ 'Execute, endpoint with diagnostics off / without a digest', 's_diag/diag_endpoint_off', 's_diag/diag_none' ])
+			[ 'Execute, endpoint with diagnostics off / without a digest', 's_diag/diag_endpoint_off', 's_diag/diag_none' ],
+			[ 'Round trip: ext_pay / floor_pay', 's_rt/ext', 's_rt/floor' ],
+			[ 'Round trip: ext_pay_notomb / floor_pay', 's_rt/ext_notomb', 's_rt/floor' ],
+			[ 'Round trip: ext_pay / ext_pay_notomb', 's_rt/ext', 's_rt/ext_notomb' ])
 		{
 			my ($t, $x, $y) = @$r;
 			next unless $ins{$x} && $ins{$y};
 			push @out, sprintf('| %s | %.2f× |', $t, $ins{$x} / $ins{$y});
+		}
+		# issue 39's target: the tombstone check at most 2% of the floor
+		if ($ins{'s_rt/ext'} && $ins{'s_rt/ext_notomb'} && $ins{'s_rt/floor'})
+		{
+			push @out, sprintf('| Round trip: (ext_pay - ext_pay_notomb) / floor_pay | %.1f%% |',
+				100 * ($ins{'s_rt/ext'} - $ins{'s_rt/ext_notomb'}) / $ins{'s_rt/floor'});
 		}
 		push @out, '';
 	}

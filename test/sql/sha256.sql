@@ -11,12 +11,23 @@
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency CASCADE;
 RESET client_min_messages;
--- the library's test entry point (no SQL object of the extension names it)
+-- the library's test entry points (no SQL object of the extension names
+-- them): the compression the CPU allows (its SHA extensions where it has
+-- them), and the portable one whatever the CPU has
 CREATE FUNCTION pg_temp.own_sha256(bytea) RETURNS bytea
     AS '$libdir/idempotency', 'idem_sha256_test' LANGUAGE C STRICT;
+CREATE FUNCTION pg_temp.own_sha256_portable(bytea) RETURNS bytea
+    AS '$libdir/idempotency', 'idem_sha256_test_portable' LANGUAGE C STRICT;
 
 -- NIST: "abc", "", the two-block messages of 56 and 112 bytes, a million "a"
 SELECT encode(pg_temp.own_sha256(convert_to(m, 'UTF8')), 'hex') AS digest
+FROM (VALUES (1, 'abc'),
+             (2, ''),
+             (3, 'abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq'),
+             (4, 'abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu'),
+             (5, repeat('a', 1000000))) AS v (i, m)
+ORDER BY i;
+SELECT encode(pg_temp.own_sha256_portable(convert_to(m, 'UTF8')), 'hex') AS portable_digest
 FROM (VALUES (1, 'abc'),
              (2, ''),
              (3, 'abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq'),
@@ -30,7 +41,9 @@ WITH blob AS (
     FROM generate_series(0, 40) AS j)
 SELECT count(*) AS lengths,
        count(*) FILTER (WHERE pg_temp.own_sha256(substring(b FROM 1 FOR n))
-                              IS DISTINCT FROM sha256(substring(b FROM 1 FOR n))) AS differ
+                              IS DISTINCT FROM sha256(substring(b FROM 1 FOR n))) AS differ,
+       count(*) FILTER (WHERE pg_temp.own_sha256_portable(substring(b FROM 1 FOR n))
+                              IS DISTINCT FROM sha256(substring(b FROM 1 FOR n))) AS portable_differ
 FROM blob, generate_series(0, 1312) AS n;
 
 -- the framed input, in SQL: each part preceded by its length (4 bytes,

@@ -179,3 +179,56 @@ FROM generate_series(1, 40000) i,
 ROLLBACK;
 
 DROP EXTENSION idempotency;
+
+-- The drop reads the partition straight from its table (src/tombstone_direct.c)
+-- and must make of its rows what the SQL makes of them: keys of endpoints
+-- keeping tombstones for the setting (no row, a row without tombstone_ttl),
+-- for an interval of months, days and hours, for none (0), and for an hour
+-- (gone before the pass's time); the tombstones written are those the SQL
+-- computes, each expiring within the second after the SQL's expiry.
+SET client_min_messages = warning;
+CREATE EXTENSION idempotency;
+RESET client_min_messages;
+SELECT count(*) > 0 AS partitions_made
+FROM idempotency.idem_maintenance(now(), preview => false) WHERE kind = 'create';
+INSERT INTO idempotency.endpoints (endpoint, tombstone_ttl)
+VALUES ('setting', NULL), ('months', '1 mon 2 days 3 hours'), ('none', '0'), ('hour', '1 hour');
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+SELECT 't' || (i % 3), (ARRAY['pay', 'setting', 'months', 'none', 'hour'])[1 + i % 5], 'e' || i,
+       sha256(convert_to('a' || i, 'UTF8')), 'completed',
+       now(), now() + interval '1 second' + (i % 50) * interval '1 millisecond'
+FROM generate_series(1, 6000) i;
+SELECT count(DISTINCT tableoid) = 1 AS one_partition FROM idempotency.keys;
+SET TimeZone = 'America/New_York';
+CREATE TEMP TABLE expected AS
+SELECT idempotency.idem_tombstone_hash(s.tenant, s.endpoint, s.key) AS h, s.fingerprint AS f,
+       s.expires_at AS expired_at, s.expires_at + t.ttl AS expires_at
+FROM idempotency.keys s
+LEFT JOIN idempotency.endpoints e ON e.endpoint = s.endpoint COLLATE "C"
+CROSS JOIN LATERAL (SELECT coalesce(e.tombstone_ttl,
+                    make_interval(secs => extract(epoch FROM
+                        current_setting('idempotency.tombstone_ttl')::interval))) AS ttl) t
+WHERE t.ttl > '0' AND s.expires_at + t.ttl > now() + interval '2 days';
+SELECT pg_sleep(1.2);
+SELECT kind, rows FROM idempotency.idem_maintenance(now() + interval '2 days', preview => false)
+WHERE kind = 'tombstone';
+CREATE TEMP TABLE written AS
+SELECT substr(fingerprint, i * 56 + 1, 16) AS h, substr(fingerprint, i * 56 + 17, 32) AS f,
+       expired_at - ('x' || encode(substr(fingerprint, i * 56 + 49, 4), 'hex'))::bit(32)::bigint
+                    * interval '1 second' AS expired_at,
+       expires_at - ('x' || encode(substr(fingerprint, i * 56 + 53, 4), 'hex'))::bit(32)::bigint
+                    * interval '1 second' AS expires_at
+FROM idempotency.tombstones, generate_series(0, octet_length(fingerprint) / 56 - 1) i
+WHERE octet_length(scope_hash) < 16
+UNION ALL
+SELECT scope_hash, fingerprint, expired_at, expires_at
+FROM idempotency.tombstones WHERE octet_length(scope_hash) = 16;
+RESET TimeZone;
+SELECT (SELECT count(*) FROM expected) AS expected,
+       (SELECT count(*) FROM written) AS written,
+       (SELECT count(*) FROM expected x JOIN written w USING (h, f)
+        WHERE w.expires_at >= x.expires_at AND w.expires_at < x.expires_at + interval '1 second'
+          AND w.expired_at >= x.expired_at AND w.expired_at < x.expired_at + interval '1 second') AS same,
+       (SELECT count(*) FROM written w WHERE NOT EXISTS
+          (SELECT FROM expected x WHERE x.h = w.h AND x.f = w.f)) AS unexpected;
+DROP EXTENSION idempotency;
