@@ -155,18 +155,24 @@ IdemMaintLearnHorizons(IdemMaintPass *p)
  * Compact the tombstone filters that grew by several generations
  * (tombstone_filter.c), in a step of its own at the end of a pass, once this
  * pass's tombstones are written.  Not in a preview, not in the Citus mode.
+ * What it asks of the catalog (the schema's version, the mode) is asked
+ * inside the step: between two steps the worker is in no transaction, and
+ * the cached answers may have been forgotten by an invalidation meanwhile.
  */
 static void
 IdemMaintCompactFilters(IdemMaintPass *p)
 {
 	int			n;
 
-	if (p->preview || IdemKeystoreDistributed() || !IdemTombstonesActive())
+	if (p->preview)
 		return;
 	IdemMaintStepBegin(p);
-	n = IdemTombFilterCompact(IdemTombstoneRelid());
-	if (n > 0)
-		elog(DEBUG1, "idempotency: %d tombstone filters compacted", n);
+	if (!IdemKeystoreDistributed() && IdemTombstonesActive())
+	{
+		n = IdemTombFilterCompact(IdemTombstoneRelid());
+		if (n > 0)
+			elog(DEBUG1, "idempotency: %d tombstone filters compacted", n);
+	}
 	IdemMaintStepEnd(p);
 }
 

@@ -30,6 +30,7 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "access/xact.h"
 #include "catalog/indexing.h"
 #include "catalog/pg_extension.h"
 #include "commands/extension.h"
@@ -113,6 +114,14 @@ IdemSchemaVersion(void)
 
 	if (schema_version_valid)
 		return schema_version;
+
+	/*
+	 * The catalog is read in a transaction only: outside one (a background
+	 * worker between two transactions) there is no resource owner to hold
+	 * the relation.  A caller there is a bug, raised rather than crashing.
+	 */
+	if (!IsTransactionState())
+		elog(ERROR, "idempotency: the schema's version was asked for outside a transaction");
 	if (!schema_callback_registered)
 	{
 		IdemRegisterRelcacheCallback(IdemSchemaInvalidate);

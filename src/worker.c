@@ -278,6 +278,13 @@ static const struct
 };
 
 /*
+ * The name of the worker's database, read in its first transaction: the
+ * log lines of a pass are written between transactions, where the catalog
+ * cannot be read.
+ */
+static const char *worker_dbname = "";
+
+/*
  * Log each action of the worker's pass (the kinds of idem_maintenance()'s
  * rows), each in a message of its own.
  */
@@ -292,7 +299,7 @@ IdemLogAction(void *arg, IdemMaintKind kind, const char *object, int64 rows)
 		case IDEM_MAINT_BUSY:
 			ereport(DEBUG1,
 					(errmsg("idempotency maintenance found another pass running in database \"%s\"",
-							get_database_name(MyDatabaseId))));
+							worker_dbname)));
 			break;
 		case IDEM_MAINT_SKIPPED:
 			/* the pass has logged the step and why it was skipped */
@@ -367,6 +374,12 @@ IdemDatabaseWorkerMain(Datum main_arg)
 
 	/* a database without the extension has nothing to do */
 	StartTransactionCommand();
+	{
+		char	   *name = get_database_name(MyDatabaseId);
+
+		if (name != NULL)
+			worker_dbname = MemoryContextStrdup(TopMemoryContext, name);
+	}
 	if (OidIsValid(get_extension_oid("idempotency", true)))
 	{
 		Relation	rel = table_open(ExtensionRelationId, AccessShareLock);

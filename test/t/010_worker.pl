@@ -222,8 +222,42 @@ ok($node->wait_for_log(qr/resolver of endpoint "hang" did not answer/, $offset),
 	'the next pass tries it again');
 $node->safe_psql('postgres', 'DROP DATABASE hang WITH (FORCE)');
 
-# SIGTERM stops the launcher; the postmaster starts it again
+# Between two steps the worker is in no transaction, so what a step asks
+# of the catalog (the schema's version, the keys' mode) it asks inside its
+# own.  A DDL statement run by the DELETE of the step before the filters'
+# compaction (a trigger of the default partition of tombstones) makes the
+# worker forget what it had cached when that step commits: the compaction
+# read the catalog again outside any transaction, and the worker died of a
+# segmentation fault (the server restarting with it).
+$offset = -s $node->logfile;
 my $pid = $node->safe_psql('postgres', $launcher_q);
+$node->safe_psql('postgres', q{
+	CREATE TABLE public.inval_probe (pass integer);
+	CREATE FUNCTION public.inval_probe_touch() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		ALTER TABLE public.inval_probe ALTER COLUMN pass SET STATISTICS 100;
+		INSERT INTO public.inval_probe VALUES (1);
+		RETURN NULL;
+	END$$;
+	SET idempotency.ddl_guard = off;
+	CREATE TRIGGER inval_probe AFTER DELETE ON idempotency.tombstones_default
+	    FOR EACH STATEMENT EXECUTE FUNCTION public.inval_probe_touch();
+});
+ok($node->poll_query_until('postgres', 'SELECT count(*) >= 3 FROM public.inval_probe'),
+	'three passes purge the default partition of tombstones and run the trigger');
+unlike(slurp_file($node->logfile, $offset), qr/terminated by signal/,
+	'no worker dies when what it cached is forgotten between two steps');
+is($node->safe_psql('postgres', "SELECT count(*) FROM ($launcher_q) l WHERE pid = $pid"),
+	'1', 'the launcher was not restarted');
+$node->safe_psql('postgres', q{
+	SET idempotency.ddl_guard = off;
+	DROP TRIGGER inval_probe ON idempotency.tombstones_default;
+	DROP FUNCTION public.inval_probe_touch();
+	DROP TABLE public.inval_probe;
+});
+
+# SIGTERM stops the launcher; the postmaster starts it again
+$pid = $node->safe_psql('postgres', $launcher_q);
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
 ok( $node->poll_query_until('postgres',
 		"SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $pid)"),
