@@ -95,7 +95,9 @@ idempotency.maintenance_interval = '1s'"
     export IDEM_TEST_PGHOST=127.0.0.1 IDEM_TEST_PGPORT=$PORT IDEM_TEST_PGUSER=$PGOS_USER
 fi
 export IDEM_TEST_PGHOST=${IDEM_TEST_PGHOST:-127.0.0.1} IDEM_TEST_PGUSER=${IDEM_TEST_PGUSER:-$PGOS_USER}
-LOG_DIR=${BUILD_DIR:-$PROJECT_DIR/build}/clients-log
+# CLIENTS_LOG_DIR: where the suites' logs go (make test gives each server
+# version its own, so that a later version's run keeps an earlier failure's)
+LOG_DIR=${CLIENTS_LOG_DIR:-${BUILD_DIR:-$PROJECT_DIR/build}/clients-log}
 mkdir -p "$LOG_DIR"
 
 # A fresh database with the extension for one suite: sets IDEM_TEST_PGDATABASE.
@@ -134,6 +136,8 @@ run_suite() {
     if [ $rc -eq 0 ]; then
         echo "client $name ... ok"; PASSED=$((PASSED + 1))
     else
+        # the failures first (a TAP "not ok" and what follows it), then the end
+        grep -n -A 25 -E '^[[:space:]]*not ok|^FAIL:|^ERROR:|^Traceback' "$log" | head -n 80 || true
         tail -n 60 "$log"
         echo "client $name ... FAILED (exit $rc, log $log)"; FAILED=$((FAILED + 1))
     fi

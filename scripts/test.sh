@@ -470,6 +470,7 @@ idempotency.maintenance_interval = '1s'"
     rm -f "$OUT/clients.rc"
     ( set +e
       IDEM_TEST_PGHOST=127.0.0.1 IDEM_TEST_PGPORT=$PORT IDEM_TEST_PGUSER=$PGOS_USER \
+          CLIENTS_LOG_DIR="$OUT/clients-log" \
           "$PROJECT_DIR/clients/test.sh" $CLIENT_SUITES >"$OUT/clients.log" 2>&1
       echo $? >"$OUT/clients.rc" ) &
     CLIENTS_PID=$!
@@ -485,8 +486,11 @@ if [ -n "$CLIENTS_PID" ]; then
     PASSED=$((PASSED + $(grep -c '^client .* \.\.\. ok$' "$OUT/clients.log" || true)))
     for s in $(sed -n 's/^client \([a-z0-9_]*\) \.\.\. FAILED.*/\1/p' "$OUT/clients.log"); do
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("client_$s")
-        # what the suite printed when it failed (its log's last lines)
-        sed -n "/^==> client $s\$/,/^client $s \.\.\. FAILED/p" "$OUT/clients.log" | failure_excerpt "client_$s"
+        # what failed in the suite's log (a TAP "not ok" and what follows
+        # it), then what the suite printed when it failed (its last lines)
+        { grep -n -A 25 -E '^[[:space:]]*not ok|^FAIL:|^ERROR:|^Traceback' "$OUT/clients-log/$s.log" 2>/dev/null | head -n 35
+          sed -n "/^==> client $s\$/,/^client $s \.\.\. FAILED/p" "$OUT/clients.log" | tail -n 25; } |
+            failure_excerpt "client_$s"
     done
     if [ "$rc" -ne 0 ] && ! grep -q '^client .* FAILED' "$OUT/clients.log"; then
         FAILED=$((FAILED + 1)); FAILED_NAMES+=("clients (driver)"); tail -n 30 "$OUT/clients.log"
