@@ -155,6 +155,7 @@ typedef struct TombFilterLocalGen
 {
 	const uint64 *words;		/* the first block */
 	uint32		mask;			/* nblocks - 1 */
+	int			part;			/* its partition's index in tf_local.parts */
 } TombFilterLocalGen;
 
 typedef struct TombFilterLocalPart
@@ -653,6 +654,7 @@ IdemTombFilterLocalLoad(Oid parent, const Oid *partoids, int n)
 
 				lg->words = IdemTombFilterWords(gen);
 				lg->mask = gen->nblocks - 1;
+				lg->part = i;
 			}
 			lp->ngens = e->ngens;
 		}
@@ -669,44 +671,41 @@ IdemTombFilterLocalBlock(const TombFilterLocalGen *lg, const TombFilterProbe *pr
 
 /*
  * The answers of the local copy: no[i] for each partition not yet skipped
- * that holds no tombstone of the probe's hash.  The cache lines of every
- * block to be read are asked for first, so that their loads overlap.
- * Returns whether any partition was answered "no".
+ * that holds no tombstone of the probe's hash.  One pass over the
+ * generations of every partition (tf_local.gens, in the order of the
+ * partitions): the cache lines of every block to be read are asked for
+ * first, so that their loads overlap, then each block is tested.  Returns
+ * whether any partition was answered "no".
  */
 static bool
 IdemTombFilterLocalAnswer(const TombFilterProbe *probe, const bool *skip)
 {
 	bool		any = false;
 
+	/*
+	 * "no" for a partition not skipped that has no bits and holds nothing
+	 * (TF_NO), or has bits (TF_BITS) until a generation of its has the
+	 * probe's; "maybe" for the others (already skipped: nothing to answer).
+	 */
 	for (int i = 0; i < tf_local.nparts; i++)
+		tf_local.no[i] = !skip[i] && tf_local.parts[i].kind != TF_MAYBE;
+	for (int g = 0; g < tf_local.ngens; g++)
 	{
-		const TombFilterLocalPart *lp = &tf_local.parts[i];
+		const TombFilterLocalGen *lg = &tf_local.gens[g];
 
-		if (skip[i] || lp->kind != TF_BITS)
-			continue;
-		for (int g = lp->first; g < lp->first + lp->ngens; g++)
-			IDEM_PREFETCH(IdemTombFilterLocalBlock(&tf_local.gens[g], probe));
+		if (tf_local.no[lg->part])
+			IDEM_PREFETCH(IdemTombFilterLocalBlock(lg, probe));
+	}
+	for (int g = 0; g < tf_local.ngens; g++)
+	{
+		const TombFilterLocalGen *lg = &tf_local.gens[g];
+
+		if (tf_local.no[lg->part] &&
+			IdemTombFilterBlockHas(IdemTombFilterLocalBlock(lg, probe), probe))
+			tf_local.no[lg->part] = false;
 	}
 	for (int i = 0; i < tf_local.nparts; i++)
-	{
-		const TombFilterLocalPart *lp = &tf_local.parts[i];
-		bool		maybe;
-
-		if (skip[i])
-			maybe = true;		/* already skipped: nothing to answer */
-		else if (lp->kind == TF_BITS)
-		{
-			maybe = false;
-			for (int g = lp->first; g < lp->first + lp->ngens && !maybe; g++)
-				maybe = IdemTombFilterBlockHas(IdemTombFilterLocalBlock(&tf_local.gens[g],
-																		probe),
-											   probe);
-		}
-		else
-			maybe = lp->kind == TF_MAYBE;
-		tf_local.no[i] = !maybe;
-		any |= !maybe;
-	}
+		any |= tf_local.no[i];
 	return any;
 }
 

@@ -12,7 +12,10 @@
  *	  tombstone partition whose range has not ended, whose filter may hold
  *	  the scope (tombstone_filter.c) and that holds a block, for the scope's
  *	  hash and, outside the Citus mode, for the buckets of the runs that may
- *	  hold it (tombstone_row.h).
+ *	  hold it (tombstone_row.h).  When no partition can hold the scope (its
+ *	  range ended or its filter says so), the claim learns it from a copy of
+ *	  the partitions kept per backend (TombstoneParts) without opening the
+ *	  table, or taking a snapshot.
  *
  *	  In the Citus mode (doc/scaling.md) the table is distributed by tenant,
  *	  colocated with idempotency.keys: a claim, on the worker of its
@@ -93,6 +96,33 @@ typedef struct TombstoneProbe
 
 static HTAB *tombstone_probes = NULL;
 
+/*
+ * The partitions of idempotency.tombstones, as the parent's partition
+ * descriptor in the relcache gives them, cached per backend so that a claim
+ * whose scope no filter can hold learns it without opening the parent (see
+ * IdemTombstoneNoneFiltered).  Made from the descriptor of an open parent
+ * that lists no partition being detached, and forgotten at every relcache
+ * invalidation of the parent (an ATTACH, DETACH, CREATE ... PARTITION OF or
+ * DROP of a partition sends one), or of every relation, by the same
+ * callback and at the same moment as the relcache's own entry: the cache is
+ * valid exactly while the descriptor a table_open would give is the one it
+ * was made from.  generation counts those invalidations, so that one
+ * processed while the cache is made keeps it from being used.
+ */
+typedef struct TombstoneParts
+{
+	bool		valid;
+	Oid			parent;
+	int			nparts;
+	int			cap;
+	Oid		   *oids;
+	TimestampTz *ends;			/* each one's upper bound; DT_NOEND: none */
+	bool	   *skip;			/* the answers of one claim */
+} TombstoneParts;
+
+static TombstoneParts tombstone_parts;
+static uint64 tombstone_parts_generation = 0;
+
 /* Citus mode: whether idempotency.tombstones is distributed (unknown, no, yes). */
 static int	tombstones_distributed = -1;
 
@@ -103,6 +133,11 @@ IdemTombstoneInvalidate(Datum arg, Oid relid)
 	{
 		tombstones_relid = InvalidOid;
 		tombstones_distributed = -1;
+	}
+	if (!OidIsValid(relid) || relid == tombstone_parts.parent)
+	{
+		tombstone_parts.valid = false;
+		tombstone_parts_generation++;
 	}
 	if (tombstone_probes != NULL)
 	{
@@ -608,6 +643,100 @@ IdemTombstoneProbePartition(TombstoneSearch *s, Oid partoid)
 	table_close(part, AccessShareLock);
 }
 
+/*
+ * Remember the partitions of the tombstones table parent, open and locked
+ * since the cache's generation was generation, from its descriptor pd (see
+ * TombstoneParts): only a descriptor of the relcache that lists no
+ * partition being detached, of a table partitioned by a range of
+ * timestamptz, as the bounds are read here.
+ */
+static void
+IdemTombstonePartsRemember(Relation parent, PartitionDesc pd, uint64 generation)
+{
+	PartitionKey key = RelationGetPartitionKey(parent);
+	PartitionBoundInfo bounds = pd->boundinfo;
+	TombstoneParts *tp = &tombstone_parts;
+
+	tp->valid = false;
+	if (pd != parent->rd_partdesc || pd->detached_exist ||
+		key->strategy != PARTITION_STRATEGY_RANGE || key->partnatts != 1 ||
+		key->parttypid[0] != TIMESTAMPTZOID)
+		return;
+	if (pd->nparts > tp->cap)
+	{
+		int			cap = Max(pd->nparts, 2 * tp->cap);
+
+		if (tp->oids != NULL)
+		{
+			pfree(tp->oids);
+			pfree(tp->ends);
+			pfree(tp->skip);
+		}
+		tp->cap = 0;
+		tp->oids = MemoryContextAlloc(TopMemoryContext, sizeof(Oid) * cap);
+		tp->ends = MemoryContextAlloc(TopMemoryContext, sizeof(TimestampTz) * cap);
+		tp->skip = MemoryContextAlloc(TopMemoryContext, sizeof(bool) * cap);
+		tp->cap = cap;
+	}
+	for (int p = 0; p < pd->nparts; p++)
+	{
+		tp->oids[p] = pd->oids[p];
+		tp->ends[p] = DT_NOEND;
+	}
+	/* as IdemTombstoneSkips reads them */
+	for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
+	{
+		if (bounds->indexes[j] >= 0 &&
+			bounds->kind[j][0] == PARTITION_RANGE_DATUM_VALUE)
+		{
+			TimestampTz end = DatumGetTimestampTz(bounds->datums[j][0]);
+			int			p = bounds->indexes[j];
+
+			tp->ends[p] = Min(tp->ends[p], end);
+		}
+	}
+	tp->parent = RelationGetRelid(parent);
+	tp->nparts = pd->nparts;
+	/* unless an invalidation was processed meanwhile */
+	tp->valid = generation == tombstone_parts_generation;
+}
+
+/*
+ * Whether every partition of the tombstones table relid, locked by the
+ * caller, holds no tombstone of the search's scope by the cache of its
+ * partitions and their filters alone: its range ended, or its filter says
+ * so.  False whenever the cache is not valid (then the parent is opened).
+ *
+ * No snapshot is needed for a "none": a tombstone had its bits set before
+ * it committed, so one committed before the filters are read is a "maybe"
+ * here, as it is for a claim that takes its snapshot before reading them.
+ * The parent is locked first, as table_open locks it: a new lock processes
+ * the invalidations that reached the backend, the cache's among them, so
+ * that a partition attached or made meanwhile is seen as a table_open of the
+ * parent would see it.
+ */
+static bool
+IdemTombstoneNoneFiltered(const TombstoneSearch *s, Oid relid)
+{
+	TombstoneParts *tp = &tombstone_parts;
+
+	if (!tp->valid || tp->parent != relid)
+		return false;
+	for (int p = 0; p < tp->nparts; p++)
+		tp->skip[p] = tp->ends[p] <= s->now;
+	IdemTombFilterSkip(relid, tp->oids, tp->nparts,
+					   (const uint8 *) VARDATA(s->hash), tp->skip);
+	/* the filters' checks may have processed invalidations: look again */
+	if (!tp->valid)
+		return false;
+	for (int p = 0; p < tp->nparts; p++)
+	{
+		if (!tp->skip[p])
+			return false;
+	}
+	return true;
+}
+
 bool
 IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 				  bytea **fingerprint, TimestampTz *expired_at,
@@ -617,6 +746,7 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	Relation	parent;
 	PartitionDesc pd;
 	bool	   *skip;
+	uint64		generation;
 
 	s.hash = IdemTombstoneHashDatum(scope->tenant, scope->endpoint, scope->key);
 	s.filtered = !IdemKeystoreDistributed();
@@ -629,12 +759,28 @@ IdemTombstoneFind(const IdemScope *scope, TimestampTz now,
 	s.expired_at = expired_at;
 	s.cxt = cxt;
 
+	if (s.filtered)
+	{
+		Oid			relid = IdemTombstoneRelid();
+
+		/* usually the whole answer: no partition can hold the scope */
+		LockRelationOid(relid, AccessShareLock);
+		if (IdemTombstoneNoneFiltered(&s, relid))
+		{
+			pfree(s.hash);
+			return false;
+		}
+	}
+
 	/* in the Citus mode, the tenant's shard here (itself partitioned alike) */
 	parent = table_open(IdemTombstonesCitus() ? IdemTombstoneShard(scope->tenant) :
 						IdemTombstoneRelid(), AccessShareLock);
+	generation = tombstone_parts_generation;
 	/* before the filters are read: a tombstone it sees had its bits set */
 	s.snapshot = RegisterSnapshot(GetLatestSnapshot());
 	pd = RelationGetPartitionDesc(parent, true);
+	if (s.filtered)
+		IdemTombstonePartsRemember(parent, pd, generation);
 	skip = IdemTombstoneSkips(&s, parent, pd);
 	for (int p = 0; p < pd->nparts; p++)
 	{

@@ -228,3 +228,36 @@ SELECT count(*) AS rows FROM idempotency.tombstones t, h7 WHERE t.tableoid = par
 SELECT action FROM idempotency.idem_claim('t', 'POST /h8', 'h8-2100', regress.fp('b'));
 SELECT action FROM idempotency.idem_claim('t', 'POST /h8', 'h8-2080', regress.fp('b'));
 SELECT action FROM idempotency.idem_claim('t', 'POST /h8', 'h8-2060', regress.fp('b'));
+
+-- A backend's cache of the partitions of idempotency.tombstones
+-- (src/tombstone_probe.c): a claim whose scope no filter can hold learns
+-- it from the cache and the filters, without opening the table, and the
+-- cache is forgotten when a partition is made or attached.  A claim of a
+-- new key fills the cache; then a partition is made (as pg_dump would
+-- bring one back) holding a tombstone, and a claim of its key with
+-- another payload, in the same session, is refused.
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-cached', regress.fp('a'));
+ROLLBACK;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-cached-2', regress.fp('a'));
+ROLLBACK;
+CREATE TABLE idempotency.tombstones_p230001010000 PARTITION OF idempotency.tombstones
+    FOR VALUES FROM ('2300-01-01 00:00+00') TO ('2300-01-02 00:00+00');
+CREATE INDEX ON idempotency.tombstones_p230001010000 (scope_hash);
+INSERT INTO idempotency.tombstones (scope_hash, fingerprint, expired_at, expires_at)
+VALUES (idempotency.idem_tombstone_hash('t', 'POST /h9', 'h9-a'), regress.fp('a'),
+        now() - interval '1 day', '2300-01-01 12:00+00');
+SELECT tableoid::regclass AS part FROM idempotency.tombstones
+WHERE scope_hash = idempotency.idem_tombstone_hash('t', 'POST /h9', 'h9-a');
+SELECT action FROM idempotency.idem_claim('t', 'POST /h9', 'h9-a', regress.fp('b'));
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h9', 'h9-new', regress.fp('b'));
+ROLLBACK;
+-- and once it is dropped, its tombstone with it, the key is new
+SET idempotency.ddl_guard = off;
+DROP TABLE idempotency.tombstones_p230001010000;
+RESET idempotency.ddl_guard;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h9', 'h9-a', regress.fp('b'));
+ROLLBACK;
