@@ -124,9 +124,11 @@ class Function(unittest.TestCase):
 
     def test_lease_mode_heartbeat(self) -> None:
         # the function outlasts its lease twice over; the heartbeat keeps it
-        # (without it the key turns unknown and the finish is refused)
-        handle = self.consumer("worker:lease", lease="1 second")
-        msg = {"id": new_id(), "sleep": 2.5}
+        # (without it the key turns unknown and the finish is refused); a
+        # lease of 3 seconds, so that a heartbeat late on a loaded machine
+        # does not let it lapse
+        handle = self.consumer("worker:lease", lease="3 seconds")
+        msg = {"id": new_id(), "sleep": 6.5}
         self.assertEqual(handle(msg)["invoice"], f"inv-{msg['id']}")
         self.assertEqual(self.leases, [("in_progress", True)])  # held at the end of the function
         self.assertEqual(handle(msg)["invoice"], f"inv-{msg['id']}")

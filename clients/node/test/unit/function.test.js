@@ -109,10 +109,12 @@ test('lease mode: replays; a throw marks the key unknown, or releases it after n
 
 test('lease mode: the heartbeat keeps the lease of a run longer than the lease', { skip }, async () => {
   const id = unique('long');
-  const f = idempotentFunction({ pool: env.pool, endpoint: 'fn-beat', lease: '1 second', heartbeatMs: 200, wait: 0 },
-    async () => { await new Promise((r) => setTimeout(r, 1800)); return 'long'; });
+  // a lease of 3 seconds, so that a machine under load (a heartbeat late by
+  // a second) does not see it lapse; the check comes past its first end
+  const f = idempotentFunction({ pool: env.pool, endpoint: 'fn-beat', lease: '3 seconds', heartbeatMs: 200, wait: 0 },
+    async () => { await new Promise((r) => setTimeout(r, 4500)); return 'long'; });
   const first = f({ id });
-  await new Promise((r) => setTimeout(r, 1400));
+  await new Promise((r) => setTimeout(r, 3500));
   await assert.rejects(f({ id }), (err) => err instanceof IdempotentFunctionError && err.code === 'request_in_progress',
     'past the first lease, still held');
   const l = (await env.pool.query(`SELECT locked_until > now() AS ahead
