@@ -1,7 +1,8 @@
 # What the TAP tests (test/t/*.pl) share: a cluster with the extension, the
 # checks that skip a test where what it needs is missing, a script file for
 # pgbench, the processes of a server, the invariants of a load of claims
-# against a business table, and the count of the partitions of keys.
+# against a business table, the count of the partitions of keys, and a
+# logical replica's subscription.
 #
 # The Makefile puts test/perl on prove's include path (PG_PROVE_FLAGS), so a
 # test says "use IdemTest;" after PostgreSQL::Test::Cluster.
@@ -16,7 +17,7 @@ use Test::More;
 
 our @EXPORT = qw(idem_node server_major skip_unless_client_as_new
   skip_unless_installed write_script child_pids wait_until_gone
-  claim_load_checks key_partitions);
+  claim_load_checks key_partitions subscribe_all);
 
 # SQL: the number of partitions of idempotency.keys, the default one included
 our $KEY_PARTITIONS =
@@ -170,6 +171,29 @@ sub key_partitions
 {
 	my ($node, $db) = @_;
 	return $node->safe_psql($db // 'postgres', $KEY_PARTITIONS);
+}
+
+# Subscribe $green (database postgres) to every table of $blue's, as
+# doc/operations.md's blue/green switch-over does: a publication FOR ALL
+# TABLES with publish_via_partition_root, green's own diagnostics secret
+# removed so that it takes blue's with the initial copy, and a wait until
+# that copy is done (one passing test).
+sub subscribe_all
+{
+	my ($blue, $green) = @_;
+
+	$blue->safe_psql('postgres', q{
+SET client_min_messages = warning;
+CREATE PUBLICATION blue FOR ALL TABLES WITH (publish_via_partition_root = true);
+});
+	$green->safe_psql('postgres', 'DELETE FROM idempotency.diagnostics_secret');
+	my $blue_connstr = $blue->connstr . ' dbname=postgres';
+	$green->safe_psql('postgres',
+		"CREATE SUBSCRIPTION green CONNECTION '$blue_connstr' PUBLICATION blue");
+	ok( $green->poll_query_until('postgres',
+			q{SELECT count(*) = 0 FROM pg_subscription_rel WHERE srsubstate NOT IN ('r', 's')}),
+		'the initial copy is done');
+	return;
 }
 
 1;

@@ -20,20 +20,16 @@ CREATE FUNCTION pg_temp.own_sha256_portable(bytea) RETURNS bytea
     AS '$libdir/idempotency', 'idem_sha256_test_portable' LANGUAGE C STRICT;
 
 -- NIST: "abc", "", the two-block messages of 56 and 112 bytes, a million "a"
+CREATE TEMP TABLE nist (i integer, m text);
+INSERT INTO nist VALUES (1, 'abc'),
+             (2, ''),
+             (3, 'abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq'),
+             (4, 'abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu'),
+             (5, repeat('a', 1000000));
 SELECT encode(pg_temp.own_sha256(convert_to(m, 'UTF8')), 'hex') AS digest
-FROM (VALUES (1, 'abc'),
-             (2, ''),
-             (3, 'abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq'),
-             (4, 'abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu'),
-             (5, repeat('a', 1000000))) AS v (i, m)
-ORDER BY i;
+FROM nist ORDER BY i;
 SELECT encode(pg_temp.own_sha256_portable(convert_to(m, 'UTF8')), 'hex') AS portable_digest
-FROM (VALUES (1, 'abc'),
-             (2, ''),
-             (3, 'abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq'),
-             (4, 'abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu'),
-             (5, repeat('a', 1000000))) AS v (i, m)
-ORDER BY i;
+FROM nist ORDER BY i;
 
 -- every length from 0 to 1,312 bytes of varied bytes
 WITH blob AS (

@@ -42,19 +42,10 @@ CREATE TABLE biz (id bigserial PRIMARY KEY, endpoint text NOT NULL, key text NOT
 };
 $blue->safe_psql('postgres', $schema);
 $green->safe_psql('postgres', $schema);
-$blue->safe_psql('postgres', q{
-INSERT INTO idempotency.endpoints (endpoint, lease) VALUES ('POST /lease', '2 s');
-SET client_min_messages = warning;
-CREATE PUBLICATION blue FOR ALL TABLES WITH (publish_via_partition_root = true);
-});
-
+$blue->safe_psql('postgres',
+	q{INSERT INTO idempotency.endpoints (endpoint, lease) VALUES ('POST /lease', '2 s')});
 # green takes blue's diagnostics secret with the initial copy
-$green->safe_psql('postgres', 'DELETE FROM idempotency.diagnostics_secret');
-my $blue_connstr = $blue->connstr . ' dbname=postgres';
-$green->safe_psql('postgres', "CREATE SUBSCRIPTION green CONNECTION '$blue_connstr' PUBLICATION blue");
-ok( $green->poll_query_until('postgres',
-		q{SELECT count(*) = 0 FROM pg_subscription_rel WHERE srsubstate NOT IN ('r', 's')}),
-	'the initial copy is done');
+subscribe_all($blue, $green);
 # green's worker runs from now on, and leaves the replicated keys alone
 $green->safe_psql('postgres', q{
 ALTER SYSTEM SET idempotency.enable_worker = on;

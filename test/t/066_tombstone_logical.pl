@@ -28,17 +28,7 @@ for my $node ($blue, $green)
 {
 	$node->safe_psql('postgres', q{SELECT count(*) FROM idempotency.idem_maintenance(now(), preview => false)});
 }
-$blue->safe_psql('postgres', q{
-SET client_min_messages = warning;
-CREATE PUBLICATION blue FOR ALL TABLES WITH (publish_via_partition_root = true);
-});
-# green takes blue's diagnostics secret with the initial copy
-$green->safe_psql('postgres', 'DELETE FROM idempotency.diagnostics_secret');
-my $blue_connstr = $blue->connstr . ' dbname=postgres';
-$green->safe_psql('postgres', "CREATE SUBSCRIPTION green CONNECTION '$blue_connstr' PUBLICATION blue");
-ok( $green->poll_query_until('postgres',
-		q{SELECT count(*) = 0 FROM pg_subscription_rel WHERE srsubstate NOT IN ('r', 's')}),
-	'the initial copy is done');
+subscribe_all($blue, $green);
 
 # keys of today's partition, expiring within a second
 $blue->safe_psql('postgres', q{
