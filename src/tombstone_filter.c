@@ -161,8 +161,6 @@ typedef struct TombFilterLocalGen
 typedef struct TombFilterLocalPart
 {
 	TombFilterLocalKind kind;
-	int			first;			/* its generations in tf_local.gens */
-	int			ngens;
 } TombFilterLocalPart;
 
 /*
@@ -637,8 +635,6 @@ IdemTombFilterLocalLoad(Oid parent, const Oid *partoids, int n)
 
 		IdemTombFilterKeyOf(&key, parent, partoids[i]);
 		e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-		lp->first = tf_local.ngens;
-		lp->ngens = 0;
 		if (e == NULL)
 			lp->kind = db->misses > 0 ? TF_MAYBE : TF_NO;
 		else if (!e->complete || e->unfiltered || e->ngens == 0)
@@ -656,7 +652,6 @@ IdemTombFilterLocalLoad(Oid parent, const Oid *partoids, int n)
 				lg->mask = gen->nblocks - 1;
 				lg->part = i;
 			}
-			lp->ngens = e->ngens;
 		}
 	}
 	tf_local.valid = true;
