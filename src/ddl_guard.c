@@ -42,16 +42,22 @@
 #include "catalog/partition.h"
 #include "commands/event_trigger.h"
 #include "commands/extension.h"
+#include "commands/tablecmds.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "storage/lmgr.h"
 #include "tcop/cmdtag.h"
+#include "utils/acl.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 
+#include "compat.h"
 #include "ddl_guard.h"
 #include "guc.h"
+#include "horizon.h"
+#include "tombstone_filter.h"
 #include "tombstone_write.h"
 #include "util.h"
 
@@ -84,6 +90,7 @@ IdemRunOwnDDL(const char *sql)
 typedef struct GuardedRel
 {
 	Oid			relid;
+	Oid			rootid;
 	const char *root;			/* "keys" or "tombstones" */
 	bool		is_root;
 	char		relkind;
@@ -110,6 +117,7 @@ IdemGuarded(Oid relid, GuardedRel *g)
 		(strcmp(name, "keys") != 0 && strcmp(name, "tombstones") != 0))
 		return false;
 	g->relid = relid;
+	g->rootid = root;
 	g->root = strcmp(name, "keys") == 0 ? "keys" : "tombstones";
 	g->is_root = root == relid;
 	g->relkind = get_rel_relkind(relid);
@@ -239,6 +247,90 @@ IdemCheckAlterTable(EventTriggerData *trigdata, AlterTableStmt *stmt)
 	}
 }
 
+/*
+ * What the guard lets through and yet may bring rows that passed no trigger
+ * into the tables of keys and tombstones: a partition attached holding rows,
+ * rows written while a trigger is disabled.  The horizons and tombstone
+ * filters in shared memory, which those triggers keep, are made unknown
+ * (claims probe the partitions again) until maintenance has read the rows
+ * (IdemHorizonForget, IdemTombFilterForget), and learning completes nothing
+ * while the command's transaction runs or a trigger stays disabled.
+ *
+ * This trigger fires before the command takes its lock, so it takes that
+ * lock itself first (the same, on the same table, as the command takes it
+ * next): a learning that read the rows before it sees the counts of its
+ * forgets move, and one that reads after sees the lock, or the command
+ * done.  Only for the table's owner (or a superuser): the command fails for
+ * anyone else, and nobody queues a lock by running it.
+ */
+static void
+IdemAlterForget(AlterTableStmt *stmt)
+{
+	GuardedRel	g;
+	ListCell   *lc;
+	bool		forget = false;
+	bool		all = false;
+	List	   *partoids = NIL;
+
+	if (stmt->objtype != OBJECT_TABLE || !IdemGuardedRangeVar(stmt->relation, &g))
+		return;
+	foreach(lc, stmt->cmds)
+	{
+		AlterTableCmd *cmd = lfirst_node(AlterTableCmd, lc);
+		PartitionCmd *pc;
+		Oid			part;
+
+		switch (cmd->subtype)
+		{
+			case AT_AttachPartition:
+				if (!g.is_root)
+					break;
+				forget = true;
+				pc = (PartitionCmd *) cmd->def;
+				part = pc != NULL && pc->name != NULL ?
+					RangeVarGetRelid(pc->name, NoLock, true) : InvalidOid;
+				/* a partitioned table attached: every partition's entry */
+				if (OidIsValid(part) && get_rel_relkind(part) == RELKIND_RELATION)
+					partoids = lappend_oid(partoids, part);
+				else
+					all = true;
+				break;
+			case AT_EnableTrig:
+			case AT_EnableAlwaysTrig:
+			case AT_EnableReplicaTrig:
+			case AT_DisableTrig:
+			case AT_EnableTrigAll:
+			case AT_DisableTrigAll:
+			case AT_EnableTrigUser:
+			case AT_DisableTrigUser:
+				forget = true;
+				if (g.relkind == RELKIND_RELATION && !g.is_root)
+					partoids = lappend_oid(partoids, g.relid);
+				else
+					all = true;
+				break;
+			default:
+				break;
+		}
+	}
+	if (all)
+	{
+		list_free(partoids);
+		partoids = NIL;			/* every partition's entry */
+	}
+	if (!forget || !IdemRelationOwnerCheck(g.relid, GetUserId()))
+	{
+		list_free(partoids);
+		return;
+	}
+	LockRelationOid(g.relid, AlterTableGetLockLevel(stmt->cmds));
+	if (strcmp(g.root, "keys") == 0)
+		IdemHorizonForget(g.rootid);
+	else
+		IdemTombFilterForget(g.rootid, partoids);
+	list_free(partoids);
+}
+
 static void
 IdemCheckDrop(EventTriggerData *trigdata, DropStmt *stmt)
 {
@@ -330,13 +422,21 @@ idem_ddl_guard(PG_FUNCTION_ARGS)
 			IdemCitusDrop((DropStmt *) parsetree);
 		PG_RETURN_VOID();
 	}
-	if (!idem_ddl_guard_on || own_ddl_depth > 0)
+	if (own_ddl_depth > 0)
 		PG_RETURN_VOID();
+	if (!idem_ddl_guard_on)
+	{
+		/* a repair by hand: nothing refused, what it may bring counted */
+		if (IsA(parsetree, AlterTableStmt))
+			IdemAlterForget((AlterTableStmt *) parsetree);
+		PG_RETURN_VOID();
+	}
 
 	switch (nodeTag(parsetree))
 	{
 		case T_AlterTableStmt:
 			IdemCheckAlterTable(trigdata, (AlterTableStmt *) parsetree);
+			IdemAlterForget((AlterTableStmt *) parsetree);
 			break;
 		case T_CreateTrigStmt:
 			if (IdemGuardedRangeVar(((CreateTrigStmt *) parsetree)->relation, &g))

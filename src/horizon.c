@@ -102,6 +102,9 @@ typedef struct HorizonEntry
 	TimestampTz floor;			/* no horizon of the database is below it:
 								 * the orphan horizon when the entry was
 								 * made */
+	uint64		forgets;		/* times it was made unknown by DDL
+								 * (IdemHorizonForget): a learning that
+								 * began before does not make it known */
 } HorizonEntry;
 
 typedef struct HorizonShared
@@ -235,6 +238,7 @@ IdemHorizonDbEntry(Oid relid)
 		db->known = false;
 		db->full = false;
 		db->floor = horizon_shared->orphan;
+		db->forgets = 0;
 	}
 	return db;
 }
@@ -305,6 +309,26 @@ IdemHorizonRaise(Oid relid, const text *endpoint, TimestampTz expires_at,
 	LWLockRelease(horizon_shared->lock);
 }
 
+void
+IdemHorizonForget(Oid relid)
+{
+	HorizonKey	key;
+	HorizonEntry *db;
+
+	if (horizon_hash == NULL)
+		return;
+	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
+	IdemHorizonKey(&key, relid, 0);
+	db = hash_search(horizon_hash, &key, HASH_FIND, NULL);
+	/* without an entry the database is unknown, and learning reads it all */
+	if (db != NULL)
+	{
+		db->known = false;
+		db->forgets++;
+	}
+	LWLockRelease(horizon_shared->lock);
+}
+
 /* Forget the entries of dropped databases and of replaced tables of keys. */
 static void
 IdemHorizonForgetStale(Oid relid)
@@ -365,6 +389,8 @@ IdemHorizonLearn(Oid relid)
 	HorizonKey	key;
 	HorizonEntry *db;
 	bool		known;
+	uint64		forgets;
+	bool		complete;
 	HTAB	   *learned;
 	HASHCTL		ctl;
 	List	   *parts;
@@ -383,20 +409,31 @@ IdemHorizonLearn(Oid relid)
 	IdemHorizonForgetStale(relid);
 	db = IdemHorizonDbEntry(relid);
 	known = db == NULL || db->known;
+	forgets = db != NULL ? db->forgets : 0;
 	LWLockRelease(horizon_shared->lock);
 	if (known)
 		return -1;
+
+	/*
+	 * Not while a partition may be attached, or the trigger keys_horizon
+	 * may be disabled, or is: rows that passed no trigger may come in
+	 * after they are read.  Claims go on probing every partition.
+	 */
+	parts = find_all_inheritors(relid, AccessShareLock, NULL);
+	if (!IdemLearnedTreeComplete(parts, "keys_horizon"))
+	{
+		list_free(parts);
+		return -1;
+	}
 
 	ctl.keysize = sizeof(uint64);
 	ctl.entrysize = sizeof(LearnedEntry);
 	ctl.hcxt = CurrentMemoryContext;
 	learned = hash_create("idempotency learned horizons", 64, &ctl,
 						  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	parts = find_all_inheritors(relid, AccessShareLock, NULL);
 	foreach(lc, parts)
 	{
 		Oid			partoid = lfirst_oid(lc);
-
 		LearnState	ls;
 
 		if (get_rel_relkind(partoid) != RELKIND_RELATION)
@@ -410,13 +447,20 @@ IdemHorizonLearn(Oid relid)
 		n += IdemScanRowVersions(partoid, IdemHorizonLearnRow, &ls);
 	}
 
+	/*
+	 * Known only when nothing that passes no trigger began meanwhile: no
+	 * DDL made the database unknown since it was read (IdemHorizonForget,
+	 * from the DDL guard, under the lock of its command), and none is
+	 * running or has disabled the trigger now.
+	 */
+	complete = IdemLearnedTreeComplete(parts, "keys_horizon");
 	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
 	hash_seq_init(&status, learned);
 	while ((le = hash_seq_search(&status)) != NULL)
 		IdemHorizonRaiseLocked(relid, le->ephash, le->horizon);
 	IdemHorizonKey(&key, relid, 0);
 	db = hash_search(horizon_hash, &key, HASH_FIND, NULL);
-	if (db != NULL)
+	if (db != NULL && complete && db->forgets == forgets)
 		db->known = true;
 	LWLockRelease(horizon_shared->lock);
 	hash_destroy(learned);

@@ -37,9 +37,20 @@ extern void IdemHorizonRaise(Oid relid, const text *endpoint,
 							 TimestampTz expires_at, TimestampTz bound);
 
 /*
+ * From the DDL guard, once a command that may bring rows no trigger saw into
+ * the table of keys relid holds its lock (ATTACH PARTITION, a trigger
+ * disabled or enabled): the database's horizons are unknown again, until
+ * maintenance learns them from the rows.
+ */
+extern void IdemHorizonForget(Oid relid);
+
+/*
  * For maintenance: learn the horizons of the table of keys relid from its
  * rows (every row version, committed or not), once per server start.
- * Returns how many rows were read, or -1 when nothing was to be learned.
+ * Returns how many rows were read, or -1 when nothing was to be learned
+ * (or can be now: a partition being attached, the trigger keys_horizon
+ * disabled).  The horizons become known only when no such DDL came while
+ * the rows were read.
  */
 extern int64 IdemHorizonLearn(Oid relid);
 

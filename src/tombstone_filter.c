@@ -478,6 +478,37 @@ IdemTombFilterMissed(TombFilterEntry *db)
 	}
 }
 
+void
+IdemTombFilterForget(Oid parent, List *partoids)
+{
+	TombFilterEntry *db;
+	HASH_SEQ_STATUS status;
+	TombFilterEntry *e;
+
+	if (tf_hash == NULL || IdemTombFilterArea() == NULL)
+		return;
+	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
+	db = IdemTombFilterDbEntry(parent);
+	/* without its entry the database is unknown, and learning reads it all */
+	if (db != NULL)
+	{
+		IdemTombFilterLayoutChanges();
+		db->forgets++;
+		/* partitions without an entry: "maybe" until learning read them */
+		db->misses++;
+		/* those with one: "maybe" until learning read them again */
+		hash_seq_init(&status, tf_hash);
+		while ((e = hash_seq_search(&status)) != NULL)
+		{
+			if (e->key.dbid == MyDatabaseId && e->key.parent == parent &&
+				OidIsValid(e->key.partoid) &&
+				(partoids == NIL || list_member_oid(partoids, e->key.partoid)))
+				e->complete = false;
+		}
+	}
+	LWLockRelease(tf_shared->lock);
+}
+
 /*
  * A new entry of partition partoid, under the exclusive lock, with a first
  * generation for about hint hashes (unfiltered when the area has no room);
@@ -501,6 +532,7 @@ IdemTombFilterNewEntry(Oid parent, Oid partoid, int64 hint, bool complete)
 		IdemTombFilterLayoutChanges();
 		e->known = false;
 		e->misses = 0;
+		e->forgets = 0;
 		e->complete = false;
 		e->unfiltered = false;
 		e->ngens = 0;

@@ -12,6 +12,8 @@
 
 #include "c.h"
 
+#include "nodes/pg_list.h"
+
 /* what the filters hash: a tombstone's scope_hash */
 #define IDEM_TOMBFILTER_HASH_LEN	16
 
@@ -44,5 +46,15 @@ extern void IdemTombFilterAddRowHashes(Oid parent, Oid partoid,
 									   bytea *scope_hash, bytea *fingerprint);
 
 extern void IdemTombFilterDropped(Oid parent, Oid partoid);
+
+/*
+ * From the DDL guard, once a command that may bring tombstones no trigger
+ * saw into the tombstones table parent holds its lock (ATTACH PARTITION, a
+ * trigger disabled or enabled): the database counts a miss, so that its
+ * partitions without an entry answer "maybe", and the entries of partoids
+ * (NIL: of every partition) are no longer complete, until maintenance has
+ * read them again (IdemTombFilterLearn).
+ */
+extern void IdemTombFilterForget(Oid parent, List *partoids);
 
 #endif							/* IDEM_TOMBSTONE_FILTER_H */

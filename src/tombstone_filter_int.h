@@ -49,6 +49,9 @@ typedef struct TombFilterEntry
 								 * made, into a partition that found no
 								 * entry: while not 0, a partition without
 								 * one is probed */
+	uint64		forgets;		/* times DDL made its filters incomplete
+								 * (IdemTombFilterForget): a learning that
+								 * began before completes nothing */
 	/* a partition's entry: */
 	bool		complete;		/* holds every hash written into the
 								 * partition: may answer "no" */

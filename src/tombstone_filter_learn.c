@@ -109,27 +109,6 @@ IdemTombFilterForgetStale(Oid parent)
 	pfree(gone);
 }
 
-/*
- * Whether a transaction other than this one holds a lock of relid that
- * conflicts with mode: for mode SHARE, one that may be writing it (a
- * writer holds ROW EXCLUSIVE from before its trigger adds a hash until it
- * ends, by when its row versions are in the file).
- */
-static bool
-IdemTombFilterLockers(Oid relid, LOCKMODE mode)
-{
-	LOCKTAG		tag;
-	VirtualTransactionId *vxids;
-	bool		any;
-
-	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
-	vxids = GetLockConflicts(&tag, mode, NULL);
-	any = VirtualTransactionIdIsValid(vxids[0]);
-	/* in hot standby the array is static; never here (not usable there) */
-	pfree(vxids);
-	return any;
-}
-
 typedef struct AddAllState
 {
 	Oid			parent;
@@ -182,11 +161,13 @@ IdemTombFilterAddRow(TupleTableSlot *slot, void *arg)
  * complete.  A partition that holds nothing gets no entry.  Adds the rows
  * read to *n.  Returns false when the partition is left to a later pass:
  * no room for its entry (the database's misses counted) or its bits, or a
- * writer still running.
+ * writer still running, or DDL made the database's filters incomplete since
+ * the learning began (its count of forgets no longer forgets).
  */
 static bool
-IdemTombFilterLearnPartition(Oid parent, Oid partoid, int64 *n)
+IdemTombFilterLearnPartition(Oid parent, Oid partoid, uint64 forgets, int64 *n)
 {
+	TombFilterEntry *db;
 	AddAllState st;
 	TombFilterKey key;
 	TombFilterEntry *e;
@@ -217,7 +198,7 @@ IdemTombFilterLearnPartition(Oid parent, Oid partoid, int64 *n)
 	 * Nothing in the file and nobody writing: nothing to learn.  A writer
 	 * that comes later makes the entry, or counts a miss.
 	 */
-	if (e == NULL && nblocks == 0 && !IdemTombFilterLockers(partoid, ShareLock))
+	if (e == NULL && nblocks == 0 && !IdemLockConflicts(partoid, ShareLock))
 		return true;
 
 	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
@@ -243,14 +224,16 @@ IdemTombFilterLearnPartition(Oid parent, Oid partoid, int64 *n)
 	}
 	done = !e->unfiltered;
 	LWLockRelease(tf_shared->lock);
-	if (!done || IdemTombFilterLockers(partoid, ShareLock))
+	if (!done || IdemLockConflicts(partoid, ShareLock))
 		return false;
 
 	*n += IdemScanRowVersions(partoid, IdemTombFilterAddRow, &st);
 
 	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
 	e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-	done = e != NULL && !e->unfiltered && e->ngens > 0;
+	db = IdemTombFilterDbEntry(parent);
+	done = e != NULL && !e->unfiltered && e->ngens > 0 &&
+		db != NULL && db->forgets == forgets;
 	if (done)
 	{
 		int64		count = 0;
@@ -282,7 +265,9 @@ IdemTombFilterLearn(Oid parent)
 	bool		needed;
 	bool		listed;
 	bool		all;
+	bool		complete;
 	uint64		misses;
+	uint64		forgets;
 	List	   *parts;
 	ListCell   *lc;
 	int64		n = 0;
@@ -310,12 +295,14 @@ IdemTombFilterLearn(Oid parent)
 		IdemTombFilterLayoutChanges();
 		db->known = false;
 		db->misses = 0;
+		db->forgets = 0;
 		db->complete = false;
 		db->unfiltered = false;
 		db->ngens = 0;
 	}
 	needed = !db->known || db->misses > 0;
 	misses = db->misses;
+	forgets = db->forgets;
 	hash_seq_init(&status, tf_hash);
 	while ((e = hash_seq_search(&status)) != NULL)
 	{
@@ -332,17 +319,28 @@ IdemTombFilterLearn(Oid parent)
 	 * the list below, and may hold tombstones written before the database's
 	 * entry was made: the database is not learned while one may be.
 	 */
-	listed = !IdemTombFilterLockers(parent, ShareUpdateExclusiveLock);
-	all = true;
+	listed = !IdemLockConflicts(parent, ShareUpdateExclusiveLock);
 	parts = find_all_inheritors(parent, AccessShareLock, NULL);
+
+	/*
+	 * Nor while a trigger of the tree may be disabled, or is: tombstones
+	 * written meanwhile pass no filter.  Claims go on answering "maybe".
+	 */
+	if (!IdemLearnedTreeComplete(parts, "tombstones_filter"))
+	{
+		list_free(parts);
+		return -1;
+	}
+	all = true;
 	foreach(lc, parts)
 	{
 		Oid			partoid = lfirst_oid(lc);
 
 		if (get_rel_relkind(partoid) == RELKIND_RELATION &&
-			!IdemTombFilterLearnPartition(parent, partoid, &n))
+			!IdemTombFilterLearnPartition(parent, partoid, forgets, &n))
 			all = false;
 	}
+	complete = IdemLearnedTreeComplete(parts, "tombstones_filter");
 	list_free(parts);
 
 	/*
@@ -351,11 +349,13 @@ IdemTombFilterLearn(Oid parent)
 	 * count as misses); one whose entry is not complete is probed.  While
 	 * the database counts misses every partition without an entry is
 	 * probed anyway.  The misses are forgotten only when every partition
-	 * was listed and read, and none was missed meanwhile.
+	 * was listed and read, and none was missed meanwhile.  Neither, when
+	 * DDL made the filters incomplete meanwhile (IdemTombFilterForget, from
+	 * the DDL guard under the lock of its command), or is running now.
 	 */
 	LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
 	db = IdemTombFilterDbEntry(parent);
-	if (db != NULL)
+	if (db != NULL && complete && db->forgets == forgets)
 	{
 		IdemTombFilterLayoutChanges();
 		if (listed || db->misses > 0)

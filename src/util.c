@@ -13,6 +13,7 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/relscan.h"
 #include "access/table.h"
@@ -22,17 +23,22 @@
 #include "catalog/namespace.h"
 #include "catalog/partition.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "commands/trigger.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
@@ -398,4 +404,80 @@ IdemSpiExec(const char *sql, int nargs, Oid *argtypes, Datum *args,
 	processed = SPI_processed;
 	SPI_finish();
 	return processed;
+}
+
+bool
+IdemLockConflicts(Oid relid, LOCKMODE mode)
+{
+	LOCKTAG		tag;
+	VirtualTransactionId *vxids;
+	bool		any;
+
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	vxids = GetLockConflicts(&tag, mode, NULL);
+	any = VirtualTransactionIdIsValid(vxids[0]);
+	/* in hot standby the array is static; never asked there */
+	pfree(vxids);
+	return any;
+}
+
+/* Whether the row trigger tgname of relid exists and fires for ordinary writes. */
+static bool
+IdemTriggerFires(Relation tgrel, Oid relid, const char *tgname)
+{
+	ScanKeyData skey[2];
+	SysScanDesc scan;
+	HeapTuple	tup;
+	bool		fires = false;
+
+	ScanKeyInit(&skey[0], Anum_pg_trigger_tgrelid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(relid));
+	ScanKeyInit(&skey[1], Anum_pg_trigger_tgname, BTEqualStrategyNumber,
+				F_NAMEEQ, CStringGetDatum(tgname));
+	scan = systable_beginscan(tgrel, TriggerRelidNameIndexId, true, NULL, 2, skey);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		char		e = ((Form_pg_trigger) GETSTRUCT(tup))->tgenabled;
+
+		fires = e == TRIGGER_FIRES_ON_ORIGIN || e == TRIGGER_FIRES_ALWAYS;
+	}
+	systable_endscan(scan);
+	return fires;
+}
+
+bool
+IdemLearnedTreeComplete(List *relids, const char *tgname)
+{
+	Relation	tgrel;
+	ListCell   *lc;
+	bool		complete = true;
+
+	if (relids == NIL)
+		return false;
+	if (IdemLockConflicts(linitial_oid(relids), ShareUpdateExclusiveLock))
+		return false;
+	foreach(lc, relids)
+	{
+		if (IdemLockConflicts(lfirst_oid(lc), RowExclusiveLock))
+			return false;
+	}
+
+	/* the catalog as committed now, not as this transaction first read it */
+	InvalidateCatalogSnapshot();
+	tgrel = table_open(TriggerRelationId, AccessShareLock);
+	foreach(lc, relids)
+	{
+		Oid			relid = lfirst_oid(lc);
+		char		kind = get_rel_relkind(relid);
+
+		if ((kind == RELKIND_RELATION || kind == RELKIND_PARTITIONED_TABLE) &&
+			!IdemTriggerFires(tgrel, relid, tgname))
+		{
+			complete = false;
+			break;
+		}
+	}
+	table_close(tgrel, AccessShareLock);
+	return complete;
 }

@@ -19,6 +19,8 @@
 #include "datatype/timestamp.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
+#include "nodes/pg_list.h"
+#include "storage/lockdefs.h"
 #include "utils/inval.h"
 #include "utils/relcache.h"
 
@@ -130,6 +132,24 @@ extern Oid	IdemPartitionRoot(Relation rel);
 extern int64 IdemScanRowVersions(Oid relid,
 								 void (*fn) (TupleTableSlot *slot, void *arg),
 								 void *arg);
+
+/*
+ * Whether a transaction other than this one holds (or awaits) a lock of
+ * relid that conflicts with mode.
+ */
+extern bool IdemLockConflicts(Oid relid, LOCKMODE mode);
+
+/*
+ * Whether what shared memory learned of the partition tree relids (its
+ * root first, then every member: find_all_inheritors) may be taken as
+ * complete: no other transaction is attaching a partition to the root (a
+ * lock conflicting with SHARE UPDATE EXCLUSIVE) nor changing a member's
+ * triggers (a lock conflicting with ROW EXCLUSIVE), and the row trigger
+ * tgname, which keeps that memory, fires for ordinary writes on every
+ * table of the tree (enabled, ORIGIN or ALWAYS, and present): rows written
+ * while it is disabled pass no trigger.
+ */
+extern bool IdemLearnedTreeComplete(List *relids, const char *tgname);
 
 /*
  * Act as role (with SECURITY_LOCAL_USERID_CHANGE and extra_sec_context
