@@ -18,7 +18,9 @@
  *	  indexes, and making, attaching, detaching or dropping partitions by
  *	  hand.  A partition that maintenance would have made (named
  *	  PARENT_p<digits>) may still be made or attached: that is how pg_dump
- *	  brings dated partitions back.
+ *	  brings dated partitions back.  Such an attach, and ENABLE / DISABLE
+ *	  TRIGGER ALL | USER, may bring rows that passed no trigger: the key
+ *	  horizons and tombstone filters are made unknown (IdemAlterForget).
  *
  *	  The guard stands aside for the extension itself: its install and
  *	  update scripts (creating_extension), the DDL of maintenance passes

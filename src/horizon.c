@@ -43,6 +43,14 @@
  *	    it has read the table.  Logged once.
  *	  - After a restart (or a crash) every horizon is unknown until
  *	    maintenance learned its database.
+ *	  - Rows that pass no trigger (a partition attached already holding
+ *	    rows, rows written while keys_horizon is disabled): the DDL guard
+ *	    makes the database unknown at each ATTACH PARTITION, ENABLE or
+ *	    DISABLE TRIGGER it lets through, once the command holds its lock
+ *	    (IdemHorizonForget, which counts a forget).  A learning makes the
+ *	    database known only when no forget was counted since it began, no
+ *	    other transaction holds a lock that such a command takes, and the
+ *	    trigger fires on every table of the tree (IdemLearnedTreeComplete).
  *	  - While a database is being learned, its entry exists: every row
  *	    written raises it as usual, and what learning read is raised too
  *	    before the database is known.

@@ -66,6 +66,16 @@
  *	    not learned (nor its misses forgotten).  Until then, "maybe".
  *	  - After a restart (or a crash) every filter is unknown until
  *	    maintenance learned its database: "maybe" for all.
+ *	  - Tombstones that pass no trigger (a partition attached already
+ *	    holding rows, rows written while tombstones_filter is disabled):
+ *	    the DDL guard, at each ATTACH PARTITION, ENABLE or DISABLE TRIGGER
+ *	    it lets through and once the command holds its lock, counts a miss
+ *	    of the database and makes the entries of the partitions concerned
+ *	    incomplete (IdemTombFilterForget, which counts a forget).  A
+ *	    learning completes an entry, makes the database known or forgets
+ *	    its misses only when no forget was counted since it began, no other
+ *	    transaction holds a lock that such a command takes, and the trigger
+ *	    fires on every table of the tree (IdemLearnedTreeComplete).
  *	  - The entries (and bit arrays) of a partition that maintenance drops
  *	    are freed when the drop commits; those of a dropped database, or
  *	    of an earlier tombstones table of the same database, at the next
