@@ -426,18 +426,33 @@ IdemTombFilterCompact(Oid parent)
 {
 	List	   *parts;
 	ListCell   *lc;
+	TombFilterEntry *db;
 	bool		known;
+	uint64		forgets = 0;
 	int			compacted = 0;
 
 	if (!IdemTombFilterUsable())
 		return -1;
 	LWLockAcquire(tf_shared->lock, LW_SHARED);
-	known = IdemTombFilterKnownLocked(parent) != NULL;
+	db = IdemTombFilterKnownLocked(parent);
+	known = db != NULL;
+	if (known)
+		forgets = db->forgets;
 	LWLockRelease(tf_shared->lock);
 	if (!known)
 		return -1;
 
+	/*
+	 * A compacted filter is complete: not while a trigger of the tree is
+	 * disabled, or may be (learning's rule), since a tombstone written after
+	 * the rows were read would pass no filter.
+	 */
 	parts = find_all_inheritors(parent, AccessShareLock, NULL);
+	if (!IdemLearnedTreeComplete(parts, "tombstones_filter"))
+	{
+		list_free(parts);
+		return -1;
+	}
 	foreach(lc, parts)
 	{
 		Oid			partoid = lfirst_oid(lc);
@@ -479,7 +494,9 @@ IdemTombFilterCompact(Oid parent)
 			IdemTombFilterFill(partoid, dp);
 			LWLockAcquire(tf_shared->lock, LW_EXCLUSIVE);
 			e = hash_search(tf_hash, &key, HASH_FIND, NULL);
-			if (e != NULL && !e->unfiltered && e->ngens > 0)
+			db = IdemTombFilterDbEntry(parent);
+			if (e != NULL && !e->unfiltered && e->ngens > 0 &&
+				db != NULL && db->forgets == forgets)
 			{
 				/* the layout changes before the old arrays are freed */
 				IdemTombFilterFreeGens(e);
