@@ -46,7 +46,8 @@ extern void IdemHorizonForget(Oid relid);
 
 /*
  * For maintenance: learn the horizons of the table of keys relid from its
- * rows (every row version, committed or not), once per server start.
+ * rows (every row version, committed or not), once per server start and
+ * again after DDL that may bring rows no trigger saw (IdemHorizonForget).
  * Returns how many rows were read, or -1 when nothing was to be learned
  * (or can be now: a partition being attached, the trigger keys_horizon
  * disabled).  The horizons become known only when no such DDL came while

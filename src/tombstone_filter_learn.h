@@ -15,8 +15,11 @@
  * For maintenance: learn the filters of the tombstones table parent from
  * its rows (every row version), after a server start, and again for the
  * partitions whose filters missed a tombstone (no room) until each was
- * read; forgets the filters of dropped databases.  Returns how many rows
- * were read, or -1 when nothing was to be learned.  And the filter of a
+ * read, and again after DDL that may bring tombstones no trigger saw
+ * (IdemTombFilterForget); forgets the filters of dropped databases.
+ * Nothing is completed while such DDL runs or a trigger tombstones_filter
+ * of the tree is disabled.  Returns how many rows were read, or -1 when
+ * nothing was to be learned.  And the filter of a
  * partition dropped by the current transaction is freed at its commit.
  */
 extern int64 IdemTombFilterLearn(Oid parent);
