@@ -209,8 +209,7 @@ IdemTombFilterLearnPartition(Oid parent, Oid partoid, uint64 forgets, int64 *n)
 		e = IdemTombFilterNewEntry(parent, partoid, (int64) nblocks * 70, false);
 		if (e == NULL)
 		{
-			TombFilterEntry *db = IdemTombFilterDbEntry(parent);
-
+			db = IdemTombFilterDbEntry(parent);
 			if (db != NULL)
 				IdemTombFilterMissed(db);
 			LWLockRelease(tf_shared->lock);
