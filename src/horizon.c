@@ -23,6 +23,15 @@
  *	    (IdemHorizonLearn), which reads every row version of the table once
  *	    per server start; until then a database's horizons are unknown and
  *	    every partition is probed, as without horizons.
+ *	  Each entry also keeps a second bound, dflt, for the rows of the
+ *	  endpoint in the default partition (which holds the rows no dated
+ *	  partition covers): every such row expires before it, DT_NOBEGIN when
+ *	  none was written there.  A claim skips the default partition when no
+ *	  row it looks for can be there: a claim of an endpoint keeping
+ *	  tombstones looks for expired rows too, and without dflt it would open
+ *	  the default partition every time, for the gap before the first dated
+ *	  partition.  dflt is raised where the horizon is, by the writes into
+ *	  the default partition only, and learned from its rows.
  *	  A later claim of the scope holds the scope lock that the writer held
  *	  until it committed, so it reads the raised horizon.  A writer that
  *	  rolls back leaves its endpoint's horizon raised: later probes open a
@@ -103,6 +112,8 @@ typedef struct HorizonEntry
 {
 	HorizonKey	key;
 	TimestampTz horizon;		/* every row expires before it */
+	TimestampTz dflt;			/* every row in the default partition
+								 * expires before it */
 	/* the database's own entry only: */
 	bool		known;			/* learned since the server started */
 	bool		full;			/* an endpoint found no entry: all without
@@ -184,13 +195,14 @@ IdemHorizonKey(HorizonKey *key, Oid relid, uint64 ephash)
 }
 
 TimestampTz
-IdemHorizonOf(Oid relid, const text *endpoint)
+IdemHorizonOf(Oid relid, const text *endpoint, TimestampTz *dflt)
 {
 	HorizonKey	key;
 	HorizonEntry *db;
 	HorizonEntry *ep;
 	TimestampTz result = DT_NOEND;
 
+	*dflt = DT_NOEND;
 	if (horizon_hash == NULL || RecoveryInProgress() ||
 		!IdemSchemaHas(IDEM_SCHEMA_HORIZONS))
 		return DT_NOEND;
@@ -203,12 +215,23 @@ IdemHorizonOf(Oid relid, const text *endpoint)
 									 VARSIZE_ANY_EXHDR(endpoint));
 		ep = hash_search(horizon_hash, &key, HASH_FIND, NULL);
 		if (ep != NULL)
+		{
 			result = ep->horizon;
+			*dflt = ep->dflt;
+		}
 		else if (db->full)
+		{
 			result = db->horizon;
+			*dflt = db->dflt;
+		}
 		else
-			result = DT_NOBEGIN;	/* no row of the endpoint at all */
+		{
+			/* no row of the endpoint at all */
+			result = DT_NOBEGIN;
+			*dflt = DT_NOBEGIN;
+		}
 		result = Max(result, db->floor);
+		*dflt = Max(*dflt, db->floor);
 	}
 	LWLockRelease(horizon_shared->lock);
 	return result;
@@ -243,6 +266,7 @@ IdemHorizonDbEntry(Oid relid)
 	if (db != NULL && !found)
 	{
 		db->horizon = DT_NOBEGIN;
+		db->dflt = DT_NOBEGIN;
 		db->known = false;
 		db->full = false;
 		db->floor = horizon_shared->orphan;
@@ -252,11 +276,13 @@ IdemHorizonDbEntry(Oid relid)
 }
 
 /*
- * Raise the horizon of ephash to bound, under the exclusive lock; the
- * database's entry is made (unknown) when missing.
+ * Raise the horizon of ephash to bound, and its bound of the default
+ * partition to dflt (DT_NOBEGIN: no row written there), under the exclusive
+ * lock; the database's entry is made (unknown) when missing.
  */
 static void
-IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound)
+IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound,
+					   TimestampTz dflt)
 {
 	HorizonKey	key;
 	HorizonEntry *db;
@@ -267,7 +293,7 @@ IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound)
 	if (db == NULL)
 	{
 		/* the database's horizons stay unknown; an entry made later covers this */
-		horizon_shared->orphan = Max(horizon_shared->orphan, bound);
+		horizon_shared->orphan = Max(horizon_shared->orphan, Max(bound, dflt));
 		IdemHorizonFull();
 		return;
 	}
@@ -280,17 +306,22 @@ IdemHorizonRaiseLocked(Oid relid, uint64 ephash, TimestampTz bound)
 	{
 		db->full = true;
 		db->horizon = Max(db->horizon, bound);
+		db->dflt = Max(db->dflt, dflt);
 		IdemHorizonFull();
 		return;
 	}
 	if (!found)
+	{
 		ep->horizon = DT_NOBEGIN;
+		ep->dflt = DT_NOBEGIN;
+	}
 	ep->horizon = Max(ep->horizon, bound);
+	ep->dflt = Max(ep->dflt, dflt);
 }
 
 void
 IdemHorizonRaise(Oid relid, const text *endpoint, TimestampTz expires_at,
-				 TimestampTz bound)
+				 TimestampTz bound, bool in_default)
 {
 	HorizonKey	key;
 	HorizonEntry *ep;
@@ -306,14 +337,17 @@ IdemHorizonRaise(Oid relid, const text *endpoint, TimestampTz expires_at,
 	/* most rows land before their endpoint's horizon: a shared lock */
 	LWLockAcquire(horizon_shared->lock, LW_SHARED);
 	ep = hash_search(horizon_hash, &key, HASH_FIND, NULL);
-	if (ep != NULL && ep->horizon > expires_at)
+	if (ep != NULL && ep->horizon > expires_at &&
+		(!in_default || ep->dflt > expires_at))
 		covered = true;
 	LWLockRelease(horizon_shared->lock);
 	if (covered)
 		return;
 
 	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
-	IdemHorizonRaiseLocked(relid, ephash, bound);
+	IdemHorizonRaiseLocked(relid, ephash, bound,
+						   !in_default ? DT_NOBEGIN :
+						   expires_at < DT_NOEND - 1 ? expires_at + 1 : DT_NOEND);
 	LWLockRelease(horizon_shared->lock);
 }
 
@@ -358,6 +392,7 @@ typedef struct LearnedEntry
 {
 	uint64		ephash;
 	TimestampTz horizon;
+	TimestampTz dflt;
 } LearnedEntry;
 
 /* what a learning reads of one partition, into learned */
@@ -366,6 +401,7 @@ typedef struct LearnState
 	HTAB	   *learned;
 	AttrNumber	a_endpoint;
 	AttrNumber	a_expires;
+	bool		in_default;		/* the default partition (or not a dated one) */
 } LearnState;
 
 static void
@@ -387,8 +423,15 @@ IdemHorizonLearnRow(TupleTableSlot *slot, void *arg)
 		return;
 	ephash = IdemHorizonHash(VARDATA_ANY(endpoint), VARSIZE_ANY_EXHDR(endpoint));
 	le = hash_search(ls->learned, &ephash, HASH_ENTER, &found);
-	if (!found || le->horizon <= expires)
+	if (!found)
+	{
+		le->horizon = DT_NOBEGIN;
+		le->dflt = DT_NOBEGIN;
+	}
+	if (le->horizon <= expires)
 		le->horizon = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
+	if (ls->in_default && le->dflt <= expires)
+		le->dflt = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
 }
 
 int64
@@ -447,6 +490,7 @@ IdemHorizonLearn(Oid relid)
 		if (get_rel_relkind(partoid) != RELKIND_RELATION)
 			continue;
 		ls.learned = learned;
+		ls.in_default = !IdemDatedPartition(relid, partoid);
 		ls.a_endpoint = get_attnum(partoid, "endpoint");
 		ls.a_expires = get_attnum(partoid, "expires_at");
 		if (ls.a_endpoint == InvalidAttrNumber || ls.a_expires == InvalidAttrNumber)
@@ -465,7 +509,7 @@ IdemHorizonLearn(Oid relid)
 	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
 	hash_seq_init(&status, learned);
 	while ((le = hash_seq_search(&status)) != NULL)
-		IdemHorizonRaiseLocked(relid, le->ephash, le->horizon);
+		IdemHorizonRaiseLocked(relid, le->ephash, le->horizon, le->dflt);
 	IdemHorizonKey(&key, relid, 0);
 	db = hash_search(horizon_hash, &key, HASH_FIND, NULL);
 	if (db != NULL && complete && db->forgets == forgets)
@@ -474,6 +518,40 @@ IdemHorizonLearn(Oid relid)
 	hash_destroy(learned);
 	list_free(parts);
 	return n;
+}
+
+/*
+ * Whether the partition relid of the table of keys root is no dated one
+ * (horizon.h), for the trigger: the last answer is remembered until the
+ * next relcache invalidation, since a statement writes many rows into few
+ * partitions.
+ */
+static Oid	trigger_dated_relid = InvalidOid;
+static bool trigger_dated_default = true;
+
+static void
+IdemHorizonRelcacheCallback(Datum arg, Oid relid)
+{
+	trigger_dated_relid = InvalidOid;
+}
+
+static bool
+IdemHorizonInDefault(Oid root, Oid relid)
+{
+	static bool registered = false;
+
+	if (!registered)
+	{
+		IdemRegisterRelcacheCallback(IdemHorizonRelcacheCallback);
+		registered = true;
+	}
+	if (relid != trigger_dated_relid)
+	{
+		trigger_dated_relid = InvalidOid;
+		trigger_dated_default = !IdemDatedPartition(root, relid);
+		trigger_dated_relid = relid;
+	}
+	return trigger_dated_default;
 }
 
 PG_FUNCTION_INFO_V1(idem_keys_horizon_trigger);
@@ -514,7 +592,8 @@ idem_keys_horizon_trigger(PG_FUNCTION_ARGS)
 			expires = DatumGetTimestampTz(heap_getattr(tuple, a_expires, desc, &isnull));
 			if (!isnull)
 				IdemHorizonRaise(relid, DatumGetTextPP(endpoint), expires,
-								 expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND);
+								 expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND,
+								 IdemHorizonInDefault(relid, RelationGetRelid(rel)));
 		}
 	}
 	return PointerGetDatum(tuple);

@@ -22,19 +22,26 @@ extern void IdemHorizonShmemStartup(void);
 
 /*
  * The horizon of endpoint in the table of keys relid: every row of the
- * endpoint has expires_at < the result.  DT_NOEND when it is not known
- * (not preloaded, not learned since the server started, in recovery):
- * then every partition must be probed.
+ * endpoint has expires_at < the result; and every row of it in the default
+ * partition (or in any partition other than a dated one, util.h's
+ * IdemDatedPartition) has expires_at < *dflt, DT_NOBEGIN when no row of the
+ * endpoint was written there.  Both DT_NOEND when they are not known (not
+ * preloaded, not learned since the server started, in recovery): then
+ * every partition must be probed.
  */
-extern TimestampTz IdemHorizonOf(Oid relid, const text *endpoint);
+extern TimestampTz IdemHorizonOf(Oid relid, const text *endpoint,
+								 TimestampTz *dflt);
 
 /*
  * Before a row of endpoint expiring at expires_at is written into the
  * table of keys relid: the endpoint's horizon is raised to bound, which is
- * above expires_at (the upper bound of the partition the row goes to).
+ * above expires_at (the upper bound of the partition the row goes to), and
+ * when the row goes to a partition that is no dated one (in_default), its
+ * bound of the default partition is raised above expires_at.
  */
 extern void IdemHorizonRaise(Oid relid, const text *endpoint,
-							 TimestampTz expires_at, TimestampTz bound);
+							 TimestampTz expires_at, TimestampTz bound,
+							 bool in_default);
 
 /*
  * From the DDL guard, once a command that may bring rows no trigger saw into

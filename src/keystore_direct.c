@@ -325,6 +325,7 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	Oid		   *oids;
 	bool	   *may_hold;
 	TimestampTz horizon;
+	TimestampTz dflt;
 	int			nparts;
 	int			first;
 	int			n;
@@ -340,14 +341,24 @@ IdemScanScope(const IdemScope *scope, TimestampTz now, TimestampTz hint,
 	bounds = pd->boundinfo;
 	nparts = pd->nparts;
 
-	/* every row of the endpoint expires before its horizon */
-	horizon = is_shard ? DT_NOEND : IdemHorizonOf(relid, scope->endpoint);
+	/*
+	 * every row of the endpoint expires before its horizon, and every row of
+	 * it in the default partition before dflt
+	 */
+	if (is_shard)
+		horizon = dflt = DT_NOEND;
+	else
+		horizon = IdemHorizonOf(relid, scope->endpoint, &dflt);
 
 	/* the partitions to probe, the one that covers hint first */
 	oids = palloc(sizeof(Oid) * Max(nparts, 1));
 	may_hold = palloc(sizeof(bool) * Max(nparts, 1));
 	IdemPartitionsMayHold(bounds, nparts, st->ended_too ? DT_NOBEGIN : now,
 						  horizon, may_hold);
+	/* no row of the endpoint in the default partition: it is not opened */
+	if (bounds != NULL && bounds->default_index >= 0 &&
+		dflt <= (st->ended_too ? DT_NOBEGIN : now))
+		may_hold[bounds->default_index] = false;
 	first = IdemPartitionFor(parent, pd, hint);
 	n = 0;
 	if (first >= 0 && may_hold[first])
@@ -515,7 +526,8 @@ IdemRaiseHorizon(Relation parent, PartitionDesc pd, int index, Datum *values)
 	}
 	IdemHorizonRaise(RelationGetRelid(parent),
 					 DatumGetTextPP(values[IdemKeysAttnum("endpoint") - 1]),
-					 expires, bound);
+					 expires, bound,
+					 bounds == NULL || bounds->default_index == index);
 }
 
 /*

@@ -228,6 +228,14 @@ IdemPartitionRoot(Relation rel)
 	return last_root;
 }
 
+bool
+IdemDatedPartition(Oid root, Oid partoid)
+{
+	return partoid != root && get_rel_relispartition(partoid) &&
+		get_partition_parent(partoid, true) == root &&
+		get_default_partition_oid(root) != partoid;
+}
+
 int64
 IdemScanRowVersions(Oid relid, void (*fn) (TupleTableSlot *slot, void *arg),
 					void *arg)

@@ -124,6 +124,13 @@ extern HeapTuple IdemBeforeRowTriggerTuple(FunctionCallInfo fcinfo,
 extern Oid	IdemPartitionRoot(Relation rel);
 
 /*
+ * Whether partoid is a dated partition of the partitioned table root: a
+ * partition of root itself, other than its default one.  Anything else (the
+ * default partition, a partition of a partition) may hold rows of any date.
+ */
+extern bool IdemDatedPartition(Oid root, Oid partoid);
+
+/*
  * Call fn on every row version of the table relid (committed, in progress,
  * prepared or dead: SnapshotAny), which it locks in ACCESS SHARE; returns
  * how many.  For the learning of what shared memory keeps of a table, where

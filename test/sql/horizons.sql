@@ -83,6 +83,50 @@ SELECT outcome, rows FROM idempotency.idem_import_keys(
 WHERE rows > 0;
 SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /h4', 'h4-a', regress.fp('a'));
 
+-- The default partition of keys holds the rows no dated partition covers.
+-- A claim opens it only when a row of its endpoint may be there (the bound
+-- dflt of horizon.c): a claim of a new key of an endpoint keeping
+-- tombstones, which looks for the expired rows of its scope too, does not
+-- open it, and a row written there by a claim, or by SQL live or expired,
+-- is still found.
+CREATE FUNCTION regress.default_partition_opened() RETURNS boolean
+LANGUAGE sql AS $$
+    SELECT EXISTS (SELECT FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'relation'
+                   AND relation = 'idempotency.keys_default'::regclass)
+$$;
+SELECT current_setting('idempotency.tombstone_ttl')::interval > interval '0' AS keeps_tombstones,
+       NOT EXISTS (SELECT FROM idempotency.endpoints WHERE endpoint = 'POST /h1') AS by_default;
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /h1', 'h1-d', regress.fp('a'));
+SELECT regress.default_partition_opened() AS default_opened;
+ROLLBACK;
+-- a key outliving the dated partitions, written by a claim
+SET idempotency.max_ttl = '60d';
+BEGIN;
+SELECT action FROM idempotency.idem_claim('t', 'POST /hd1', 'hd1-a', regress.fp('a'), ttl => '45 days');
+SELECT idempotency.idem_finish('t', 'POST /hd1', 'hd1-a', 201, '{}');
+COMMIT;
+SELECT tableoid::regclass AS partition FROM idempotency.keys WHERE key = 'hd1-a';
+BEGIN;
+SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /hd1', 'hd1-a', regress.fp('a'));
+SELECT regress.default_partition_opened() AS default_opened;
+ROLLBACK;
+SELECT action FROM idempotency.idem_claim('t', 'POST /hd1', 'hd1-a', regress.fp('b'));
+-- and by SQL (the trigger keys_horizon), live and expired
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, response_status,
+                              response_headers, body_kind, response_body, created_at,
+                              completed_at, expires_at)
+VALUES ('t', 'POST /hd2', 'hd2-a', regress.fp('a'), 'completed', 201, '{}', 'json',
+        convert_to('{"n": 2}', 'UTF8'), now(), now(), now() + interval '45 days'),
+       ('t', 'POST /hd3', 'hd3-a', regress.fp('a'), 'completed', 201, '{}', 'json',
+        convert_to('{"n": 3}', 'UTF8'), now() - interval '10 days', now() - interval '10 days',
+        now() - interval '3 days');
+SELECT key, tableoid::regclass AS partition FROM idempotency.keys
+WHERE key IN ('hd2-a', 'hd3-a') ORDER BY key;
+SELECT action, replayed FROM idempotency.idem_claim('t', 'POST /hd2', 'hd2-a', regress.fp('a'));
+SELECT action FROM idempotency.idem_claim('t', 'POST /hd3', 'hd3-a', regress.fp('b'));
+SET idempotency.max_ttl = '30d';
+
 -- Tombstone filters (src/tombstone_probe.c, src/tombstone_filter.c): a pass as of 30
 -- days ahead drops every partition of keys and keeps a tombstone of each
 -- key; a claim of a new key reads none of the tombstone partitions, and a

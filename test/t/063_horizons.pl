@@ -2,8 +2,9 @@
 # known until maintenance has read every row version, so claims probe every
 # partition meanwhile; a key written before the crash, and one written by a
 # transaction prepared before it and committed after, are found both
-# before and after that learning, and once learned a new key of a one-day
-# endpoint opens at most two dated partitions again.
+# before and after that learning, as is a key in the default partition,
+# and once learned a new key of a one-day endpoint opens at most two dated
+# partitions again.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -52,6 +53,12 @@ BEGIN;
 SELECT idempotency.idem_claim('t', 'POST /b', 'prepared', $fp, ttl => '25 days');
 SELECT idempotency.idem_finish('t', 'POST /b', 'prepared', 201, '{}');
 PREPARE TRANSACTION 'p1';});
+# and a key beyond the dated partitions, in the default partition
+$node->safe_psql('postgres', qq{
+INSERT INTO idempotency.keys (tenant, endpoint, key, fingerprint, state, created_at, expires_at)
+VALUES ('t', 'POST /d', 'in-default', $fp, 'completed', now(), now() + interval '40 days')});
+is($node->safe_psql('postgres', q{SELECT tableoid::regclass FROM idempotency.keys WHERE key = 'in-default'}),
+	'idempotency.keys_default', 'a key of 40 days is in the default partition');
 
 $node->stop('immediate');
 $node->start;
@@ -64,6 +71,8 @@ $node->safe_psql('postgres', q{COMMIT PREPARED 'p1'});
 is(claim('POST /b', 'prepared', '1 day'), 'replay',
 	'the key of the transaction prepared before the crash is found after learning');
 is(claim('POST /a', 'long', '1 day'), 'replay', 'after learning: the 20-day key is found');
+is(claim('POST /d', 'in-default', '1 day'), 'replay',
+	'after learning: the key in the default partition is found');
 cmp_ok(opened('POST /c'), '<=', 2, 'after learning: a new key of another endpoint opens at most two again');
 cmp_ok(opened('POST /a'), '>=', 20, 'the endpoint of the 20-day key opens its 20 days');
 
