@@ -195,6 +195,8 @@ IdemAllowedSubcommand(AlterTableType t)
 		case AT_DisableTrigAll:
 		case AT_EnableTrigUser:
 		case AT_DisableTrigUser:
+			/* putting keys_horizon or tombstones_filter back ALWAYS after */
+		case AT_EnableAlwaysTrig:
 			return true;
 		default:
 			return false;
@@ -250,6 +252,30 @@ IdemCheckAlterTable(EventTriggerData *trigdata, AlterTableStmt *stmt)
 }
 
 /*
+ * ENABLE TRIGGER (ALL, USER or by name) and ENABLE REPLICA TRIGGER on a table
+ * of keys or tombstones leave the extension's trigger there firing for
+ * ordinary sessions only, or for a replication apply only: the extension
+ * makes it ALWAYS, so that rows applied by logical replication pass it too,
+ * and maintenance learns the horizons or filters of the tree only while it
+ * fires always (util.h, IdemLearnedTreeComplete).  Say so, and how to put it
+ * back.
+ */
+static void
+IdemWarnNotAlways(const GuardedRel *g)
+{
+	const char *tgname = strcmp(g->root, "keys") == 0 ? "keys_horizon" : "tombstones_filter";
+
+	ereport(WARNING,
+			(errcode(ERRCODE_WARNING),
+			 errmsg("trigger %s of table %s.%s no longer fires always", tgname,
+					"idempotency", get_rel_name(g->relid)),
+			 errdetail("The extension enables %s ALWAYS, so that rows applied by logical replication pass it too.  Until it fires always again, maintenance does not learn the key horizons and tombstone filters of this database, and claims probe every partition.",
+					   tgname),
+			 errhint("After the load, run ALTER TABLE idempotency.%s ENABLE ALWAYS TRIGGER %s.",
+					 g->root, tgname)));
+}
+
+/*
  * What the guard lets through and yet may bring rows that passed no trigger
  * into the tables of keys and tombstones: a partition attached holding rows,
  * rows written while a trigger is disabled.  The horizons and tombstone
@@ -271,6 +297,7 @@ IdemAlterForget(AlterTableStmt *stmt)
 	GuardedRel	g;
 	ListCell   *lc;
 	bool		forget = false;
+	bool		enable_origin = false;
 	bool		all = false;
 	List	   *partoids = NIL;
 
@@ -298,12 +325,14 @@ IdemAlterForget(AlterTableStmt *stmt)
 					all = true;
 				break;
 			case AT_EnableTrig:
-			case AT_EnableAlwaysTrig:
-			case AT_EnableReplicaTrig:
-			case AT_DisableTrig:
 			case AT_EnableTrigAll:
-			case AT_DisableTrigAll:
 			case AT_EnableTrigUser:
+			case AT_EnableReplicaTrig:
+				enable_origin = true;
+				/* FALLTHROUGH */
+			case AT_EnableAlwaysTrig:
+			case AT_DisableTrig:
+			case AT_DisableTrigAll:
 			case AT_DisableTrigUser:
 				forget = true;
 				if (g.relkind == RELKIND_RELATION && !g.is_root)
@@ -331,6 +360,8 @@ IdemAlterForget(AlterTableStmt *stmt)
 	else
 		IdemTombFilterForget(g.rootid, partoids);
 	list_free(partoids);
+	if (enable_origin)
+		IdemWarnNotAlways(&g);
 }
 
 static void

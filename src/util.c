@@ -429,7 +429,11 @@ IdemLockConflicts(Oid relid, LOCKMODE mode)
 	return any;
 }
 
-/* Whether the row trigger tgname of relid exists and fires for ordinary writes. */
+/*
+ * Whether the row trigger tgname of relid exists and fires always: for
+ * ordinary writes and for a replication apply alike, as the extension
+ * enables it (ENABLE TRIGGER ALL leaves it firing for ordinary writes only).
+ */
 static bool
 IdemTriggerFires(Relation tgrel, Oid relid, const char *tgname)
 {
@@ -448,7 +452,7 @@ IdemTriggerFires(Relation tgrel, Oid relid, const char *tgname)
 	{
 		char		e = ((Form_pg_trigger) GETSTRUCT(tup))->tgenabled;
 
-		fires = e == TRIGGER_FIRES_ON_ORIGIN || e == TRIGGER_FIRES_ALWAYS;
+		fires = e == TRIGGER_FIRES_ALWAYS;
 	}
 	systable_endscan(scan);
 	return fires;

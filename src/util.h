@@ -152,9 +152,10 @@ extern bool IdemLockConflicts(Oid relid, LOCKMODE mode);
  * complete: no other transaction is attaching a partition to the root (a
  * lock conflicting with SHARE UPDATE EXCLUSIVE) nor changing a member's
  * triggers (a lock conflicting with ROW EXCLUSIVE), and the row trigger
- * tgname, which keeps that memory, fires for ordinary writes on every
- * table of the tree (enabled, ORIGIN or ALWAYS, and present): rows written
- * while it is disabled pass no trigger.
+ * tgname, which keeps that memory, fires always on every table of the tree
+ * (present and enabled ALWAYS, as the extension makes it): rows written
+ * while it is disabled pass no trigger, nor rows a replication apply
+ * writes while it fires for ordinary sessions only (ENABLE TRIGGER ALL).
  */
 extern bool IdemLearnedTreeComplete(List *relids, const char *tgname);
 

@@ -140,6 +140,7 @@ SELECT stmt, regress.try(stmt) FROM (VALUES
     ('DROP STATISTICS defend_test.s'),
     ('ALTER TABLE idempotency.keys_default DISABLE TRIGGER ALL'),
     ('ALTER TABLE idempotency.keys_default ENABLE TRIGGER ALL'),
+    ('ALTER TABLE idempotency.keys ENABLE ALWAYS TRIGGER keys_horizon'),
     ('COMMENT ON TABLE idempotency.keys_default IS NULL'),
     ('REINDEX TABLE idempotency.keys_default'),
     ('CLUSTER idempotency.keys_default USING keys_default_scope_idx'),
