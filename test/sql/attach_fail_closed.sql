@@ -69,6 +69,25 @@ $$;
 CREATE FUNCTION pg_temp.flush() RETURNS boolean LANGUAGE sql AS $$
     SELECT pg_catalog.pg_stat_force_next_flush() IS NOT NULL
 $$;
+-- which of the two attached partitions a claim of a new key probes (in a
+-- transaction the caller rolls back)
+CREATE FUNCTION pg_temp.new_key_probes(OUT action text, OUT keys_probed boolean,
+                                       OUT tombstones_probed boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT c.action INTO action FROM pg_temp.claim('POST /n', 'n1', 'a') c;
+    keys_probed := pg_temp.opened('keys_p9attach');
+    tombstones_probed := pg_temp.opened('tombstones_p20310601t0000');
+END $$;
+-- what claims answer for the rows of (d): another payload for its
+-- tombstone, the same payload for its key
+CREATE FUNCTION pg_temp.d_answers()
+RETURNS TABLE (key text, action text, http_status integer, replayed boolean)
+LANGUAGE sql AS $$
+    SELECT 'd1', * FROM pg_temp.claim('POST /d', 'd1', 'b')
+    UNION ALL
+    SELECT 'd2', * FROM pg_temp.claim('POST /d', 'd2', 'a')
+$$;
 -- A pass of maintenance that premakes partitions of keys for a day or two
 -- only (max_ttl ahead): claims look 30 days ahead.
 CREATE FUNCTION pg_temp.pass() RETURNS boolean LANGUAGE plpgsql AS $$
@@ -122,9 +141,7 @@ ROLLBACK;
 -- until maintenance learns again, a new key probes both partitions
 SELECT pg_temp.flush();
 BEGIN;
-SELECT action FROM pg_temp.claim('POST /n', 'n1', 'a');
-SELECT pg_temp.opened('keys_p9attach') AS keys_probed,
-       pg_temp.opened('tombstones_p20310601t0000') AS tombstones_probed;
+SELECT * FROM pg_temp.new_key_probes();
 ROLLBACK;
 
 -- Maintenance learns them again: the same answers, from what it read, and
@@ -136,9 +153,7 @@ SELECT * FROM pg_temp.claim('POST /b', 'b1', 'a');
 ROLLBACK;
 SELECT pg_temp.flush();
 BEGIN;
-SELECT action FROM pg_temp.claim('POST /n', 'n1', 'a');
-SELECT pg_temp.opened('keys_p9attach') AS keys_probed,
-       pg_temp.opened('tombstones_p20310601t0000') AS tombstones_probed;
+SELECT * FROM pg_temp.new_key_probes();
 ROLLBACK;
 
 -- (c) rows written while the triggers are disabled, as pg_restore
@@ -165,25 +180,17 @@ INSERT INTO idempotency.keys_default (tenant, endpoint, key, fingerprint, state,
                                       completed_at, expires_at, response_status)
 VALUES ('acme', 'POST /d', 'd2', sha256(convert_to('a', 'UTF8')), 'completed', now(),
         now(), :'hi'::timestamptz + interval '1 day', 201);
-BEGIN;
-SELECT * FROM pg_temp.claim('POST /d', 'd1', 'b');  -- 422
-SELECT * FROM pg_temp.claim('POST /d', 'd2', 'a');  -- replays
-ROLLBACK;
+SELECT * FROM pg_temp.d_answers();  -- 422, then replays
 -- ENABLE TRIGGER ALL enables the extension's triggers for ordinary
 -- sessions only (it warns): a replication apply would not fire them, so
 -- maintenance still learns nothing, and a new key still probes both
 ALTER TABLE idempotency.keys_default ENABLE TRIGGER ALL;
 ALTER TABLE idempotency.tombstones_default ENABLE TRIGGER ALL;
 SELECT pg_temp.pass();
-BEGIN;
-SELECT * FROM pg_temp.claim('POST /d', 'd1', 'b');
-SELECT * FROM pg_temp.claim('POST /d', 'd2', 'a');
-ROLLBACK;
+SELECT * FROM pg_temp.d_answers();
 SELECT pg_temp.flush();
 BEGIN;
-SELECT action FROM pg_temp.claim('POST /n', 'n1', 'a');
-SELECT pg_temp.opened('keys_p9attach') AS keys_probed,
-       pg_temp.opened('tombstones_p20310601t0000') AS tombstones_probed;
+SELECT * FROM pg_temp.new_key_probes();
 ROLLBACK;
 -- once they fire ALWAYS again (which the guard allows), the next pass
 -- learns: the same answers, and a new key probes neither partition
@@ -192,15 +199,10 @@ ALTER TABLE idempotency.tombstones ENABLE ALWAYS TRIGGER tombstones_filter;
 SELECT count(*) AS not_always FROM pg_catalog.pg_trigger
 WHERE tgname IN ('keys_horizon', 'tombstones_filter') AND tgenabled <> 'A';
 SELECT pg_temp.pass();
-BEGIN;
-SELECT * FROM pg_temp.claim('POST /d', 'd1', 'b');
-SELECT * FROM pg_temp.claim('POST /d', 'd2', 'a');
-ROLLBACK;
+SELECT * FROM pg_temp.d_answers();
 SELECT pg_temp.flush();
 BEGIN;
-SELECT action FROM pg_temp.claim('POST /n', 'n1', 'a');
-SELECT pg_temp.opened('keys_p9attach') AS keys_probed,
-       pg_temp.opened('tombstones_p20310601t0000') AS tombstones_probed;
+SELECT * FROM pg_temp.new_key_probes();
 ROLLBACK;
 
 -- the guard still refuses what it refused
