@@ -149,10 +149,24 @@ def start_server(port):
     raise RuntimeError("the test server did not start")
 
 
-def start_sender(log):
+def start_sender(log, name="outbox-sender"):
+    """A sender whose connections carry the application_name name."""
     env = dict(os.environ, PYTHONPATH=PKG)
-    return subprocess.Popen([sys.executable, "-m", "idempotency_asgi.outbox", "--database", CONNINFO] + SENDER,
+    conninfo = psycopg.conninfo.make_conninfo(CONNINFO, application_name=name)
+    return subprocess.Popen([sys.executable, "-m", "idempotency_asgi.outbox", "--database", conninfo] + SENDER,
                             env=env, stderr=log, stdout=log)
+
+
+def wait_connected(conn, name, budget=60.0):
+    """Until a sender named name has connected: it installs its SIGTERM
+    handler before it opens its pool, so a SIGTERM sent after that is its
+    own to handle (one sent while Python still imports kills it)."""
+    deadline = time.monotonic() + budget
+    while time.monotonic() < deadline:
+        if conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                        (name,)).fetchone()[0] > 0:
+            return
+        time.sleep(0.1)
 
 
 def prepare(conn, base):
@@ -195,16 +209,18 @@ def run_senders(conn, log):
     the exit codes of the stopped ones."""
     kills, codes = 0, []
     start = time.monotonic()
-    sender = start_sender(log)
+    sender = start_sender(log, "outbox-sender-0")
     for pause in (0.8, 1.3, 0.6, 1.7):
         time.sleep(pause)
         sender.send_signal(signal.SIGKILL)
         sender.wait()
         kills += 1
-        sender = start_sender(log)
-    senders = [sender, start_sender(log)]
+        sender = start_sender(log, f"outbox-sender-{kills}")
+    senders = [sender, start_sender(log, "outbox-sender-last")]
     while not all_final(conn) and time.monotonic() - start < TIME_BUDGET:
         time.sleep(0.2)
+    wait_connected(conn, f"outbox-sender-{kills}")
+    wait_connected(conn, "outbox-sender-last")
     for s in senders:
         s.send_signal(signal.SIGTERM)
     for s in senders:
