@@ -347,7 +347,7 @@ IdemHorizonRaise(Oid relid, const text *endpoint, TimestampTz expires_at,
 	LWLockAcquire(horizon_shared->lock, LW_EXCLUSIVE);
 	IdemHorizonRaiseLocked(relid, ephash, bound,
 						   !in_default ? DT_NOBEGIN :
-						   expires_at < DT_NOEND - 1 ? expires_at + 1 : DT_NOEND);
+						   IdemHorizonJustAfter(expires_at));
 	LWLockRelease(horizon_shared->lock);
 }
 
@@ -429,9 +429,9 @@ IdemHorizonLearnRow(TupleTableSlot *slot, void *arg)
 		le->dflt = DT_NOBEGIN;
 	}
 	if (le->horizon <= expires)
-		le->horizon = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
+		le->horizon = IdemHorizonJustAfter(expires);
 	if (ls->in_default && le->dflt <= expires)
-		le->dflt = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
+		le->dflt = IdemHorizonJustAfter(expires);
 }
 
 int64
@@ -592,7 +592,7 @@ idem_keys_horizon_trigger(PG_FUNCTION_ARGS)
 			expires = DatumGetTimestampTz(heap_getattr(tuple, a_expires, desc, &isnull));
 			if (!isnull)
 				IdemHorizonRaise(relid, DatumGetTextPP(endpoint), expires,
-								 expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND,
+								 IdemHorizonJustAfter(expires),
 								 IdemHorizonInDefault(relid, RelationGetRelid(rel)));
 		}
 	}

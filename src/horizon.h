@@ -13,6 +13,13 @@
 #include "datatype/timestamp.h"
 #include "nodes/pg_list.h"
 
+/* The least bound above a row expiring at expires: every bound is that or more. */
+static inline TimestampTz
+IdemHorizonJustAfter(TimestampTz expires)
+{
+	return expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
+}
+
 /*
  * With shared_preload_libraries: its shared memory, requested and set up by
  * the extension's one request hook and one startup hook (shmem.c).

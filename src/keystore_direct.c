@@ -515,7 +515,7 @@ IdemRaiseHorizon(Relation parent, PartitionDesc pd, int index, Datum *values)
 {
 	PartitionBoundInfo bounds = pd->boundinfo;
 	TimestampTz expires = DatumGetTimestampTz(values[IdemKeysAttnum("expires_at") - 1]);
-	TimestampTz bound = expires < DT_NOEND - 1 ? expires + 1 : DT_NOEND;
+	TimestampTz bound = IdemHorizonJustAfter(expires);
 
 	for (int j = 0; bounds != NULL && j < bounds->ndatums; j++)
 	{
